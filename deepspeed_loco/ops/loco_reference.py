@@ -1,0 +1,123 @@
+"""Pure-PyTorch reference of every kernel of the LoCo reduce, one parameter at a time.
+
+Device-agnostic (CPU and CUDA tensors). The CUDA kernels (``deepspeed_loco.ops.loco_cuda``) implement the
+same functions with the same signatures and must produce identical integer outputs (packed data, int8
+error) and identical fp32 scales; this module fixes the order of every fp32 operation to make that possible:
+
+* compensation ``c = x + e``; residual ``r = c - q * scale``; update ``e' = beta * e + (1 - beta) * r`` with
+  ``beta`` and ``1 - beta`` rounded to fp32 first; sums over received blocks in block order, then ``/ W``.
+
+Layout (``../shared/design/loco.md``): a gradient of ``N`` elements is split into ``W`` partitions of
+``P = ceil(N / W)`` elements, each zero-padded to ``P' = roundup(P, group_size)``; partition (row) ``r = n*L + d``
+is sent from slot ``d*M + n`` so that the ``M`` rows for local peer ``d`` are contiguous.
+Outputs are written into views of the bucket's wire buffers: ``data`` uint8 ``(rows, P' * bits // 8)`` and
+``scale`` fp32 ``(rows, P' // group_size)``, both with arbitrary row strides.
+"""
+from typing import Optional
+
+import torch
+
+from deepspeed_loco.ops.error_buffer import ErrorBuffer
+from deepspeed_loco.ops.quantizer import dequantize_groups, pack, quantize_groups, unpack
+
+
+def partition_size(numel: int, world_size: int) -> int:
+    """ZeRO-3's partition size ``P = ceil(N / W)``."""
+    return -(-numel // world_size)
+
+
+def padded_partition_size(numel: int, world_size: int, group_size: int) -> int:
+    """``P' = roundup(ceil(N / W), group_size)``: groups never straddle partitions or parameters."""
+    return -(-partition_size(numel, world_size) // group_size) * group_size
+
+
+def slot_to_row(world_size: int, local_size: int) -> torch.Tensor:
+    """int64 ``(W,)``: entry ``d*M + n`` is the partition row ``n*L + d`` sent from that slot."""
+    nodes = world_size // local_size
+    slots = torch.arange(world_size)
+    return (slots % nodes) * local_size + slots // nodes
+
+
+def partition_rows(grad: torch.Tensor, world_size: int, group_size: int) -> torch.Tensor:
+    """fp32 ``(W, P')``: row ``r`` holds flat elements ``[r*P, (r+1)*P)`` of ``grad``, zero past ``N`` and ``P``."""
+    numel = grad.numel()
+    part = partition_size(numel, world_size)
+    rows = torch.zeros(world_size, padded_partition_size(numel, world_size, group_size),
+                       dtype=torch.float32, device=grad.device)
+    flat = torch.zeros(world_size * part, dtype=torch.float32, device=grad.device)
+    flat[:numel] = grad.reshape(-1)
+    rows[:, :part] = flat.view(world_size, part)
+    return rows
+
+
+def compensate_and_quantize(c: torch.Tensor, error: Optional[ErrorBuffer], beta: float, bits: int,
+                            group_size: int):
+    """One LoCo step on fp32 ``c`` ``(rows, n)``: ``c += e``; quantize; ``e <- beta*e + (1-beta)*(c - deq)``.
+
+    Returns ``(q int8 (rows, n), scale fp32 (rows, n // group_size))`` and updates ``error`` in place
+    (``error is None``: plain quantization).
+    """
+    if error is None:
+        return quantize_groups(c, bits, group_size)
+    old = error.dequantize()
+    c = c + old
+    q, scale = quantize_groups(c, bits, group_size)
+    residual = c - dequantize_groups(q, scale, group_size)
+    beta32 = torch.tensor(beta, dtype=torch.float32, device=c.device)
+    error.store_(old * beta32 + residual * (1 - beta32))
+    return q, scale
+
+
+def hop1_(grad: torch.Tensor, world_size: int, local_size: int, error: Optional[ErrorBuffer], beta: float,
+          bits: int, group_size: int, out_data: torch.Tensor, out_scale: torch.Tensor) -> None:
+    """Fused intra-node step: partition, swizzle, compensate, quantize, update the error, pack.
+
+    ``grad``: any shape, fp32/fp16/bf16, ``N`` elements. ``error``: ``(W, P')`` in slot order, or None.
+    Writes ``out_data`` uint8 ``(W, P' * bits // 8)`` and ``out_scale`` fp32 ``(W, P' // group_size)`` in slot
+    order. With ``local_size == 1`` this is also the inter-node step of a one-rank-per-node world.
+    """
+    rows = partition_rows(grad, world_size, group_size)[slot_to_row(world_size, local_size).to(grad.device)]
+    q, scale = compensate_and_quantize(rows, error, beta, bits, group_size)
+    out_data.copy_(pack(q, bits))
+    out_scale.copy_(scale)
+
+
+def dequantize_sum(data: torch.Tensor, scale: torch.Tensor, blocks: int, bits: int,
+                   group_size: int) -> torch.Tensor:
+    """Sum of ``blocks`` dequantized blocks: ``data`` ``(blocks*R, ...)`` to fp32 ``(R, n)``, in block order."""
+    values = dequantize_groups(unpack(data, bits), scale, group_size)
+    values = values.view(blocks, values.shape[0] // blocks, values.shape[1])
+    total = values[0].clone()
+    for block in range(1, blocks):
+        total += values[block]
+    return total
+
+
+def hop2_(recv_data: torch.Tensor, recv_scale: torch.Tensor, local_size: int, in_bits: int,
+          error: Optional[ErrorBuffer], beta: float, bits: int, group_size: int, out_data: torch.Tensor,
+          out_scale: torch.Tensor) -> None:
+    """Fused inter-node step: dequantize and fp32-sum the ``L`` received blocks, compensate, quantize, update.
+
+    ``recv_data`` uint8 ``(L*M, P' * in_bits // 8)``, ``recv_scale`` fp32 ``(L*M, P' // group_size)`` (block
+    from local peer ``i`` = rows ``[i*M, (i+1)*M)``). ``error``: ``(M, P')`` or None.
+    Writes ``out_data`` uint8 ``(M, P' * bits // 8)`` and ``out_scale`` fp32 ``(M, P' // group_size)``.
+    """
+    total = dequantize_sum(recv_data, recv_scale, local_size, in_bits, group_size)
+    q, scale = compensate_and_quantize(total, error, beta, bits, group_size)
+    out_data.copy_(pack(q, bits))
+    out_scale.copy_(scale)
+
+
+def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, bits: int, group_size: int, world_size: int,
+               numel: int, rank: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """Dequantize, fp32-sum the received rows in order, divide by ``W``: this rank's mean partition.
+
+    ``recv_data`` uint8 ``(R, P' * bits // 8)``, ``recv_scale`` fp32 ``(R, P' // group_size)``.
+    Returns ``(P,)`` in ``out_dtype``, ``P = ceil(numel / W)``, zero past ``numel`` (global index).
+    """
+    total = dequantize_sum(recv_data, recv_scale, recv_data.shape[0], bits, group_size)[0]
+    part = partition_size(numel, world_size)
+    mean = total[:part] / world_size
+    valid = max(0, min(part, numel - rank * part))
+    mean[valid:] = 0
+    return mean.to(out_dtype)

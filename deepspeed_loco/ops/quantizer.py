@@ -1,0 +1,75 @@
+"""Pure-PyTorch reference of the symmetric group quantizer and its bit packing.
+
+These functions are the contract the CUDA kernels in ``csrc/quantization`` match bit for bit:
+
+* ``qmax = 2**(bits-1) - 1``; per group of ``group_size`` elements ``scale = absmax / qmax`` (fp32) and
+  ``q = clamp(round_half_even(c / scale), -qmax, qmax)``; an all-zero group has ``scale = 0`` and ``q = 0``.
+* A group holding any non-finite value gets ``scale = NaN`` and ``q = 0``, so its dequantized values are NaN
+  and DeepSpeed's overflow check still sees the step as an overflow.
+* Packing: every 8 consecutive values of ``bits`` bits form one little-endian ``bits``-byte word, value ``j``
+  in bits ``[j*bits, (j+1)*bits)`` as two's complement (4-bit: two per byte, low nibble = even element).
+"""
+from typing import Tuple
+
+import torch
+
+SCALE_BYTES = 4  # one fp32 scale per group
+
+
+def qmax(bits: int) -> int:
+    """Largest quantized magnitude for ``bits`` (symmetric, no lopsided negative value)."""
+    return (1 << (bits - 1)) - 1
+
+
+def packed_bytes(num_elements: int, bits: int) -> int:
+    """Bytes that ``num_elements`` (a multiple of 8) values of ``bits`` bits take when packed."""
+    assert num_elements % 8 == 0, num_elements
+    return num_elements * bits // 8
+
+
+def quantize_groups(c: torch.Tensor, bits: int, group_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Quantizes fp32 ``c`` of shape ``(..., n)``, ``n % group_size == 0``.
+
+    Returns ``q`` int8 ``(..., n)`` in ``[-qmax, qmax]`` and ``scale`` fp32 ``(..., n // group_size)``.
+    """
+    assert c.dtype == torch.float32 and c.shape[-1] % group_size == 0, (c.dtype, c.shape, group_size)
+    groups = c.reshape(*c.shape[:-1], c.shape[-1] // group_size, group_size)
+    finite = torch.isfinite(groups).all(dim=-1)
+    absmax = groups.abs().amax(dim=-1)
+    scale = torch.where(finite, absmax / float(qmax(bits)), torch.full_like(absmax, float("nan")))
+    divisor = torch.where(finite & (scale > 0), scale, torch.ones_like(scale)).unsqueeze(-1)
+    q = torch.round(groups / divisor).clamp_(-qmax(bits), qmax(bits))
+    q = torch.where((finite & (scale > 0)).unsqueeze(-1), q, torch.zeros_like(q))
+    return q.to(torch.int8).reshape(c.shape), scale
+
+
+def dequantize_groups(q: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Inverse of :func:`quantize_groups`: int8 ``(..., n)`` and fp32 ``(..., n // group_size)`` to fp32 ``(..., n)``."""
+    groups = q.to(torch.float32).reshape(*q.shape[:-1], q.shape[-1] // group_size, group_size)
+    return (groups * scale.unsqueeze(-1)).reshape(q.shape)
+
+
+def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Packs int8 values ``(..., n)`` (``n % 8 == 0``) of ``bits`` bits into uint8 ``(..., n * bits // 8)``."""
+    if bits == 8:
+        return q.view(torch.uint8)
+    mask = (1 << bits) - 1
+    values = q.to(torch.int64).bitwise_and_(mask).reshape(*q.shape[:-1], q.shape[-1] // 8, 8)
+    shifts = torch.arange(8, device=q.device, dtype=torch.int64) * bits
+    word = (values << shifts).sum(dim=-1, keepdim=True)
+    byte_shifts = torch.arange(bits, device=q.device, dtype=torch.int64) * 8
+    out = (word >> byte_shifts).bitwise_and_(0xFF).to(torch.uint8)
+    return out.reshape(*q.shape[:-1], q.shape[-1] * bits // 8)
+
+
+def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of :func:`pack`: uint8 ``(..., m)`` to int8 ``(..., m * 8 // bits)``, sign-extended."""
+    if bits == 8:
+        return packed.contiguous().view(torch.int8)
+    words = packed.to(torch.int64).reshape(*packed.shape[:-1], packed.shape[-1] // bits, bits)
+    byte_shifts = torch.arange(bits, device=packed.device, dtype=torch.int64) * 8
+    word = (words << byte_shifts).sum(dim=-1, keepdim=True)
+    shifts = torch.arange(8, device=packed.device, dtype=torch.int64) * bits
+    values = (word >> shifts).bitwise_and_((1 << bits) - 1)
+    values = torch.where(values >= (1 << (bits - 1)), values - (1 << bits), values)
+    return values.to(torch.int8).reshape(*packed.shape[:-1], packed.shape[-1] // bits * 8)

@@ -1,0 +1,74 @@
+"""The two-level layout of a data-parallel group: ``W = M * L`` ranks, ``L`` per node, and its subgroups."""
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch.distributed as dist
+
+from deepspeed_loco.config import LocoConfigError
+
+
+@dataclass(frozen=True)
+class LocoTopology:
+    """Rank ``rank = node * L + local`` of a group of ``W = M * L`` ranks.
+
+    ``intra_group``: the ``L`` ranks of this node (hop 1). ``inter_group``: the ``M`` ranks with this local
+    index, one per node (hop 2). Either is None where its hop does not exist (``L == 1`` or ``M == 1``).
+    """
+    world_size: int
+    local_size: int
+    rank: int
+    group: Optional[dist.ProcessGroup] = None
+    intra_group: Optional[dist.ProcessGroup] = None
+    inter_group: Optional[dist.ProcessGroup] = None
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.local_size
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.local_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.local_size
+
+    def describe(self) -> str:
+        return f"W={self.world_size} (M={self.num_nodes} nodes x L={self.local_size} ranks)"
+
+    @classmethod
+    def build(cls, group: Optional[dist.ProcessGroup] = None, local_size: Optional[int] = None) -> "LocoTopology":
+        """Creates the intra- and inter-node subgroups of ``group`` (a collective call on every rank of the job).
+
+        ``local_size``: ranks per node; None reads the launcher's ``LOCAL_WORLD_SIZE`` (1 if unset).
+        """
+        world_size = dist.get_world_size(group)
+        if local_size is None:
+            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        check_layout(world_size, local_size)
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world_size))
+        rank = dist.get_rank(group)
+        nodes = world_size // local_size
+        intra = inter = None
+        if world_size > 1 and local_size > 1:
+            for node in range(nodes):
+                members = ranks[node * local_size:(node + 1) * local_size]
+                created = dist.new_group(members)
+                if node == rank // local_size:
+                    intra = created
+        if world_size > 1 and nodes > 1:
+            for local in range(local_size):
+                members = ranks[local::local_size]
+                created = dist.new_group(members)
+                if local == rank % local_size:
+                    inter = created
+        return cls(world_size, local_size, rank, group, intra, inter)
+
+
+def check_layout(world_size: int, local_size: int) -> None:
+    """Raises a clear error unless ``local_size`` ranks per node tile ``world_size`` ranks."""
+    if local_size < 1 or world_size % local_size != 0:
+        raise LocoConfigError(f"zeropp_loco_param.local_world_size = {local_size} (ranks per node) does not divide "
+                              f"the data-parallel world size {world_size}: it must be a divisor of {world_size} "
+                              f"(set local_world_size, or launch the same number of ranks on every node)")

@@ -1,0 +1,49 @@
+"""Byte layout of one bucket on the wire: per row, the packed data of all parameters, then their fp32 scales."""
+from dataclasses import dataclass
+from typing import Sequence, Tuple
+
+import torch
+
+from deepspeed_loco.ops.quantizer import SCALE_BYTES, packed_bytes
+
+
+@dataclass(frozen=True)
+class WireLayout:
+    """Parameter ``i`` occupies columns ``[offsets[i], offsets[i] + widths[i])`` (all multiples of the group size).
+
+    A row of ``row_bytes`` bytes holds ``columns * bits // 8`` bytes of packed values, then ``columns //
+    group_size`` fp32 scales: one buffer, so one collective carries values and scales together.
+    """
+    widths: Tuple[int, ...]
+    bits: int
+    group_size: int
+
+    @property
+    def columns(self) -> int:
+        return sum(self.widths)
+
+    @property
+    def data_bytes(self) -> int:
+        return packed_bytes(self.columns, self.bits)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.data_bytes + self.columns // self.group_size * SCALE_BYTES
+
+    def offsets(self) -> Sequence[int]:
+        out, total = [], 0
+        for width in self.widths:
+            out.append(total)
+            total += width
+        return out
+
+    def empty(self, rows: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(rows, self.row_bytes, dtype=torch.uint8, device=device)
+
+    def views(self, buffer: torch.Tensor, index: int, offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Parameter ``index``'s ``(data uint8 (rows, width*bits//8), scale fp32 (rows, width//group_size))``."""
+        width = self.widths[index]
+        data = buffer[:, packed_bytes(offset, self.bits):packed_bytes(offset + width, self.bits)]
+        scales = buffer[:, self.data_bytes:].view(torch.float32)
+        first = offset // self.group_size
+        return data, scales[:, first:first + width // self.group_size]

@@ -1,0 +1,105 @@
+import pytest
+import torch
+
+from deepspeed_loco.ops import loco_reference as ref
+from deepspeed_loco.ops.error_buffer import ErrorBuffer
+from deepspeed_loco.ops.quantizer import dequantize_groups, pack, quantize_groups, unpack
+
+S = 32
+
+
+def test_slot_order_puts_each_local_peers_rows_together_in_node_order():
+    # W = 6, L = 2, M = 3: slot d*M + n carries row n*L + d.
+    assert ref.slot_to_row(6, 2).tolist() == [0, 2, 4, 1, 3, 5]
+    assert ref.slot_to_row(4, 1).tolist() == [0, 1, 2, 3]
+    assert ref.slot_to_row(4, 4).tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("numel,world", [(1, 4), (7, 4), (165, 6), (4096, 4)])
+def test_partition_rows_are_zero3_partitions_padded_to_whole_groups(numel, world):
+    grad = torch.arange(1, numel + 1, dtype=torch.float32)
+    rows = ref.partition_rows(grad, world, S)
+    part = ref.partition_size(numel, world)
+    assert rows.shape == (world, ref.padded_partition_size(numel, world, S)) and rows.shape[1] % S == 0
+    flat = torch.cat([grad, torch.zeros(world * part - numel)])
+    assert torch.equal(rows[:, :part].reshape(-1), flat)
+    assert not rows[:, part:].any()
+
+
+def _identity_bound(c, q, scale, bits):
+    """int8 storage of e = c - deq(q): |stored - e| <= absmax_group(e) / 254 (+ fp32 slack)."""
+    e = c - dequantize_groups(q, scale, S)
+    groups = e.view(e.shape[0], -1, S)
+    return (groups.abs().amax(-1, keepdim=True) / 254 * (1 + 1e-5) + 1e-12).expand_as(groups).reshape(e.shape)
+
+
+@pytest.mark.parametrize("error_bits", [8, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_hop1_with_beta_zero_keeps_dequant_plus_error_equal_to_compensated_input(error_bits, dtype):
+    world, local, bits = 6, 2, 4
+    grad = (torch.randn(165, 7) * 3).to(dtype)
+    width = ref.padded_partition_size(grad.numel(), world, S)
+    error = ErrorBuffer.zeros(world, width, S, error_bits, "cpu")
+    error.store_(torch.randn(world, width) * 0.1 * (torch.arange(width) < 160))
+    data = torch.empty(world, width * bits // 8, dtype=torch.uint8)
+    scale = torch.empty(world, width // S)
+    old = error.dequantize().clone()
+    ref.hop1_(grad, world, local, error, 0.0, bits, S, data, scale)
+    c = ref.partition_rows(grad, world, S)[ref.slot_to_row(world, local)] + old
+    q = unpack(data, bits)
+    sent = dequantize_groups(q, scale, S)
+    gap = (sent + error.dequantize() - c).abs()
+    if error_bits == 32:
+        assert torch.equal(sent + error.dequantize(), c)
+    else:
+        assert torch.all(gap <= _identity_bound(c, q, scale, bits))
+    q_expected, scale_expected = quantize_groups(c, bits, S)
+    assert torch.equal(q, q_expected) and torch.equal(scale, scale_expected)
+
+
+def test_hop2_sums_blocks_then_compensates_with_beta_zero_identity():
+    local, nodes, bits_in, bits = 3, 2, 4, 2
+    width = 64
+    values = torch.randn(local * nodes, width)
+    q_in, s_in = quantize_groups(values, bits_in, S)
+    recv_data, recv_scale = pack(q_in, bits_in), s_in
+    error = ErrorBuffer.zeros(nodes, width, S, 8, "cpu")
+    error.store_(torch.randn(nodes, width) * 0.05)
+    old = error.dequantize().clone()
+    out_data = torch.empty(nodes, width * bits // 8, dtype=torch.uint8)
+    out_scale = torch.empty(nodes, width // S)
+    ref.hop2_(recv_data, recv_scale, local, bits_in, error, 0.0, bits, S, out_data, out_scale)
+    deq_in = dequantize_groups(q_in, s_in, S).view(local, nodes, width)
+    c = deq_in[0] + deq_in[1] + deq_in[2] + old
+    q = unpack(out_data, bits)
+    gap = (dequantize_groups(q, out_scale, S) + error.dequantize() - c).abs()
+    assert torch.all(gap <= _identity_bound(c, q, out_scale, bits))
+
+
+def test_error_update_is_the_moving_average():
+    beta = 0.8
+    c = torch.randn(2, 64)
+    error = ErrorBuffer.zeros(2, 64, S, 32, "cpu")
+    error.values.copy_(torch.randn(2, 64))
+    old = error.values.clone()
+    q, scale = ref.compensate_and_quantize(c, error, beta, 4, S)
+    residual = (c + old) - dequantize_groups(q, scale, S)
+    torch.testing.assert_close(error.values, beta * old + (1 - beta) * residual, rtol=0, atol=1e-6)
+
+
+def test_non_finite_input_leaves_finite_error_and_poisons_only_its_group():
+    c = torch.randn(1, 64)
+    c[0, 5] = float("nan")
+    error = ErrorBuffer.zeros(1, 64, S, 8, "cpu")
+    q, scale = ref.compensate_and_quantize(c, error, 0.8, 4, S)
+    assert torch.isnan(scale[0, 0]) and torch.isfinite(scale[0, 1])
+    assert torch.isfinite(error.dequantize()).all() and not error.dequantize()[0, :S].any()
+
+
+def test_final_mean_divides_by_world_and_zeroes_past_numel():
+    world, numel, rank = 4, 10, 3  # P = 3: rank 3 owns element 9 only
+    rows = torch.zeros(2, S)
+    rows[:, :3] = torch.tensor([8.0, 4.0, 4.0])
+    q, scale = quantize_groups(rows, 8, S)
+    out = ref.final_mean(pack(q, 8), scale, 8, S, world, numel, rank, torch.float32)
+    assert out.tolist() == [4.0, 0.0, 0.0]

@@ -1,0 +1,170 @@
+"""The LoCo reduce across real gloo processes, at several (M nodes, L ranks per node) layouts."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from deepspeed_loco.config import LocoConfig, LocoConfigError
+from deepspeed_loco.ops import loco_reference as ref
+from deepspeed_loco.ops.quantizer import qmax
+from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
+from deepspeed_loco.runtime.comm.topology import LocoTopology
+
+SHAPES = [(7, ), (33, 5), (64, 64), (1000, 3)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+LAYOUTS = [(2, 2), (3, 2), (1, 4), (4, 1), (1, 1)]  # (M, L)
+GROUP = 32
+
+
+def _grads(rank, dtype, seed):
+    gen = torch.Generator().manual_seed(1000 * seed + rank)
+    return [(torch.randn(shape, generator=gen) * 10**(i - 1)).to(dtype) for i, shape in enumerate(SHAPES)]
+
+
+def _holders():
+    return [torch.zeros(1) for _ in SHAPES]
+
+
+def _exact_mean_partition(grad, world, rank):
+    """This rank's partition of the fp64 mean, through a real full-precision all-reduce."""
+    total = grad.double().reshape(-1).clone()
+    dist.all_reduce(total)
+    part = ref.partition_size(grad.numel(), world)
+    padded = torch.zeros(world * part, dtype=torch.float64)
+    padded[:grad.numel()] = total / world
+    return padded[rank * part:(rank + 1) * part]
+
+
+def _error_bound(grad, topo, cfg):
+    """Per element of this rank's partition, from the quantizer: each hop adds at most half a step.
+
+    Hop 1 quantizes each rank's group g (absmax a_r) with step a_r / qmax1; hop 2 quantizes the node's sum,
+    whose absmax is at most the sum of its ranks' a_r, with step <= sum a_r / qmax2. So
+    |out - mean| <= (sum_r a_r / W) * (1/(2 qmax1) [L > 1] + 1/(2 qmax2) [M > 1]), plus fp32 rounding.
+    """
+    part = ref.partition_size(grad.numel(), topo.world_size)
+    rows = ref.partition_rows(grad, topo.world_size, GROUP)
+    absmax = rows.view(topo.world_size, -1, GROUP).abs().amax(-1).double()
+    dist.all_reduce(absmax)  # every partition's sum over ranks; keep this rank's
+    absmax = absmax[topo.rank]
+    factor = 0.0
+    if topo.local_size > 1:
+        factor += 0.5 / qmax(cfg.intra_node_bits)
+    if topo.num_nodes > 1:
+        factor += 0.5 / qmax(cfg.inter_node_bits)
+    per_group = absmax / topo.world_size * (factor * (1 + 1e-5) + 1e-6)
+    return per_group.repeat_interleave(GROUP)[:part]
+
+
+def check_matches_exact_mean(local_size):
+    """Returns (largest gap / bound, failures); failures are collected, not raised, so no rank leaves a collective."""
+    topo = LocoTopology.build(local_size=local_size)
+    worst, failures = 0.0, []
+    for error_feedback in (True, False):
+        for dtype in DTYPES:
+            cfg = LocoConfig(group_size=GROUP, error_feedback=error_feedback, local_world_size=local_size)
+            grads = _grads(topo.rank, dtype, seed=1)
+            outs = LocoReducer(cfg, topo).reduce_scatter(_holders(), grads)
+            for grad, out in zip(grads, outs):
+                exact = _exact_mean_partition(grad, topo.world_size, topo.rank)
+                bound = _error_bound(grad, topo, cfg)
+                if out.dtype != dtype or out.shape != exact.shape:
+                    failures.append(f"{dtype} {tuple(grad.shape)}: got {out.dtype} {tuple(out.shape)}")
+                    continue
+                # the result is rounded once more to the gradient's dtype
+                bound = bound + exact.abs() * torch.finfo(dtype).eps
+                gap = (out.double() - exact).abs()
+                if topo.world_size == 1 and not torch.equal(out, grad.reshape(-1)):
+                    failures.append(f"{dtype} {tuple(grad.shape)}: a world of one rank must return the gradient")
+                if not torch.all(gap <= bound):
+                    failures.append(f"{dtype} {tuple(grad.shape)} ef={error_feedback}: gap over bound by "
+                                    f"{float((gap - bound).max())}")
+                worst = max(worst, float((gap / bound.clamp_min(1e-30)).max()))
+    return worst, failures
+
+
+def check_one_all_to_all_per_hop(local_size):
+    topo = LocoTopology.build(local_size=local_size)
+    calls = []
+    original = dist.all_to_all_single
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("group"))
+        return original(*args, **kwargs)
+
+    dist.all_to_all_single = counting
+    try:
+        LocoReducer(LocoConfig(group_size=GROUP), topo).reduce_scatter(_holders(), _grads(topo.rank, torch.float32, 2))
+    finally:
+        dist.all_to_all_single = original
+    return len(calls)
+
+
+def check_first_step_equals_plain_and_feedback_removes_bias(local_size, steps):
+    """Same fixed gradients every step: LoCo's running mean converges to the exact mean, plain qgZ's does not."""
+    topo = LocoTopology.build(local_size=local_size)
+    grads = _grads(topo.rank, torch.float32, seed=3)
+    exact = [_exact_mean_partition(g, topo.world_size, topo.rank) for g in grads]
+    results = {}
+    for error_feedback in (True, False):
+        reducer = LocoReducer(LocoConfig(group_size=GROUP, error_feedback=error_feedback), topo)
+        holders = _holders()
+        outs = [reducer.reduce_scatter(holders, grads) for _ in range(steps)]
+        running = [torch.stack([o[i].double() for o in outs]).mean(0) for i in range(len(grads))]
+        results[error_feedback] = {
+            "first": [o.clone() for o in outs[0]],
+            "one_step": _rel_error(outs[0], exact),
+            "running16": _rel_error([torch.stack([o[i].double() for o in outs[:16]]).mean(0)
+                                     for i in range(len(grads))], exact),
+            "running": _rel_error(running, exact),
+        }
+    for a, b in zip(results[True]["first"], results[False]["first"]):
+        assert torch.equal(a, b), "with zero buffers LoCo's first step must equal plain qgZ"
+    return {k: {n: v for n, v in r.items() if n != "first"} for k, r in results.items()}
+
+
+def _rel_error(outs, exact):
+    """Relative L2 error of the whole bucket, all ranks together."""
+    num = torch.tensor([sum(float(((o.double() - e)**2).sum()) for o, e in zip(outs, exact))], dtype=torch.float64)
+    den = torch.tensor([sum(float((e**2).sum()) for e in exact)], dtype=torch.float64)
+    dist.all_reduce(num)
+    dist.all_reduce(den)
+    return float((num / den).sqrt())
+
+
+def check_bad_layout_is_rejected(local_size):
+    try:
+        LocoTopology.build(local_size=local_size)
+    except LocoConfigError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.parametrize("nodes,local", LAYOUTS)
+def test_every_rank_gets_the_mean_partition_within_the_quantizer_bound(process_pool, nodes, local):
+    results = process_pool(nodes * local).run(check_matches_exact_mean, local)
+    assert [f for _, fails in results for f in fails] == []
+    ratios = [ratio for ratio, _ in results]
+    assert max(ratios) <= 1.0
+    if nodes * local > 1:
+        # the bound is not vacuous: the observed error uses a real share of it
+        assert max(ratios) > 0.05
+
+
+@pytest.mark.parametrize("nodes,local,expected", [(2, 2, 2), (3, 2, 2), (1, 4, 1), (4, 1, 1), (1, 1, 0)])
+def test_a_bucket_costs_one_all_to_all_per_hop(process_pool, nodes, local, expected):
+    assert process_pool(nodes * local).run(check_one_all_to_all_per_hop, local) == [expected] * (nodes * local)
+
+
+@pytest.mark.parametrize("nodes,local", [(2, 2), (1, 4), (4, 1)])
+def test_error_feedback_removes_the_bias_of_repeated_quantization(process_pool, nodes, local):
+    result = process_pool(nodes * local).run(check_first_step_equals_plain_and_feedback_removes_bias, local, 64)[0]
+    loco, plain = result[True], result[False]
+    assert plain["running"] == pytest.approx(plain["one_step"], rel=1e-9)  # deterministic: the bias stays
+    assert loco["running"] < 0.1 * plain["running"]
+    assert loco["running"] < 0.5 * loco["running16"]  # and keeps shrinking with more steps
+
+
+@pytest.mark.parametrize("world,local", [(4, 3), (6, 4)])
+def test_layout_that_does_not_tile_the_world_is_a_clear_error(process_pool, world, local):
+    messages = process_pool(world).run(check_bad_layout_is_rejected, local)
+    assert all(m is not None and f"local_world_size = {local}" in m and str(world) in m for m in messages)

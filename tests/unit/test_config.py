@@ -1,0 +1,45 @@
+import pytest
+
+from deepspeed_loco.config import LocoConfig, LocoConfigError
+
+
+def test_defaults_match_upstream_for_the_upstream_keys():
+    cfg = LocoConfig.from_dict({})
+    assert (cfg.err_beta, cfg.reset_T) == (0.8, 1024)
+    assert (cfg.intra_node_bits, cfg.inter_node_bits, cfg.error_bits, cfg.error_feedback) == (4, 4, 8, True)
+
+
+def test_upstream_config_is_accepted_unchanged():
+    cfg = LocoConfig.from_dict({"err_beta": 0.9, "reset_T": 2048})
+    assert (cfg.err_beta, cfg.reset_T) == (0.9, 2048)
+
+
+@pytest.mark.parametrize("key,value,hint", [
+    ("err_beta", 1.0, "0 <= err_beta < 1"),
+    ("err_beta", -0.1, "0 <= err_beta < 1"),
+    ("err_beta", "0.8", "0 <= err_beta < 1"),
+    ("reset_T", 0, "integer >= 1"),
+    ("reset_T", 10.5, "integer >= 1"),
+    ("reset_T", True, "integer >= 1"),
+    ("intra_node_bits", 5, "(2, 3, 4, 8)"),
+    ("inter_node_bits", 1, "(2, 3, 4, 8)"),
+    ("group_size", 100, "power of two from 32 to 4096"),
+    ("group_size", 8192, "power of two from 32 to 4096"),
+    ("error_bits", 16, "(8, 32)"),
+    ("error_feedback", "yes", "true or false"),
+    ("local_world_size", 0, "integer >= 1"),
+])
+def test_bad_value_names_the_key_and_what_is_valid(key, value, hint):
+    with pytest.raises(LocoConfigError) as err:
+        LocoConfig.from_dict({key: value})
+    assert f"zeropp_loco_param.{key} = {value!r}" in str(err.value) and hint in str(err.value)
+
+
+def test_unknown_key_is_an_error_listing_the_valid_keys():
+    with pytest.raises(LocoConfigError, match=r"unknown key\(s\) \['err_betta'\].*'err_beta'"):
+        LocoConfig.from_dict({"err_betta": 0.8})
+
+
+def test_non_mapping_is_an_error():
+    with pytest.raises(LocoConfigError, match="must be a JSON object"):
+        LocoConfig.from_dict([0.8])
