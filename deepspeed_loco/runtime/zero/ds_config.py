@@ -1,0 +1,48 @@
+"""Takes ``zero_optimization.zeropp_loco_param`` out of a DeepSpeed config before DeepSpeed sees it.
+
+DeepSpeed >= 0.19.8 rejects the key; deepspeed-loco validates it, removes it, and hands DeepSpeed the rest.
+"""
+import copy
+import json
+from typing import Any, Mapping, Optional, Tuple
+
+from deepspeed_loco.config import CONFIG_KEY, LocoConfig, LocoConfigError
+
+
+def load_config(config: Any) -> Optional[dict]:
+    """A DeepSpeed config given as a dict or a path to a JSON/HJSON file, as a new dict (None stays None)."""
+    if config is None:
+        return None
+    if isinstance(config, Mapping):
+        return copy.deepcopy(dict(config))
+    if isinstance(config, str):
+        with open(config) as handle:
+            text = handle.read()
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            import hjson  # DeepSpeed's own config format, a DeepSpeed dependency
+            return hjson.loads(text)
+    raise TypeError(f"DeepSpeed config must be a dict or a path to a JSON file, got {type(config).__name__}")
+
+
+def split_loco_config(ds_config: dict) -> Tuple[dict, Optional[LocoConfig]]:
+    """Returns (the config without ``zeropp_loco_param``, the validated LoCo config or None if absent).
+
+    LoCo needs ZeRO stage 3 with ``zero_quantized_gradients: true``; anything else is an error saying what to set.
+    """
+    zero = ds_config.get("zero_optimization")
+    if not isinstance(zero, Mapping) or CONFIG_KEY not in zero:
+        return ds_config, None
+    stripped = dict(ds_config)
+    stripped["zero_optimization"] = {k: v for k, v in zero.items() if k != CONFIG_KEY}
+    loco = LocoConfig.from_dict(zero[CONFIG_KEY])
+    stage = zero.get("stage", 0)
+    if stage != 3:
+        raise LocoConfigError(f"zero_optimization.{CONFIG_KEY} needs ZeRO stage 3, but zero_optimization.stage = "
+                              f"{stage!r}: set \"stage\": 3 (or remove {CONFIG_KEY})")
+    if zero.get("zero_quantized_gradients") is not True:
+        raise LocoConfigError(f"zero_optimization.{CONFIG_KEY} needs quantized gradients (ZeRO++ qgZ), but "
+                              f"zero_optimization.zero_quantized_gradients = {zero.get('zero_quantized_gradients')!r}: "
+                              f"set \"zero_quantized_gradients\": true (or remove {CONFIG_KEY})")
+    return stripped, loco
