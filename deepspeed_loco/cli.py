@@ -1,0 +1,111 @@
+"""``deepspeed-loco`` command line (also ``python -m deepspeed_loco.cli``).
+
+``deepspeed-loco demo``: trains a small Llama-style byte-level model on bundled Shakespeare on 4 simulated
+ranks (2 nodes x 2) three ways: full-precision reduce-scatter, plain 4-bit qgZ and 4-bit qgZ + LoCo; prints
+a table and writes the loss curves as a PNG. On a CPU-only machine it uses gloo; with enough GPUs, NCCL.
+"""
+import argparse
+import dataclasses
+import sys
+from typing import List, Optional
+
+DEFAULT_STEPS = 150
+DEFAULT_OUT = "loco_demo_out"
+
+
+def _demo_parser(sub) -> argparse.ArgumentParser:
+    from deepspeed_loco.demo.model import SIZES
+    p = sub.add_parser("demo", help="train a small LM three ways and compare (full / plain qgZ / qgZ + LoCo)",
+                       description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimizer steps per arm")
+    p.add_argument("--model-size", choices=sorted(SIZES), default="small",
+                   help="named size; " + "; ".join(f"{k}: {v.layers}x{v.dim}, ctx {v.seq_len}" for k, v in SIZES.items()))
+    p.add_argument("--layers", type=int, help="override the size's number of layers")
+    p.add_argument("--dim", type=int, help="override the size's width")
+    p.add_argument("--heads", type=int, help="override the size's attention heads")
+    p.add_argument("--seq-len", type=int, help="override the size's context length (bytes)")
+    p.add_argument("--micro-batch", type=int, default=8, help="sequences per rank per step")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (warm-up, cosine decay)")
+    p.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 8), help="gradient bits of both qgZ hops")
+    p.add_argument("--group-size", type=int, default=256, help="quantization group size")
+    p.add_argument("--err-beta", type=float, default=0.8, help="LoCo's error moving-average weight")
+    p.add_argument("--arms", default="full,plain,loco",
+                   help="comma list of full, plain, loco (with --bits) or plainN/locoN for N-bit arms")
+    p.add_argument("--nodes", type=int, default=2, help="simulated nodes")
+    p.add_argument("--local", type=int, default=2, help="ranks per simulated node")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: CUDA (NCCL) if there is one GPU per rank, else CPU (gloo)")
+    p.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                   help="training dtype; auto: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--seed", type=int, default=0, help="model initialisation and data order (same in every arm)")
+    p.add_argument("--eval-every", type=int, default=25, help="steps between validation passes")
+    p.add_argument("--eval-windows", type=int, default=128, help="held-out windows per validation pass")
+    p.add_argument("--no-fidelity", action="store_true",
+                   help="do not measure the communicated gradient against the exact mean (an extra all-reduce)")
+    p.add_argument("--out", default=DEFAULT_OUT, help="output directory (PNG, table, results.json, logs)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def resolve_device(requested: str, world_size: int) -> str:
+    import torch
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "cuda" and gpus < world_size:
+        raise SystemExit(f"--device cuda: {world_size} ranks need {world_size} GPUs on this host, found {gpus} "
+                         f"(lower --nodes/--local, or use --device cpu)")
+    if requested == "auto":
+        return "cuda" if gpus >= world_size else "cpu"
+    return requested
+
+
+def spec_from_args(args) -> "RunSpec":  # noqa: F821
+    from deepspeed_loco.demo.arms import RunSpec, parse_arms
+    from deepspeed_loco.demo.model import SIZES
+    model = SIZES[args.model_size]
+    overrides = {k: getattr(args, a) for k, a in (("layers", "layers"), ("dim", "dim"), ("heads", "heads"),
+                                                  ("seq_len", "seq_len")) if getattr(args, a) is not None}
+    model = dataclasses.replace(model, **overrides)
+    if model.dim % model.heads or (model.dim // model.heads) % 2:
+        raise SystemExit(f"--dim {model.dim} must be a multiple of --heads {model.heads} with an even head size")
+    if args.nodes < 1 or args.local < 1:
+        raise SystemExit("--nodes and --local must be at least 1")
+    if args.steps < 1:
+        raise SystemExit("--steps must be at least 1")
+    try:
+        arms = tuple(dataclasses.replace(a, seed=args.seed) for a in parse_arms(args.arms, args.bits))
+    except ValueError as err:
+        raise SystemExit(str(err))
+    device = resolve_device(args.device, args.nodes * args.local)
+    dtype = args.dtype if args.dtype != "auto" else ("bf16" if device == "cuda" else "fp32")
+    return RunSpec(model=model, arms=arms, steps=args.steps, micro_batch=args.micro_batch, lr=args.lr,
+                   warmup=max(1, args.steps // 10), group_size=args.group_size, err_beta=args.err_beta,
+                   nodes=args.nodes, local=args.local, device=device, dtype=dtype,
+                   eval_every=max(1, min(args.eval_every, args.steps)), eval_windows=args.eval_windows,
+                   out_dir=args.out, fidelity=not args.no_fidelity)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="deepspeed-loco", description="deepspeed-loco tools")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _demo_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if args.command == "demo":
+        from deepspeed_loco.demo.launcher import LaunchError
+        from deepspeed_loco.demo.run import run_demo
+        spec = spec_from_args(args)
+        try:
+            run_demo(spec, progress=not args.no_progress)
+        except LaunchError as err:
+            print(f"\ndemo failed: {err}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("\ninterrupted", file=sys.stderr)
+            return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

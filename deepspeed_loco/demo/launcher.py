@@ -1,0 +1,139 @@
+"""Starts ``W = nodes x local`` worker processes on this machine (simulated nodes) and collects their reports."""
+import contextlib
+import multiprocessing as mp
+import os
+import queue as queue_module
+import socket
+import time
+from typing import Callable, Dict, List, Optional
+
+from deepspeed_loco.demo.arms import RunSpec
+
+POLL_S = 0.5
+
+
+class LaunchError(RuntimeError):
+    """A worker failed; the message holds its traceback (or the tail of its log)."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def worker_env(spec: RunSpec, rank: int, port: int) -> Dict[str, str]:
+    """The launcher variables of ``rank``, as torchrun would set them for ``nodes`` agents of ``local`` ranks.
+
+    On CPU, ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` describe the simulated node (DeepSpeed's CPU accelerator reads
+    ``LOCAL_SIZE`` as its device count). On GPUs all ranks share this host, so ``LOCAL_RANK`` is the GPU index
+    and the simulated layout reaches LoCo through ``zeropp_loco_param.local_world_size``.
+    """
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(spec.world_size),
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if spec.device == "cuda":
+        env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(spec.world_size), LOCAL_SIZE=str(spec.world_size))
+    else:
+        env.update(LOCAL_RANK=str(rank % spec.local), LOCAL_WORLD_SIZE=str(spec.local), LOCAL_SIZE=str(spec.local),
+                   DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
+    return env
+
+
+@contextlib.contextmanager
+def _environ(env: Dict[str, str]):
+    """Sets ``env`` in this process while a child is started (spawned children copy it), then restores it."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def launch(spec: RunSpec, on_message: Optional[Callable] = None, timeout_s: float = 3600) -> List[dict]:
+    """Runs every arm of ``spec`` in ``spec.world_size`` spawned workers; returns rank 0's results, in arm order.
+
+    ``on_message(message)`` sees every queue message (progress bar, log lines). Raises ``LaunchError`` if a
+    worker fails or nothing is heard for ``timeout_s`` seconds.
+    """
+    from deepspeed_loco.demo import worker
+    os.makedirs(os.path.join(spec.out_dir, "logs"), exist_ok=True)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = []
+    try:
+        for rank in range(spec.world_size):
+            proc = ctx.Process(target=worker.main, args=(rank, spec, queue), daemon=False, name=f"loco-rank{rank}")
+            with _environ(worker_env(spec, rank, port)):
+                proc.start()
+            procs.append(proc)
+        results: Dict[int, dict] = {}
+        done = set()
+        last_heard = time.monotonic()
+        while len(done) < len(procs):
+            try:
+                message = queue.get(timeout=POLL_S)
+            except queue_module.Empty:
+                for rank, proc in enumerate(procs):
+                    if rank not in done and proc.exitcode not in (None, 0):
+                        reported = _reported_error(queue)
+                        raise LaunchError(reported or f"rank {rank} exited with code {proc.exitcode}\n"
+                                          f"{_log_tail(spec, rank)}")
+                if time.monotonic() - last_heard > timeout_s:
+                    raise LaunchError(f"no progress from the workers for {timeout_s:.0f} s\n{_log_tail(spec, 0)}")
+                continue
+            last_heard = time.monotonic()
+            kind = message[0]
+            if kind == "error":
+                raise LaunchError(f"rank {message[1]} failed:\n{message[2]}")
+            if kind == "done":
+                done.add(message[1])
+            elif kind == "arm":
+                results[message[1]] = message[2]
+            if on_message is not None:
+                on_message(message)
+        for proc in procs:
+            proc.join(timeout=60)
+        return [results[i] for i in sorted(results)]
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+
+
+def _reported_error(queue) -> Optional[str]:
+    """The first error a worker put on the queue before exiting, if any."""
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        try:
+            message = queue.get(timeout=0.2)
+        except queue_module.Empty:
+            continue
+        if message[0] == "error":
+            return f"rank {message[1]} failed:\n{message[2]}"
+    return None
+
+
+def _log_tail(spec: RunSpec, rank: int, lines: int = 40) -> str:
+    path = os.path.join(spec.out_dir, "logs", f"rank{rank}.log")
+    try:
+        with open(path, errors="replace") as f:
+            tail = f.readlines()[-lines:]
+    except OSError:
+        return f"(no log at {path})"
+    return f"--- last lines of {path} ---\n" + "".join(tail)

@@ -1,0 +1,136 @@
+"""The demo's table and loss-curve PNG, from the workers' per-arm results."""
+import math
+import statistics
+from typing import Dict, List, Optional, Sequence
+
+from deepspeed_loco.demo.png import PALETTE, Panel, Series, line_chart
+
+ARM_COLORS = {"full": PALETTE[0], "plain": PALETTE[1], "loco": PALETTE[2]}
+BITS_SHADE = {2: 0.55, 3: 0.8, 4: 1.0, 8: 1.0}
+
+
+def human_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    if n == 0:
+        return "0"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _fmt_err(value: Optional[float]) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:.1e}" if value < 1e-3 else f"{value:.4f}"
+
+
+def table_rows(results: Sequence[dict]) -> List[List[str]]:
+    header = ["arm", "train loss", "val loss", "step time", "grad bytes/step/rank", "vs full", "error buffers/rank",
+              "grad rel. err", "running-sum rel. err"]
+    rows = [header]
+    for r in results:
+        fid = r.get("fidelity") or {}
+        rows.append([
+            r["label"],
+            f"{r['train_loss']:.4f}",
+            f"{r['val_loss']:.4f}",
+            f"{r['step_time_s'] * 1000:.0f} ms",
+            human_bytes(r["bytes_per_step"]),
+            f"{r['bytes_per_step'] / r['full_precision_bytes_per_step']:.3f}x",
+            human_bytes(r["error_buffer_bytes"]),
+            _fmt_err(fid.get("grad_rel_error_mean")),
+            _fmt_err(fid.get("sum_rel_error_final")),
+        ])
+    return rows
+
+
+def format_table(rows: List[List[str]], markdown: bool = False) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    if markdown:
+        lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
+        lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+        return "\n".join(lines)
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def gap_closed(full: Optional[float], plain: Optional[float], loco: Optional[float]) -> Optional[float]:
+    """``(plain - loco) / (plain - full)``: 1 = LoCo matches full precision, 0 = no better than plain qgZ."""
+    if None in (full, plain, loco) or plain == full:
+        return None
+    return (plain - loco) / (plain - full)
+
+
+def summary_lines(results: Sequence[dict]) -> List[str]:
+    """What the numbers say, per bit width present, in words (single run: no claim below seed noise)."""
+    by_key: Dict[str, dict] = {r["key"]: r for r in results}
+    full = by_key.get("full")
+    lines = []
+    for bits in sorted({r["arm"]["bits"] for r in results if r["arm"]["kind"] != "full"}):
+        plain, loco = by_key.get(f"plain{bits}"), by_key.get(f"loco{bits}")
+        if plain is None or loco is None:
+            continue
+        diff = plain["val_loss"] - loco["val_loss"]
+        text = (f"{bits}-bit: validation loss plain {plain['val_loss']:.4f}, LoCo {loco['val_loss']:.4f} "
+                f"(LoCo {'lower' if diff > 0 else 'higher'} by {abs(diff):.4f})")
+        if full is not None:
+            share = gap_closed(full["val_loss"], plain["val_loss"], loco["val_loss"])
+            gap = plain["val_loss"] - full["val_loss"]
+            text += f"; plain - full = {gap:+.4f}"
+            if share is not None:
+                text += f", share of that gap LoCo closes: {share:+.0%}"
+        lines.append(text)
+        pf, lf = plain.get("fidelity") or {}, loco.get("fidelity") or {}
+        if pf.get("sum_rel_error_final") is not None and lf.get("sum_rel_error_final") is not None:
+            lines.append(f"  running sum of communicated gradients vs exact: plain {pf['sum_rel_error_final']:.4f}, "
+                         f"LoCo {lf['sum_rel_error_final']:.4f} (relative error after the last step)")
+    if lines:
+        lines.append("One seed, a short run: validation-loss differences of about 0.01-0.02 are within seed noise. "
+                     "`benchmarks/convergence.py` repeats this over seeds and bit widths.")
+    return lines
+
+
+def ema(values: Sequence[float], decay: float = 0.9) -> List[float]:
+    out, acc = [], None
+    for i, v in enumerate(values):
+        acc = v if acc is None else decay * acc + (1 - decay) * v
+        out.append(acc / 1.0)
+    return out
+
+
+def _color(arm: dict):
+    base = ARM_COLORS[arm["kind"]]
+    shade = BITS_SHADE.get(arm["bits"], 1.0) if arm["kind"] != "full" else 1.0
+    return tuple(int(255 - (255 - c) * shade) for c in base) if shade < 1 else base
+
+
+def plot(results: Sequence[dict], title: str = "") -> bytes:
+    """PNG bytes: train loss (EMA), validation loss, and the running-sum gradient error, per arm."""
+    train, val, err = [], [], []
+    skip = 0
+    for r in results:
+        color, label = _color(r["arm"]), r["label"]
+        losses = r["train_losses"]
+        skip = max(skip, len(losses) // 10)
+        train.append(Series(label, list(enumerate(ema(losses), start=1)), color))
+        val.append(Series(label, r["validation"], color, markers=True))
+        fid = r.get("fidelity") or {}
+        if fid.get("sum_rel_errors"):
+            err.append(Series(label, list(enumerate(fid["sum_rel_errors"], start=1)), color))
+    tail = [y for s in train for x, y in s.points if x > skip]
+    ylim = (min(tail), max(tail)) if tail else None
+    vtail = [y for s in val for x, y in s.points if x > 0]
+    vlim = (min(vtail), max(vtail)) if len(vtail) > 1 else None
+    panels = [Panel("train loss (EMA 0.9)", "step", train, ylim), Panel("validation loss, held-out plays", "step", val,
+                                                                       vlim)]
+    if err:
+        panels.append(Panel("running-sum grad rel. error", "step", err))
+    return line_chart(panels, title=title)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
