@@ -1,0 +1,53 @@
+"""DeepSpeed op builder of LoCo's fused CUDA kernels (``csrc/quantization/loco_kernels.cu`` + ``loco_binding.cpp``).
+
+``LocoBuilder().load()`` JIT-compiles the op with ninja through DeepSpeed's ``CUDAOpBuilder`` (so it honours
+``TORCH_CUDA_ARCH_LIST``, ``DS_NVCC_THREADS`` and DeepSpeed's build cache) and returns the extension module
+``loco_ops`` with ``hop1``, ``hop2`` and ``final_mean``. DeepSpeed's default ``--use_fast_math`` is removed and
+fp32 contraction, flush-to-zero and approximate division are switched off: the kernels are bit-identical to
+``deepspeed_loco.ops.loco_reference`` only under IEEE fp32 arithmetic (the source refuses fast math).
+"""
+from pathlib import Path
+from typing import List
+
+from deepspeed.ops.op_builder.builder import CUDAOpBuilder
+
+_SOURCES = ("loco_kernels.cu", "loco_binding.cpp")
+_IEEE_NVCC_FLAGS = ["-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
+
+
+def csrc_dir() -> Path:
+    """``csrc/quantization`` holding the sources: the source checkout's (repository root) or the installed package's
+    (``deepspeed_loco/csrc/quantization``, shipped as package data)."""
+    package = Path(__file__).resolve().parents[2]  # .../deepspeed_loco
+    candidates = [package.parent / "csrc" / "quantization", package / "csrc" / "quantization"]
+    for candidate in candidates:
+        if all((candidate / name).is_file() for name in _SOURCES):
+            return candidate
+    raise FileNotFoundError(f"LoCo kernel sources {list(_SOURCES)} not found in any of {[str(c) for c in candidates]}")
+
+
+class LocoBuilder(CUDAOpBuilder):
+    """Builds ``loco_ops`` (see the module docstring)."""
+    BUILD_VAR = "DS_BUILD_LOCO"
+    NAME = "loco_ops"
+
+    def __init__(self, name=None):
+        super().__init__(name=self.NAME if name is None else name)
+
+    def absolute_name(self) -> str:
+        return f"deepspeed_loco.ops.{self.NAME}"
+
+    def sources(self) -> List[str]:
+        root = csrc_dir()
+        return [str(root / name) for name in _SOURCES]
+
+    def include_paths(self) -> List[str]:
+        return [str(csrc_dir())]
+
+    def nvcc_args(self) -> List[str]:
+        args = [arg for arg in super().nvcc_args() if arg != "--use_fast_math"]
+        return args + _IEEE_NVCC_FLAGS if args else args
+
+    def cxx_args(self) -> List[str]:
+        return super().cxx_args() + ["-fno-fast-math"]
+

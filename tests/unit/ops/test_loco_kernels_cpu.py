@@ -1,0 +1,241 @@
+"""What of the fused-kernel code can be checked without a GPU.
+
+* The kernels' element arithmetic (``csrc/quantization/loco_kernels.cuh``, namespace ``loco::math``: the
+  reciprocal-with-exact-fallback quantizer, the LoCo update, the bit packing) built as host C++ with g++ and
+  compared bit for bit with the reference on adversarial inputs (ties, denormal and huge scales, non-finite groups).
+* The builder (sources found, fast math stripped), the dispatcher (reference on CPU, one log line,
+  ``DS_LOCO_KERNELS``) and the CUDA wrappers' fallback to the reference for tensors they do not cover.
+"""
+import ctypes
+import logging
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from deepspeed_loco import ops
+from deepspeed_loco.ops import loco_reference as ref
+from deepspeed_loco.ops.quantizer import dequantize_groups, pack, quantize_groups, unpack
+
+_SHIM = r"""
+#define LOCO_NO_LAUNCHERS
+#include "loco_kernels.cuh"
+using namespace loco::math;
+
+static float qmax_of(int bits) { return (float)((1 << (bits - 1)) - 1); }
+
+extern "C" void host_quantize(const float* c, long long n, int group, int bits, signed char* q, float* scale) {
+    for (long long g = 0; g < n / group; ++g) {
+        uint32_t key = 0;
+        for (int i = 0; i < group; ++i) { uint32_t k = abs_key(c[g * group + i]); key = k > key ? k : key; }
+        const Rule rule = make_rule(key, qmax_of(bits));
+        scale[g] = rule.scale;
+        for (int i = 0; i < group; ++i) q[g * group + i] = (signed char)quantize(c[g * group + i], rule, qmax_of(bits)).q;
+    }
+}
+
+extern "C" void host_update(const float* c, const float* e, long long n, int group, int bits, float beta, float* out) {
+    const float omb = f_sub(1.0f, beta);
+    for (long long g = 0; g < n / group; ++g) {
+        uint32_t key = 0;
+        for (int i = 0; i < group; ++i) { uint32_t k = abs_key(c[g * group + i]); key = k > key ? k : key; }
+        const Rule rule = make_rule(key, qmax_of(bits));
+        for (int i = 0; i < group; ++i) {
+            const long long j = g * group + i;
+            out[j] = update(e[j], residual(c[j], quantize(c[j], rule, qmax_of(bits)).qf, rule.scale), beta, omb);
+        }
+    }
+}
+
+extern "C" void host_pack(const signed char* q, long long n, int bits, unsigned char* out) {
+    for (long long w = 0; w < n / 8; ++w) {
+        uint64_t word = 0;
+        for (int j = 0; j < 8; ++j) {
+            switch (bits) {
+                case 2: word |= pack_value<2>(q[8 * w + j], j); break;
+                case 3: word |= pack_value<3>(q[8 * w + j], j); break;
+                case 4: word |= pack_value<4>(q[8 * w + j], j); break;
+                default: word |= pack_value<8>(q[8 * w + j], j); break;
+            }
+        }
+        for (int b = 0; b < bits; ++b) out[w * bits + b] = (unsigned char)(word >> (8 * b));
+    }
+}
+
+extern "C" void host_unpack(const unsigned char* data, long long n, int bits, signed char* q) {
+    for (long long w = 0; w < n / 8; ++w) {
+        uint64_t word = 0;
+        for (int b = 0; b < bits; ++b) word |= (uint64_t)data[w * bits + b] << (8 * b);
+        for (int j = 0; j < 8; ++j) {
+            switch (bits) {
+                case 2: q[8 * w + j] = (signed char)unpack_value<2>(word, j); break;
+                case 3: q[8 * w + j] = (signed char)unpack_value<3>(word, j); break;
+                case 4: q[8 * w + j] = (signed char)unpack_value<4>(word, j); break;
+                default: q[8 * w + j] = (signed char)unpack_value<8>(word, j); break;
+            }
+        }
+    }
+}
+
+extern "C" void host_to_bf16(const float* x, long long n, unsigned short* out) {
+    for (long long i = 0; i < n; ++i) out[i] = float_to_bf16_bits(x[i]);
+}
+"""
+
+BITS = [2, 3, 4, 8]
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    """The kernels' element arithmetic compiled for the host (g++, no contraction, IEEE)."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("needs a C++ compiler (g++) to build the kernels' arithmetic for the host")
+    from deepspeed_loco.ops.op_builder.loco import csrc_dir
+    folder = tmp_path_factory.mktemp("loco_host")
+    (folder / "shim.cpp").write_text(_SHIM)
+    library = folder / "libloco_host.so"
+    subprocess.run([compiler, "-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",
+                    f"-I{csrc_dir()}", str(folder / "shim.cpp"), "-o", str(library)], check=True)
+    return ctypes.CDLL(str(library))
+
+
+def _ptr(t):
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _adversarial(group_size, bits, gen):
+    """fp32 groups: lognormal magnitudes, exact and near ties, denormal, huge, zero, underflowing, non-finite."""
+    qmax, step = (1 << (bits - 1)) - 1, 2.0 ** -5
+    groups = [torch.randn(64, group_size, generator=gen) * 10.0 ** (torch.rand(64, 1, generator=gen) * 8 - 4)]
+    ties = torch.zeros(group_size)
+    count = min(2 * qmax, group_size - 1)
+    ties[:count] = ((torch.arange(count, dtype=torch.float64) - qmax + 0.5) * step).float()
+    ties[-1] = qmax * step
+    for direction in (0.0, 1e9, -1e9):
+        moved = ties if direction == 0 else torch.nextafter(ties, torch.full_like(ties, direction))
+        moved[-1] = qmax * step
+        groups.append(moved.unsqueeze(0))
+    groups.append(torch.randn(2, group_size, generator=gen) * 1e-40)  # denormal scale: exact division
+    groups.append(torch.randn(2, group_size, generator=gen).clamp(-3, 3) * 1e38)  # scale > 2^125 for small bits
+    groups.append(torch.zeros(1, group_size))
+    underflow = torch.zeros(1, group_size)
+    underflow[0, 3] = 1e-45  # absmax / qmax underflows to 0: q = 0, scale 0
+    groups.append(underflow)
+    bad = torch.randn(3, group_size, generator=gen)
+    bad[0, 1], bad[1, 2], bad[2, 0] = float("inf"), float("nan"), -float("inf")
+    groups.append(bad)
+    # random multiples of a power-of-two scale: many exact quotients, some exact ties
+    multiples = torch.randint(-4 * qmax, 4 * qmax + 1, (8, group_size), generator=gen).float() * 0.25 * step
+    multiples[:, -1] = qmax * step
+    groups.append(multiples)
+    return torch.cat(groups).reshape(-1)
+
+
+@pytest.mark.parametrize("group_size", [32, 256])
+@pytest.mark.parametrize("bits", BITS)
+def test_host_quantizer_is_bit_identical_to_the_reference(host, bits, group_size):
+    gen = torch.Generator().manual_seed(1000 * bits + group_size)
+    c = _adversarial(group_size, bits, gen)
+    q = torch.empty(c.numel(), dtype=torch.int8)
+    scale = torch.empty(c.numel() // group_size)
+    host.host_quantize(_ptr(c), ctypes.c_longlong(c.numel()), group_size, bits, _ptr(q), _ptr(scale))
+    want_q, want_scale = quantize_groups(c, bits, group_size)
+    assert torch.equal(q, want_q)
+    assert torch.equal(scale.view(torch.int32), want_scale.view(torch.int32))
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.8, 0.3])
+@pytest.mark.parametrize("bits", BITS)
+def test_host_loco_update_is_bit_identical_to_the_reference(host, bits, beta):
+    gen = torch.Generator().manual_seed(bits)
+    c = _adversarial(32, bits, gen)
+    e = torch.randn(c.numel(), generator=gen) * 0.01
+    out = torch.empty_like(c)
+    host.host_update(_ptr(c), _ptr(e), ctypes.c_longlong(c.numel()), 32, bits, ctypes.c_float(beta), _ptr(out))
+    q, scale = quantize_groups(c, bits, 32)
+    beta32 = torch.tensor(beta, dtype=torch.float32)
+    want = e * beta32 + (c - dequantize_groups(q, scale, 32)) * (1 - beta32)
+    assert torch.equal(out.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_host_packing_matches_the_reference_layout(host, bits):
+    gen = torch.Generator().manual_seed(bits)
+    qmax = (1 << (bits - 1)) - 1
+    q = torch.randint(-qmax, qmax + 1, (4096,), dtype=torch.int8, generator=gen)
+    packed = torch.empty(4096 * bits // 8, dtype=torch.uint8)
+    host.host_pack(_ptr(q), ctypes.c_longlong(q.numel()), bits, _ptr(packed))
+    assert torch.equal(packed, pack(q, bits))
+    raw = torch.randint(0, 256, (4096 * bits // 8,), dtype=torch.uint8, generator=gen)
+    values = torch.empty(4096, dtype=torch.int8)
+    host.host_unpack(_ptr(raw), ctypes.c_longlong(values.numel()), bits, _ptr(values))
+    assert torch.equal(values, unpack(raw, bits))
+
+
+def test_host_bf16_rounding_matches_torch(host):
+    gen = torch.Generator().manual_seed(7)
+    x = torch.cat([torch.randn(100000, generator=gen) * 10.0 ** torch.randint(-40, 38, (100000,), generator=gen),
+                   torch.tensor([float("inf"), -float("inf"), 3.4e38, 1e-45, -0.0, 0.0])])
+    out = torch.empty(x.numel(), dtype=torch.int16)
+    host.host_to_bf16(_ptr(x), ctypes.c_longlong(x.numel()), _ptr(out))
+    assert torch.equal(out, x.to(torch.bfloat16).view(torch.int16))
+
+
+def test_builder_finds_its_sources_and_strips_fast_math(monkeypatch):
+    from deepspeed.ops.op_builder.builder import CUDAOpBuilder
+
+    from deepspeed_loco.ops.op_builder import LocoBuilder
+    builder = LocoBuilder()
+    assert (builder.NAME, builder.BUILD_VAR) == ("loco_ops", "DS_BUILD_LOCO")
+    assert builder.absolute_name() == "deepspeed_loco.ops.loco_ops"
+    sources = builder.sources()
+    assert [s.rsplit("/", 1)[-1] for s in sources] == ["loco_kernels.cu", "loco_binding.cpp"]
+    for source in sources + builder.include_paths():
+        assert source.startswith("/")
+    kernels = open(sources[0]).read() + open(sources[0].replace(".cu", ".cuh")).read()
+    assert "#include <torch" not in kernels and "ATen" not in kernels
+    monkeypatch.setattr(CUDAOpBuilder, "nvcc_args", lambda self: ["-O3", "--use_fast_math", "-std=c++20"])
+    args = builder.nvcc_args()
+    assert "--use_fast_math" not in args and "-fmad=false" in args and "-ftz=false" in args
+
+
+def test_dispatcher_uses_the_reference_on_cpu_and_logs_one_line(caplog):
+    ops._reset()
+    with caplog.at_level(logging.INFO, logger="deepspeed_loco"):
+        for _ in range(3):
+            assert ops.kernels_for(torch.device("cpu")) is ref
+        assert ops.kernels_for("cpu") is ref
+    lines = [r.getMessage() for r in caplog.records if r.name == "deepspeed_loco"]
+    assert len(lines) == 1 and "reference" in lines[0] and "cpu" in lines[0], lines
+    ops._reset()
+
+
+def test_dispatcher_environment_variable(monkeypatch, caplog):
+    ops._reset()
+    monkeypatch.setenv("DS_LOCO_KERNELS", "reference")
+    with caplog.at_level(logging.INFO, logger="deepspeed_loco"):
+        assert ops.kernels_for(torch.device("cuda")) is ref  # no build attempted
+    assert any("DS_LOCO_KERNELS=reference" in r.getMessage() for r in caplog.records)
+    ops._reset()
+    monkeypatch.setenv("DS_LOCO_KERNELS", "fastest")
+    with pytest.raises(ValueError, match="DS_LOCO_KERNELS"):
+        ops.kernels_for(torch.device("cuda"))
+    ops._reset()
+
+
+def test_cuda_wrappers_fall_back_to_the_reference_for_cpu_tensors_with_a_warning(caplog):
+    from deepspeed_loco.ops import loco_cuda
+    grad = torch.randn(100, 3)
+    cols = ref.padded_partition_size(grad.numel(), 4, 32)
+    data, scale = torch.empty(4, cols // 2, dtype=torch.uint8), torch.empty(4, cols // 32)
+    want = torch.empty_like(data), torch.empty_like(scale)
+    with caplog.at_level(logging.WARNING, logger="deepspeed_loco"):
+        loco_cuda.hop1_(grad, 4, 2, None, 0.8, 4, 32, data, scale)
+        out = loco_cuda.final_mean(data, scale, 4, 32, 4, grad.numel(), 1, torch.float32)
+    ref.hop1_(grad, 4, 2, None, 0.8, 4, 32, *want)
+    assert torch.equal(data, want[0]) and torch.equal(scale, want[1])
+    assert torch.equal(out, ref.final_mean(data, scale, 4, 32, 4, grad.numel(), 1, torch.float32))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("hop1_" in m and "not on a CUDA device" in m for m in messages), messages
