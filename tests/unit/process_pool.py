@@ -15,7 +15,7 @@ TASK_TIMEOUT_S = 600
 COLLECTIVE_TIMEOUT_S = 120
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -49,7 +49,7 @@ class ProcessPool:
         ctx = mp.get_context("spawn")
         env = {
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
+            "MASTER_PORT": str(free_port()),
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(min(local, world_size)),
             "LOCAL_SIZE": str(min(local, world_size)),

@@ -4,6 +4,7 @@ The hook replaces, on one ``DeepSpeedZeroOptimizer_Stage3`` instance, the method
 bucket of gradients (``__avg_scatter_grads``), and wraps its ``step`` to keep the error-feedback state in step
 with the optimizer: reset every ``reset_T`` steps, rescale on an fp16 loss-scale change, clear on overflow.
 """
+import logging
 import os
 from typing import List, Optional
 
@@ -13,7 +14,6 @@ from packaging import version
 import deepspeed
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
-from deepspeed.utils import log_dist
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.ops import kernels_for
@@ -22,6 +22,7 @@ from deepspeed_loco.ops.quantizer import SCALE_BYTES
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.zero.error_feedback import ErrorFeedbackState
+from deepspeed_loco.utils.logging import log_rank0, logger
 
 MIN_DEEPSPEED = "0.19.8"
 TESTED_DEEPSPEED = ("0.19.8", )
@@ -39,8 +40,8 @@ def check_deepspeed_version() -> None:
         raise RuntimeError(f"deepspeed-loco cannot hook DeepSpeed {installed}: its ZeRO-3 optimizer has no "
                            f"__avg_scatter_grads (tested with {', '.join(TESTED_DEEPSPEED)}); pin one of those")
     if installed not in TESTED_DEEPSPEED:
-        log_dist(f"deepspeed-loco: DeepSpeed {installed} is untested (tested: {', '.join(TESTED_DEEPSPEED)})",
-                 ranks=[0], level=30)
+        log_rank0(f"deepspeed-loco: DeepSpeed {installed} is untested (tested: {', '.join(TESTED_DEEPSPEED)})",
+                  logging.WARNING)
 
 
 def resolve_local_size(config: LocoConfig, world_size: int) -> int:
@@ -103,8 +104,7 @@ class LocoHook:
         elif opt.loss_scale != scale_before:
             self.state.rescale(opt.loss_scale / scale_before)
         if self.state.on_optimizer_step():
-            log_dist(f"LoCo: error buffers reset at optimizer step {self.state.step} (reset_T={self.config.reset_T})",
-                     ranks=[0])
+            logger.debug(f"LoCo: error buffers reset at optimizer step {self.state.step} (reset_T={self.config.reset_T})")
         return result
 
     def planned_buffer_bytes(self, params) -> int:
@@ -144,9 +144,9 @@ def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
     hook = LocoHook(optimizer, config)
     params = [p for p in engine.module.parameters() if p.requires_grad]
     if hook.topology.world_size == 1:
-        log_dist("deepspeed-loco: zeropp_loco_param is set but the data-parallel world has one rank: nothing is "
-                 "communicated, so LoCo does nothing in this run", ranks=[0], level=30)
+        log_rank0("deepspeed-loco: zeropp_loco_param is set but the data-parallel world has one rank: nothing is "
+                  "communicated, so LoCo does nothing in this run", logging.WARNING)
     else:
-        log_dist(hook.describe(params), ranks=[0])
+        log_rank0(hook.describe(params))
     setattr(engine, ENGINE_ATTRIBUTE, hook)
     return hook

@@ -1,0 +1,219 @@
+"""LoCo inside a real DeepSpeed ZeRO-3 engine: 4 gloo processes laid out as 2 nodes x 2 ranks."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from deepspeed_loco.config import LocoConfigError
+from tests.unit.process_pool import free_port
+
+WORLD = 4
+STEPS = 24
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+
+
+def _ds_config(arm, dtype="fp32", accum=1, loco=None):
+    zero = {"stage": 3, "reduce_bucket_size": 10_000}
+    if arm != "full":
+        zero["zero_quantized_gradients"] = True
+        zero["zeropp_loco_param"] = {"group_size": 32, "error_feedback": arm == "loco", **(loco or {})}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": accum,
+        "optimizer": {"type": "Adam", "params": {"lr": 5e-3}},
+        "zero_optimization": zero,
+    }
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    if dtype == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 4, "loss_scale_window": 2, "hysteresis": 1}
+    return cfg
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(13, 33), torch.nn.Tanh(), torch.nn.Linear(33, 5))
+
+
+def _batch(rank, step, dtype):
+    gen = torch.Generator().manual_seed(10_000 * step + rank)
+    teacher = torch.Generator().manual_seed(123)
+    x = torch.randn(8, 13, generator=gen)
+    y = torch.tanh(x @ torch.randn(13, 5, generator=teacher))
+    cast = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    return x.to(cast), y.to(cast)
+
+
+def _allow_fp16_on_cpu():
+    """DeepSpeed's CPU accelerator refuses fp16 where oneDNN lacks fp16 kernels; torch's CPU fp16 math suffices
+    for this tiny model, so the capability check is lifted in the test processes only."""
+    from deepspeed.accelerator import get_accelerator
+    accelerator = get_accelerator()
+    accelerator.is_fp16_supported = lambda: True
+
+
+def _gathered_params(engine):
+    import deepspeed
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params):
+        return torch.cat([p.detach().float().reshape(-1) for p in params])
+
+
+def _buffers_state(hook):
+    values = [b.dequantize() for b in hook.state.buffers()]
+    if not values:
+        return {"zero": True, "finite": True, "absmax": 0.0}
+    return {
+        "zero": all(not v.any() for v in values),
+        "finite": all(bool(torch.isfinite(v).all()) for v in values),
+        "absmax": max(float(v.abs().max()) for v in values),
+    }
+
+
+def train(arm, dtype="fp32", accum=1, steps=STEPS, loco=None, poison_step=None):
+    """Trains the tiny model; returns losses, the final parameters and what the LoCo hook saw at each step."""
+    import deepspeed
+    import deepspeed_loco
+    if dtype == "fp16":
+        _allow_fp16_on_cpu()
+    model = _model()
+    engine, _, _, _ = deepspeed_loco.initialize(model=model, model_parameters=model.parameters(),
+                                                config=_ds_config(arm, dtype, accum, loco))
+    hook = deepspeed_loco.loco_hook(engine)
+    rank = torch.distributed.get_rank()
+    losses, trace = [], []
+    for step in range(steps):
+        for micro in range(accum):
+            x, y = _batch(rank, step * accum + micro, dtype)
+            loss = torch.nn.functional.mse_loss(engine(x).float(), y.float())
+            if step == poison_step:
+                loss = loss * float("inf")
+            engine.backward(loss)
+            before = _buffers_state(hook) if hook else None
+            scale_before = engine.optimizer.loss_scale
+            engine.step()
+        losses.append(float(loss))
+        if hook:
+            trace.append({"before": before, "after": _buffers_state(hook), "step": hook.state.step,
+                          "scale": (scale_before, engine.optimizer.loss_scale), "overflow": engine.optimizer.overflow})
+    params = _gathered_params(engine)
+    everyone = [torch.empty_like(params) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(everyone, params)
+    spread = max(float((p - params).abs().max()) for p in everyone)
+    return {"losses": losses, "params": params, "rank_spread": spread, "trace": trace,
+            "stats": hook.reducer.stats if hook else None}
+
+
+@pytest.fixture(scope="module")
+def arms(process_pool):
+    pool = process_pool(WORLD)
+    return {arm: pool.run(train, arm) for arm in ("full", "plain", "loco")}
+
+
+def test_every_arm_keeps_ranks_identical(arms):
+    for arm, results in arms.items():
+        assert all(r["rank_spread"] == 0.0 for r in results), arm
+
+
+def test_loco_trains_like_full_precision(arms):
+    full, loco = arms["full"][0], arms["loco"][0]
+    assert full["losses"][-1] < 0.5 * full["losses"][0]  # the task is learnable in STEPS steps
+    # stated tolerance: over the last 8 steps LoCo's mean loss is within 10% of full precision's
+    tail = lambda r: sum(r["losses"][-8:]) / 8
+    assert abs(tail(loco) - tail(full)) <= 0.10 * tail(full)
+    drift = float((loco["params"] - full["params"]).norm() / full["params"].norm())
+    assert drift < 0.05
+
+
+def test_quantized_arms_send_quantized_bytes_through_both_hops(arms):
+    for arm in ("plain", "loco"):
+        stats = arms[arm][0]["stats"]
+        assert stats.reduces >= STEPS and stats.intra_bytes > 0 and stats.inter_bytes > 0
+
+
+def test_plain_arm_holds_no_error_buffers_and_loco_does(arms):
+    assert all(t["after"]["absmax"] == 0.0 for t in arms["plain"][0]["trace"])
+    assert any(t["after"]["absmax"] > 0.0 for t in arms["loco"][0]["trace"])
+
+
+def test_reset_happens_every_reset_T_optimizer_steps(process_pool):
+    result = process_pool(WORLD).run(train, "loco", "fp32", 1, 7, {"reset_T": 3})[0]
+    zero_after = [t["after"]["zero"] for t in result["trace"]]
+    assert [t["step"] for t in result["trace"]] == list(range(1, 8))
+    assert zero_after == [False, False, True, False, False, True, False]
+
+
+def test_gradient_accumulation_counts_optimizer_steps_not_micro_steps(process_pool):
+    result = process_pool(WORLD).run(train, "loco", "fp32", 2, 6, {"reset_T": 2})[0]
+    assert [t["step"] for t in result["trace"]] == list(range(1, 7))
+    assert [t["after"]["zero"] for t in result["trace"]] == [False, True] * 3
+    assert result["stats"].reduces >= 12  # ZeRO-3 reduces every micro-step
+    assert result["losses"][-1] < result["losses"][0]
+
+
+def test_bf16_trains_and_ranks_agree(process_pool):
+    results = process_pool(WORLD).run(train, "loco", "bf16", 1, 12)
+    assert all(r["rank_spread"] == 0.0 for r in results)
+    assert results[0]["losses"][-1] < results[0]["losses"][0]
+
+
+def test_fp16_loss_scale_changes_rescale_and_overflow_clears_the_buffers(process_pool):
+    results = process_pool(WORLD).run(train, "loco", "fp16", 1, 10, None, 6)
+    trace = results[0]["trace"]
+    assert all(r["rank_spread"] == 0.0 for r in results)
+    assert trace[6]["overflow"] and trace[6]["after"]["zero"]
+    assert all(t["after"]["finite"] for t in trace)
+    grown = [t for t in trace if not t["overflow"] and t["scale"][1] != t["scale"][0] and not t["after"]["zero"]]
+    assert grown, "the test must see at least one loss-scale growth"
+    for t in grown:
+        ratio = t["scale"][1] / t["scale"][0]
+        assert t["after"]["absmax"] == pytest.approx(t["before"]["absmax"] * ratio, rel=1e-6)
+
+
+def initialize_with(zero_update):
+    import deepspeed_loco
+    cfg = _ds_config("loco")
+    cfg["zero_optimization"].update(zero_update)
+    model = _model()
+    try:
+        deepspeed_loco.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    except LocoConfigError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.parametrize("update,expected", [
+    ({"stage": 2}, "needs ZeRO stage 3"),
+    ({"zero_quantized_gradients": False}, "set \"zero_quantized_gradients\": true"),
+    ({"zeropp_loco_param": {"err_beta": 2}}, "zeropp_loco_param.err_beta = 2"),
+    ({"zeropp_loco_param": {"reset_t": 5}}, "unknown key(s) ['reset_t']"),
+])
+def test_config_errors_are_clear_on_every_rank(process_pool, update, expected):
+    messages = process_pool(WORLD).run(initialize_with, update)
+    assert all(m is not None and expected in m for m in messages)
+
+
+def test_old_deepspeed_is_refused_at_start_up(monkeypatch):
+    import deepspeed
+
+    from deepspeed_loco.runtime.zero import stage3_hook
+    monkeypatch.setattr(deepspeed, "__version__", "0.19.7")
+    with pytest.raises(RuntimeError, match="needs DeepSpeed >= 0.19.8"):
+        stage3_hook.check_deepspeed_version()
+
+
+def test_unmodified_script_runs_with_loco_through_the_module_runner(tmp_path):
+    """``torchrun ... -m deepspeed_loco.run unmodified_train.py --deepspeed_config cfg.json``, 2 nodes x 2."""
+    cfg = _ds_config("loco", loco={"local_world_size": 2})
+    (tmp_path / "ds.json").write_text(json.dumps(cfg))
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", LOCAL_SIZE="4", PYTHONPATH=REPO)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", str(free_port()),
+           "-m", "deepspeed_loco.run", os.path.join(REPO, "tests", "unit", "runtime", "zero", "unmodified_train.py"),
+           "--deepspeed_config", str(tmp_path / "ds.json"), "--steps", "3"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "deepspeed-loco active: LoCo error feedback; W=4 (M=2 nodes x L=2 ranks)" in proc.stdout + proc.stderr
+    assert "final loss" in proc.stdout
