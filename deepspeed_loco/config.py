@@ -28,6 +28,8 @@ class LocoConfig:
     error_bits: storage of the error buffers, 8 (int8 with one fp32 scale per group) or 32 (fp32).
     error_feedback: False gives plain qgZ through the same path (the A/B baseline).
     local_world_size: ranks per node; None takes it from the launcher (``LOCAL_WORLD_SIZE``).
+    hadamard: rotate every quantization group by a randomized Hadamard transform before quantizing (and back
+        after the final sum); the same fixed signs on every rank.
     """
     err_beta: float = 0.8
     reset_T: int = 1024
@@ -37,6 +39,7 @@ class LocoConfig:
     error_bits: int = 8
     error_feedback: bool = True
     local_world_size: Optional[int] = None
+    hadamard: bool = False
 
     def __post_init__(self):
         _check_number("err_beta", self.err_beta, float, "a float with 0 <= err_beta < 1")
@@ -54,8 +57,9 @@ class LocoConfig:
             _fail("group_size", self.group_size, _group_size_rule())
         if isinstance(self.error_bits, bool) or self.error_bits not in SUPPORTED_ERROR_BITS:
             _fail("error_bits", self.error_bits, f"one of {SUPPORTED_ERROR_BITS}")
-        if not isinstance(self.error_feedback, bool):
-            _fail("error_feedback", self.error_feedback, "true or false")
+        for key in ("error_feedback", "hadamard"):
+            if not isinstance(getattr(self, key), bool):
+                _fail(key, getattr(self, key), "true or false")
         if self.local_world_size is not None:
             _check_number("local_world_size", self.local_world_size, int, "an integer >= 1, or null for the launcher's")
             if self.local_world_size < 1:

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
+from deepspeed_loco.ops.hadamard import rotate, unrotate
 from deepspeed_loco.ops.quantizer import dequantize_groups, pack, quantize_groups, unpack
 
 
@@ -69,14 +70,18 @@ def compensate_and_quantize(c: torch.Tensor, error: Optional[ErrorBuffer], beta:
 
 
 def hop1_(grad: torch.Tensor, world_size: int, local_size: int, error: Optional[ErrorBuffer], beta: float,
-          bits: int, group_size: int, out_data: torch.Tensor, out_scale: torch.Tensor) -> None:
-    """Fused intra-node step: partition, swizzle, compensate, quantize, update the error, pack.
+          bits: int, group_size: int, out_data: torch.Tensor, out_scale: torch.Tensor, hadamard: bool = False) -> None:
+    """Fused intra-node step: partition, swizzle, [rotate,] compensate, quantize, update the error, pack.
 
     ``grad``: any shape, fp32/fp16/bf16, ``N`` elements. ``error``: ``(W, P')`` in slot order, or None.
     Writes ``out_data`` uint8 ``(W, P' * bits // 8)`` and ``out_scale`` fp32 ``(W, P' // group_size)`` in slot
     order. With ``local_size == 1`` this is also the inter-node step of a one-rank-per-node world.
+    ``hadamard``: each group is rotated (``ops.hadamard.rotate``) first; everything downstream, the error
+    buffers included, then lives in the rotated basis until :func:`final_mean` rotates back.
     """
     rows = partition_rows(grad, world_size, group_size)[slot_to_row(world_size, local_size).to(grad.device)]
+    if hadamard:
+        rows = rotate(rows, group_size)
     q, scale = compensate_and_quantize(rows, error, beta, bits, group_size)
     out_data.copy_(pack(q, bits))
     out_scale.copy_(scale)
@@ -109,13 +114,15 @@ def hop2_(recv_data: torch.Tensor, recv_scale: torch.Tensor, local_size: int, in
 
 
 def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, bits: int, group_size: int, world_size: int,
-               numel: int, rank: int, out_dtype: torch.dtype) -> torch.Tensor:
-    """Dequantize, fp32-sum the received rows in order, divide by ``W``: this rank's mean partition.
+               numel: int, rank: int, out_dtype: torch.dtype, hadamard: bool = False) -> torch.Tensor:
+    """Dequantize, fp32-sum the received rows in order, [rotate back,] divide by ``W``: this rank's mean partition.
 
     ``recv_data`` uint8 ``(R, P' * bits // 8)``, ``recv_scale`` fp32 ``(R, P' // group_size)``.
     Returns ``(P,)`` in ``out_dtype``, ``P = ceil(numel / W)``, zero past ``numel`` (global index).
     """
     total = dequantize_sum(recv_data, recv_scale, recv_data.shape[0], bits, group_size)[0]
+    if hadamard:
+        total = unrotate(total, group_size)
     part = partition_size(numel, world_size)
     mean = total[:part] / world_size
     valid = max(0, min(part, numel - rank * part))

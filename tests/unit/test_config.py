@@ -27,6 +27,7 @@ def test_upstream_config_is_accepted_unchanged():
     ("group_size", 8192, "power of two from 32 to 4096"),
     ("error_bits", 16, "(8, 32)"),
     ("error_feedback", "yes", "true or false"),
+    ("hadamard", 1, "true or false"),
     ("local_world_size", 0, "integer >= 1"),
 ])
 def test_bad_value_names_the_key_and_what_is_valid(key, value, hint):

@@ -61,7 +61,7 @@ class LocoReducer:
             send1 = hop1.empty(topo.world_size, device)
             for i, (grad, offset) in enumerate(zip(grads, hop1.offsets())):
                 kernels.hop1_(grad, topo.world_size, topo.local_size, errors[i] and errors[i].hop1, beta, hop1.bits,
-                              cfg.group_size, *hop1.views(send1, i, offset))
+                              cfg.group_size, *hop1.views(send1, i, offset), hadamard=cfg.hadamard)
             recv1 = torch.empty_like(send1)
             dist.all_to_all_single(recv1, send1, group=topo.intra_group)
             self.stats.intra_bytes += (topo.local_size - 1) * topo.num_nodes * hop1.row_bytes
@@ -74,7 +74,8 @@ class LocoReducer:
             error = errors[i] and errors[i].hop2
             out = hop2.views(send2, i, offset)
             if topo.local_size == 1:
-                kernels.hop1_(grad, topo.world_size, 1, error, beta, hop2.bits, cfg.group_size, *out)
+                kernels.hop1_(grad, topo.world_size, 1, error, beta, hop2.bits, cfg.group_size, *out,
+                              hadamard=cfg.hadamard)
             else:
                 kernels.hop2_(*hop1.views(recv1, i, offset), topo.local_size, hop1.bits, error, beta, hop2.bits,
                               cfg.group_size, *out)
@@ -88,7 +89,7 @@ class LocoReducer:
         topo = self.topology
         return [
             kernels.final_mean(*layout.views(received, i, offset), layout.bits, layout.group_size, topo.world_size,
-                               grad.numel(), topo.rank, grad.dtype)
+                               grad.numel(), topo.rank, grad.dtype, hadamard=self.config.hadamard)
             for i, (grad, offset) in enumerate(zip(grads, layout.offsets()))
         ]
 

@@ -131,6 +131,34 @@ def _rel_error(outs, exact):
     return float((num / den).sqrt())
 
 
+def check_hadamard_matches_exact_mean(local_size):
+    """With rotated groups the quantization error is bounded per group in L2 (the rotation is orthonormal):
+    a hop's error on group g of rank r is at most sqrt(S)/2 * (rotated absmax)/qmax <= sqrt(S)/2 * ||x_rg||/qmax,
+    so ||out_g - mean_g|| <= sqrt(S)/(2W) * sum_r ||x_rg|| * (1/qmax1 [L > 1] + 1/qmax2 [M > 1]).
+    Returns (largest ratio of error to bound, failures)."""
+    topo = LocoTopology.build(local_size=local_size)
+    failures, worst = [], 0.0
+    for error_feedback in (True, False):
+        cfg = LocoConfig(group_size=GROUP, hadamard=True, error_feedback=error_feedback)
+        grads = _grads(topo.rank, torch.float32, seed=4)
+        outs = LocoReducer(cfg, topo).reduce_scatter(_holders(), grads)
+        for grad, out in zip(grads, outs):
+            exact = _exact_mean_partition(grad, topo.world_size, topo.rank)
+            norms = ref.partition_rows(grad, topo.world_size, GROUP).view(topo.world_size, -1, GROUP).norm(dim=-1)
+            norms = norms.double()
+            dist.all_reduce(norms)
+            factor = (1 / qmax(cfg.intra_node_bits) if topo.local_size > 1 else 0) + (
+                1 / qmax(cfg.inter_node_bits) if topo.num_nodes > 1 else 0)
+            bound = GROUP**0.5 / (2 * topo.world_size) * norms[topo.rank] * factor * (1 + 1e-4) + 1e-6
+            padded = torch.zeros(bound.numel() * GROUP, dtype=torch.float64)
+            padded[:out.numel()] = out.double() - exact
+            gap = padded.view(-1, GROUP).norm(dim=-1)
+            if not torch.all(gap <= bound):
+                failures.append(f"{tuple(grad.shape)} ef={error_feedback}: group error over bound")
+            worst = max(worst, float((gap / bound).max()))
+    return worst, failures
+
+
 def check_bad_layout_is_rejected(local_size):
     try:
         LocoTopology.build(local_size=local_size)
@@ -148,6 +176,13 @@ def test_every_rank_gets_the_mean_partition_within_the_quantizer_bound(process_p
     if nodes * local > 1:
         # the bound is not vacuous: the observed error uses a real share of it
         assert max(ratios) > 0.05
+
+
+@pytest.mark.parametrize("nodes,local", [(2, 2), (1, 4), (4, 1)])
+def test_hadamard_rotated_reduce_is_within_its_l2_bound(process_pool, nodes, local):
+    results = process_pool(nodes * local).run(check_hadamard_matches_exact_mean, local)
+    assert [f for _, fails in results for f in fails] == []
+    assert 0.01 < max(ratio for ratio, _ in results) <= 1.0
 
 
 @pytest.mark.parametrize("nodes,local,expected", [(2, 2, 2), (3, 2, 2), (1, 4, 1), (4, 1, 1), (1, 1, 0)])
