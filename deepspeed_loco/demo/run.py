@@ -41,6 +41,8 @@ class _Progress:
         kind = message[0]
         if kind == "log":
             text = message[1]
+            if text.startswith("[Rank 0] "):
+                text = text[len("[Rank 0] "):]
             if text not in self.seen:
                 self.seen.add(text)
                 self.write(text)
@@ -49,8 +51,8 @@ class _Progress:
             if index != self.current:
                 self.current = index
                 self.bar.set_description(f"[{index + 1}/{len(self.spec.arms)}] {self.spec.arms[index].label}")
-            self.bar.update(1)
             self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            self.bar.update(1)
         elif kind == "arm":
             r = message[2]
             self.write(f"{r['label']}: train loss {r['train_loss']:.4f}, validation loss {r['val_loss']:.4f}")

@@ -1,0 +1,45 @@
+"""The bundled plays: present, split by whole play, held-out text absent from training, deterministic batches."""
+import torch
+
+from deepspeed_loco.demo import data
+from deepspeed_loco.demo.data import TRAIN_PLAYS, VALIDATION_PLAYS, ByteCorpus
+
+
+def test_bundled_plays_present_and_split_by_play():
+    assert not set(TRAIN_PLAYS) & set(VALIDATION_PLAYS)
+    for play in TRAIN_PLAYS + VALIDATION_PLAYS:
+        text = data.read_play(play)
+        assert len(text) > 50_000 and text.isascii(), play
+        assert b"Gutenberg" not in text, play
+
+
+def test_held_out_text_not_in_training():
+    corpus = ByteCorpus()
+    train = bytes(corpus.train.tolist())
+    for play in VALIDATION_PLAYS:
+        text = data.read_play(play)
+        # distinctive 120-byte passages from across the held-out play never occur in the training text
+        for start in range(2_000, len(text) - 120, len(text) // 12):
+            assert text[start:start + 120] not in train, (play, start)
+    assert bytes(corpus.validation.tolist()).count(data.read_play(VALIDATION_PLAYS[0])) == 1
+
+
+def test_train_batches_deterministic_and_tiled_by_rank():
+    corpus = ByteCorpus()
+    world, per_rank, seq = 4, 3, 32
+    parts = [corpus.train_batch(7, 1, world * per_rank, seq, r, world) for r in range(world)]
+    again = corpus.train_batch(7, 1, world * per_rank, seq, 2, world)
+    assert torch.equal(parts[2][0], again[0])
+    x, y = parts[0]
+    assert x.shape == (per_rank, seq) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the next bytes
+    firsts = torch.cat([p[0][:, :4] for p in parts])
+    assert len({tuple(r.tolist()) for r in firsts}) == world * per_rank  # ranks take different windows
+    other = corpus.train_batch(8, 1, world * per_rank, seq, 0, world)
+    assert not torch.equal(other[0], x)
+
+
+def test_validation_windows_same_count_on_every_rank():
+    corpus = ByteCorpus()
+    counts = [sum(x.shape[0] for x, _ in corpus.validation_batches(30, 64, r, 4, 5)) for r in range(4)]
+    assert counts == [7, 7, 7, 7]
