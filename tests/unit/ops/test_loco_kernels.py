@@ -9,6 +9,7 @@ of fp16/bf16 outputs are compared as "is NaN".
 Every test draws fresh random inputs (the seed is in each failure message) and poisons every output first.
 Skipped without a CUDA device; with one, the op must build (a build failure fails the tests).
 """
+import itertools
 import secrets
 
 import pytest
@@ -108,12 +109,16 @@ def _run_hop1(cuda, grad, world, local, error, beta, bits, group_size, seed):
     _check_error(gpu_error, error, seed)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("group_size", GROUPS)
-@pytest.mark.parametrize("error_bits,beta", ERRORS)
-@pytest.mark.parametrize("bits", BITS)
-@pytest.mark.parametrize("world,local", LAYOUTS)
-@pytest.mark.parametrize("dtype", DTYPES)
+def _hop1_cases():
+    """dtype x (W, L) x bits x error x group size; the shape cycles so that each appears with every other value."""
+    cases = []
+    for i, (dtype, (world, local), bits, (error_bits, beta), group_size) in enumerate(
+            itertools.product(DTYPES, LAYOUTS, BITS, ERRORS, GROUPS)):
+        cases.append((dtype, world, local, bits, error_bits, beta, group_size, SHAPES[(i + i // 3) % len(SHAPES)]))
+    return cases
+
+
+@pytest.mark.parametrize("dtype,world,local,bits,error_bits,beta,group_size,shape", _hop1_cases())
 def test_hop1_matches_reference(cuda, dtype, world, local, bits, error_bits, beta, group_size, shape):
     gen, seed = _generator()
     numel = torch.Size(shape).numel()
@@ -154,11 +159,10 @@ def _run_hop2(cuda, recv_data, recv_scale, local, in_bits, error, beta, bits, gr
     _check_error(gpu_error, error, seed)
 
 
-@pytest.mark.parametrize("group_size", GROUPS)
-@pytest.mark.parametrize("error_bits,beta", ERRORS)
-@pytest.mark.parametrize("bits", BITS)
-@pytest.mark.parametrize("in_bits", BITS)
-@pytest.mark.parametrize("world,local", LAYOUTS)
+@pytest.mark.parametrize("world,local,in_bits,bits,error_bits,beta,group_size", [
+    (world, local, in_bits, bits, error_bits, beta, GROUPS[i % len(GROUPS)])
+    for i, ((world, local), in_bits, bits, (error_bits, beta)) in enumerate(itertools.product(LAYOUTS, BITS, BITS, ERRORS))
+])
 def test_hop2_matches_reference(cuda, world, local, in_bits, bits, error_bits, beta, group_size):
     gen, seed = _generator()
     nodes = world // local
@@ -168,12 +172,14 @@ def test_hop2_matches_reference(cuda, world, local, in_bits, bits, error_bits, b
     _run_hop2(cuda, recv_data, recv_scale, local, in_bits, error, beta, bits, group_size, seed)
 
 
-@pytest.mark.parametrize("numel,world,rank", [(7, 4, 0), (7, 4, 1), (7, 4, 3), (165, 6, 5), (3000, 6, 2),
-                                              (1 << 16, 4, 3), (100003, 8, 7)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
-@pytest.mark.parametrize("bits", BITS)
-@pytest.mark.parametrize("group_size", GROUPS)
-@pytest.mark.parametrize("dtype", DTYPES)
+FINAL_SIZES = [(7, 4, 0), (7, 4, 1), (7, 4, 3), (165, 6, 5), (3000, 6, 2), (1 << 16, 4, 3), (100003, 8, 7)]
+
+
+@pytest.mark.parametrize("dtype,group_size,bits,numel,world,rank,rows", [
+    (dtype, group_size, bits, numel, world, rank, 1 + i % 4)
+    for i, (dtype, group_size, bits, (numel, world, rank)) in enumerate(itertools.product(DTYPES, GROUPS, BITS,
+                                                                                           FINAL_SIZES))
+])
 def test_final_mean_matches_reference(cuda, dtype, group_size, bits, rows, numel, world, rank):
     gen, seed = _generator()
     cols = ref.padded_partition_size(numel, world, group_size)
