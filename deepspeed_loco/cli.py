@@ -9,7 +9,7 @@ import dataclasses
 import sys
 from typing import List, Optional
 
-DEFAULT_STEPS = 150
+DEFAULT_STEPS = 120
 DEFAULT_OUT = "loco_demo_out"
 
 
@@ -38,7 +38,7 @@ def _demo_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
                    help="training dtype; auto: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--seed", type=int, default=0, help="model initialisation and data order (same in every arm)")
-    p.add_argument("--eval-every", type=int, default=25, help="steps between validation passes")
+    p.add_argument("--eval-every", type=int, default=20, help="steps between validation passes")
     p.add_argument("--eval-windows", type=int, default=128, help="held-out windows per validation pass")
     p.add_argument("--no-fidelity", action="store_true",
                    help="do not measure the communicated gradient against the exact mean (an extra all-reduce)")

@@ -51,7 +51,7 @@ class RunSpec:
     """Everything a worker needs to train the arms; the same in every rank and picklable."""
     model: ModelConfig
     arms: Tuple[Arm, ...]
-    steps: int = 150
+    steps: int = 120
     micro_batch: int = 8
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -65,7 +65,7 @@ class RunSpec:
     local: int = 2
     device: str = "cpu"
     dtype: str = "fp32"
-    eval_every: int = 25
+    eval_every: int = 20
     eval_windows: int = 128
     eval_batch: int = 16
     out_dir: str = "."

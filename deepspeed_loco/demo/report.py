@@ -81,7 +81,9 @@ def summary_lines(results: Sequence[dict]) -> List[str]:
             share = gap_closed(full["val_loss"], plain["val_loss"], loco["val_loss"])
             gap = plain["val_loss"] - full["val_loss"]
             text += f"; plain - full = {gap:+.4f}"
-            if share is not None:
+            if gap <= 0:
+                text += " (plain qgZ is not worse than full precision here: there is no gap for LoCo to close)"
+            elif share is not None:
                 text += f", share of that gap LoCo closes: {share:+.0%}"
         lines.append(text)
         pf, lf = plain.get("fidelity") or {}, loco.get("fidelity") or {}
@@ -123,7 +125,10 @@ def plot(results: Sequence[dict], title: str = "") -> bytes:
             err.append(Series(label, list(enumerate(fid["sum_rel_errors"], start=1)), color))
     tail = [y for s in train for x, y in s.points if x > skip]
     ylim = (min(tail), max(tail)) if tail else None
-    vtail = [y for s in val for x, y in s.points if x > 0]
+    early = [y for s in train for x, y in s.points if x == max(1, (len(s.points) * 3) // 10)]
+    if ylim and early:  # show the part where the arms can differ, not the first drop from ln(256)
+        ylim = (ylim[0], min(ylim[1], max(early)))
+    vtail = [y for s in val for x, y in s.points[2:]] or [y for s in val for x, y in s.points if x > 0]
     vlim = (min(vtail), max(vtail)) if len(vtail) > 1 else None
     panels = [Panel("train loss (EMA 0.9)", "step", train, ylim), Panel("validation loss, held-out plays", "step", val,
                                                                        vlim)]

@@ -126,22 +126,27 @@ def train_arm(spec, arm, index, corpus, rank, world, queue) -> dict:
     probe = GradientFidelity.attach(engine) if spec.fidelity else None
     start_bytes = _wire_bytes(hook)
 
-    losses, times, validation = [], [], [(0, evaluate(engine, corpus, spec, rank, world, device))]
+    losses, times, phases, validation = [], [], [], [(0, evaluate(engine, corpus, spec, rank, world, device))]
     for step in range(spec.steps):
         x, y = corpus.train_batch(step, arm.seed, spec.global_batch, spec.model.seq_len, rank, world)
         x, y = x.to(device), y.to(device)
         _sync(device)
         t0 = time.perf_counter()
         loss = engine(x, y)
-        engine.backward(loss)
+        _sync(device)
+        t1 = time.perf_counter()
+        engine.backward(loss)  # ZeRO-3 reduces the gradient buckets here
+        _sync(device)
+        t2 = time.perf_counter()
+        measuring = probe.take_overhead() if probe is not None else 0.0
         engine.step()
         _sync(device)
-        elapsed = time.perf_counter() - t0
+        t3 = time.perf_counter()
         if probe is not None:
-            elapsed -= probe.take_overhead()
             probe.after_step()
             probe.take_overhead()
-        times.append(elapsed)
+        times.append(t3 - t0 - measuring)
+        phases.append((t1 - t0, t2 - t1 - measuring, t3 - t2))
         losses.append(loss.item())
         if rank == 0:
             queue.put(("step", index, step + 1, losses[-1]))
@@ -180,6 +185,8 @@ def train_arm(spec, arm, index, corpus, rank, world, queue) -> dict:
         "val_loss": validation[-1][1],
         "step_time_s": statistics.median(step_times),
         "step_times_s": step_times,
+        "phase_medians_s": {name: statistics.median(p[i] for p in phases)
+                            for i, name in enumerate(("forward", "backward_and_reduce", "optimizer"))},
         "bytes_per_step": bytes_per_step,
         "full_precision_bytes_per_step": (world - 1) / world * elem_bytes * numel,
         "error_buffer_bytes": buffer_bytes,
