@@ -6,7 +6,7 @@ sees the same batches. Per arm it reports the mean and spread of the final valid
 share of the plain-vs-full gap that LoCo closes, and gradient fidelity: the relative error of the communicated
 gradient against the exact mean (per step, averaged) and of its running sum (after the last step).
 
-    python3 benchmarks/convergence.py                       # CPU defaults: 3 seeds, 7 arms
+    python3 benchmarks/convergence.py                       # CPU defaults: 3 seeds x 7 arms x 150 steps
     python3 benchmarks/convergence.py --seeds 0 1 2 3 4 --steps 600 --model-size medium   # on GPUs
 
 Results go to ``--out`` (default ``benchmarks/results/convergence``): ``runs.jsonl`` (one line per finished run,
@@ -39,7 +39,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--arms", default=DEFAULT_ARMS)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=150)
     p.add_argument("--model-size", choices=sorted(SIZES), default="small")
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -48,8 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--local", type=int, default=2)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--eval-every", type=int, default=50)
-    p.add_argument("--eval-windows", type=int, default=256)
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--eval-windows", type=int, default=192)
     p.add_argument("--out", default=os.path.join(HERE, "results", "convergence"))
     p.add_argument("--resume", action="store_true", help="skip (arm, seed) runs already in runs.jsonl")
     p.add_argument("--summarize", action="store_true", help="only rebuild summary.md and the PNG from runs.jsonl")

@@ -9,7 +9,7 @@ import dataclasses
 import sys
 from typing import List, Optional
 
-DEFAULT_STEPS = 120
+DEFAULT_STEPS = 100
 DEFAULT_OUT = "loco_demo_out"
 
 

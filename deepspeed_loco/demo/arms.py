@@ -51,7 +51,7 @@ class RunSpec:
     """Everything a worker needs to train the arms; the same in every rank and picklable."""
     model: ModelConfig
     arms: Tuple[Arm, ...]
-    steps: int = 120
+    steps: int = 100
     micro_batch: int = 8
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
