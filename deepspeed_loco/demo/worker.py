@@ -79,6 +79,11 @@ def _run(rank: int, spec, queue) -> None:
         logging.getLogger("deepspeed_loco").addHandler(handler)
         logging.getLogger("deepspeed_loco").setLevel(logging.INFO)
     backend = "nccl" if spec.device == "cuda" else "gloo"
+    if spec.device == "cpu":
+        # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce op at start-up (a minute or more of C++
+        # on a fresh 2-core machine) that only its inference all-reduce uses; the demo's collectives are gloo's.
+        import deepspeed.ops
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if spec.device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False,
