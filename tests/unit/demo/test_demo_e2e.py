@@ -14,8 +14,8 @@ def test_demo_end_to_end(tmp_path, capsys):
     for label in ("full precision", "qgZ 4-bit", "qgZ 4-bit + LoCo"):
         assert label in printed
     assert "grad bytes/step/rank" in printed and "error buffers/rank" in printed
-    assert "deepspeed-loco active: LoCo error feedback" in printed  # LoCo's start-up line, once
-    assert printed.count("deepspeed-loco active: LoCo error feedback") == 1
+    startup = [line for line in printed.splitlines() if line.startswith("deepspeed-loco active")]
+    assert len(startup) == 2, printed  # LoCo's own start-up line, once per qgZ arm (rank 0 only)
     png = (out / "loss_curves.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
     results = json.loads((out / "results.json").read_text())["arms"]
