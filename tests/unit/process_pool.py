@@ -27,6 +27,11 @@ def _worker(rank: int, world_size: int, env: Dict[str, str], tasks, results) -> 
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
+    if env.get("DS_ACCELERATOR") == "cpu":
+        # DeepSpeed's CPU backend JIT-builds a shared-memory all-reduce op on first use (minutes of C++ on a
+        # fresh 2-core machine); only its inference path uses it, these tests' collectives are gloo's.
+        import deepspeed.ops
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     dist.init_process_group("gloo", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     while True:

@@ -1,0 +1,60 @@
+"""The LoCo reduce with CUDA tensors and the fused kernels against the CPU reference, in real processes.
+
+Several processes share one GPU here (gloo carries the all-to-alls), so this runs on a one-GPU machine; with
+more GPUs the same check runs under NCCL in benchmarks/gpu_e2e.py. Skipped without CUDA.
+"""
+import pytest
+import torch
+
+from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
+from deepspeed_loco.runtime.comm.topology import LocoTopology
+from tests.unit.process_pool import ProcessPool
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+SHAPES = [(7, ), (33, 5), (1000, 3), (256, 384)]
+CASES = [  # dtype, intra bits, inter bits, hadamard, error_bits
+    (torch.bfloat16, 4, 4, False, 8),
+    (torch.float16, 4, 4, False, 8),
+    (torch.float32, 8, 2, False, 8),
+    (torch.bfloat16, 3, 3, False, 32),
+    (torch.bfloat16, 4, 4, True, 8),
+]
+
+
+def check_cuda_matches_cpu_reference(local_size, steps=3):
+    """Returns (kernel module used for CUDA tensors, failures)."""
+    from deepspeed_loco.ops import kernels_for
+    torch.cuda.set_device(0)
+    topo = LocoTopology.build(local_size=local_size)
+    failures = []
+    for dtype, intra, inter, hadamard, error_bits in CASES:
+        cfg = LocoConfig(group_size=64, intra_node_bits=intra, inter_node_bits=inter, hadamard=hadamard,
+                         error_bits=error_bits)
+        gen = torch.Generator().manual_seed(topo.rank)
+        cpu_reducer, gpu_reducer = LocoReducer(cfg, topo), LocoReducer(cfg, topo)
+        cpu_holders, gpu_holders = [torch.zeros(1) for _ in SHAPES], [torch.zeros(1) for _ in SHAPES]
+        for step in range(steps):
+            grads = [torch.randn(shape, generator=gen).to(dtype) for shape in SHAPES]
+            want = cpu_reducer.reduce_scatter(cpu_holders, grads)
+            got = gpu_reducer.reduce_scatter(gpu_holders, [g.cuda() for g in grads])
+            for shape, w, g in zip(SHAPES, want, got):
+                if not torch.equal(w, g.cpu()):
+                    failures.append(f"{dtype} {intra}/{inter} hadamard={hadamard} error_bits={error_bits} step "
+                                    f"{step} {shape}: max diff {float((w.float() - g.cpu().float()).abs().max())}")
+    return kernels_for(torch.device("cuda")).__name__, failures
+
+
+@pytest.fixture(scope="module")
+def gpu_pool():
+    pool = ProcessPool(4, extra_env={"DS_ACCELERATOR": "cuda"})
+    yield pool
+    pool.close()
+
+
+@pytest.mark.parametrize("local", [2, 4, 1])
+def test_cuda_reduce_is_bit_identical_to_the_cpu_reference(gpu_pool, local):
+    results = gpu_pool.run(check_cuda_matches_cpu_reference, local)
+    assert all(name.endswith("loco_cuda") for name, _ in results), [name for name, _ in results]
+    assert [f for _, fails in results for f in fails] == []
