@@ -142,55 +142,77 @@ __device__ __forceinline__ ErrorRow error_row(const ErrorArgs& err, int64_t row,
     return r;
 }
 
-// e[c][i] = stored error of chunk c; the chunk of lane `lane` starts 8 * (c * team + lane) columns in.
+// The stored error of the thread's chunks as loaded: int8 keeps the raw bytes and the group's scale (decoded
+// when used, which saves registers), fp32 keeps the values, none is zero.
 template <int EBits>
-__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, float (&e)[kChunks][8]) {
-    if (EBits == 8) {
-        const float s = *r.scale;
-        const int8_t* base = static_cast<const int8_t*>(r.values);
-        uint2 raw[kChunks];
-        if (aligned(base, 8)) {
+struct OldError {
+    __device__ float at(int, int) const { return 0.0f; }
+};
+
+template <>
+struct OldError<8> {
+    uint2 raw[kChunks];
+    float scale;
+    __device__ float at(int c, int i) const {
+        const uint32_t w = i < 4 ? raw[c].x : raw[c].y;
+        return f_mul((float)(int)(int8_t)(uint8_t)(w >> (8 * (i & 3))), scale);
+    }
+};
+
+template <>
+struct OldError<32> {
+    float e[kChunks][8];
+    __device__ float at(int c, int i) const { return e[c][i]; }
+};
+
+// Loads the error of the chunks of lane `lane` (chunk c starts 8 * (c * team + lane) columns into the group).
+__device__ __forceinline__ void load_error(const ErrorRow&, int, int, OldError<0>&) {}
+
+__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<8>& out) {
+    out.scale = *r.scale;
+    const int8_t* base = static_cast<const int8_t*>(r.values);
+    if (aligned(base, 8)) {
 #pragma unroll
-            for (int c = 0; c < kChunks; ++c) raw[c] = *reinterpret_cast<const uint2*>(base + 8 * (c * team + lane));
-        } else {
-#pragma unroll
-            for (int c = 0; c < kChunks; ++c) {
-                const uint8_t* p = reinterpret_cast<const uint8_t*>(base + 8 * (c * team + lane));
-                raw[c].x = p[0] | (p[1] << 8) | (p[2] << 16) | ((uint32_t)p[3] << 24);
-                raw[c].y = p[4] | (p[5] << 8) | (p[6] << 16) | ((uint32_t)p[7] << 24);
-            }
-        }
+        for (int c = 0; c < kChunks; ++c) out.raw[c] = *reinterpret_cast<const uint2*>(base + 8 * (c * team + lane));
+    } else {
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const uint32_t w = i < 4 ? raw[c].x : raw[c].y;
-                const int q = (int)(int8_t)(uint8_t)(w >> (8 * (i & 3)));
-                e[c][i] = f_mul((float)q, s);
-            }
+            const uint8_t* p = reinterpret_cast<const uint8_t*>(base + 8 * (c * team + lane));
+            out.raw[c].x = p[0] | (p[1] << 8) | (p[2] << 16) | ((uint32_t)p[3] << 24);
+            out.raw[c].y = p[4] | (p[5] << 8) | (p[6] << 16) | ((uint32_t)p[7] << 24);
         }
-    } else if (EBits == 32) {
-        const float* base = static_cast<const float*>(r.values);
-        if (aligned(base, 16)) {
+    }
+}
+
+__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<32>& out) {
+    const float* base = static_cast<const float*>(r.values);
+    if (aligned(base, 16)) {
 #pragma unroll
-            for (int c = 0; c < kChunks; ++c) {
-                const float4* p = reinterpret_cast<const float4*>(base + 8 * (c * team + lane));
-                const float4 a = p[0], b = p[1];
-                e[c][0] = a.x; e[c][1] = a.y; e[c][2] = a.z; e[c][3] = a.w;
-                e[c][4] = b.x; e[c][5] = b.y; e[c][6] = b.z; e[c][7] = b.w;
-            }
-        } else {
-#pragma unroll
-            for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-                for (int i = 0; i < 8; ++i) e[c][i] = base[8 * (c * team + lane) + i];
+        for (int c = 0; c < kChunks; ++c) {
+            const float4* p = reinterpret_cast<const float4*>(base + 8 * (c * team + lane));
+            const float4 a = p[0], b = p[1];
+            out.e[c][0] = a.x; out.e[c][1] = a.y; out.e[c][2] = a.z; out.e[c][3] = a.w;
+            out.e[c][4] = b.x; out.e[c][5] = b.y; out.e[c][6] = b.z; out.e[c][7] = b.w;
         }
     } else {
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
 #pragma unroll
-            for (int i = 0; i < 8; ++i) e[c][i] = 0.0f;
+            for (int i = 0; i < 8; ++i) out.e[c][i] = base[8 * (c * team + lane) + i];
     }
+}
+
+__device__ __forceinline__ void zero_error(OldError<0>&) {}
+__device__ __forceinline__ void zero_error(OldError<8>& e) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) e.raw[c] = make_uint2(0u, 0u);
+    e.scale = 0.0f;
+}
+__device__ __forceinline__ void zero_error(OldError<32>& e) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) e.e[c][i] = 0.0f;
 }
 
 // ------------------------------------------------------------------------------------------- reductions
@@ -217,36 +239,36 @@ __device__ __forceinline__ uint32_t team_max(uint32_t v, int team_log2, uint32_t
 }
 
 // ------------------------------------------------------------------------------- compensate + quantize
-// v: compensated values c of the thread's chunks (all zero for an inactive team); e: the old error.
+// v: compensated values c of the thread's chunks (all zero for an inactive team); old: the old error.
 // Quantizes the group to `data`/`scale`, then (EBits != 0) stores the updated error to `er`.
 template <int Bits, int EBits>
-__device__ __forceinline__ void quantize_group(float (&v)[kChunks][8], const float (&e)[kChunks][8], uint32_t key,
+__device__ __forceinline__ void quantize_group(float (&v)[kChunks][8], const OldError<EBits>& old, uint32_t key,
                                                bool active, int lane, int team, int team_log2, uint8_t* data,
                                                float* scale, const ErrorRow& er, float beta, float one_minus_beta,
                                                uint32_t* red) {
     key = team_max(key, team_log2, red);
     const Rule rule = make_rule(key, Q<Bits>::kMax);
-    uint32_t ekey = 0;
-    uint64_t words[kChunks];
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-        words[c] = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const Quantized qz = quantize(v[c][i], rule, Q<Bits>::kMax);
-            words[c] |= pack_value<Bits>(qz.q, i);
-            if (EBits != 0) {
-                v[c][i] = update(e[c][i], residual(v[c][i], qz.qf, rule.scale), beta, one_minus_beta);
-                ekey = max(ekey, abs_key(v[c][i]));
-            }
-        }
-    }
+    float qf[kChunks][8];
+    quantize_chunks<kChunks>(v, rule, Q<Bits>::kMax, qf);
     if (active) {
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) store_word<Bits>(data + (int64_t)(c * team + lane) * Bits, words[c]);
+        for (int c = 0; c < kChunks; ++c) {
+            uint64_t word = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) word |= pack_value<Bits>(q_of(qf[c][i]), i);
+            store_word<Bits>(data + (int64_t)(c * team + lane) * Bits, word);
+        }
         if (lane == 0) __stcs(scale, rule.scale);
     }
     if (EBits == 0) return;
+    uint32_t ekey = 0;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            v[c][i] = update(old.at(c, i), residual(v[c][i], qf[c][i], rule.scale), beta, one_minus_beta);
+            ekey = max(ekey, abs_key(v[c][i]));
+        }
     ekey = team_max(ekey, team_log2, red);
     if (EBits == 32) {
         const bool finite = key_finite(ekey);
@@ -271,6 +293,7 @@ __device__ __forceinline__ void quantize_group(float (&v)[kChunks][8], const flo
     }
     // int8 storage: the same quantizer with 8 bits; a non-finite group is stored as zero (scale 0, q 0).
     const Rule erule = make_rule(ekey, 127.0f);
+    quantize_chunks<kChunks>(v, erule, 127.0f, qf);
     if (!active) return;
     int8_t* base = static_cast<int8_t*>(er.values);
     const bool vec = aligned(base, 8);
@@ -279,7 +302,7 @@ __device__ __forceinline__ void quantize_group(float (&v)[kChunks][8], const flo
         uint32_t lo = 0, hi = 0;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            const uint32_t b = (uint32_t)quantize(v[c][i], erule, 127.0f).q & 0xffu;
+            const uint32_t b = (uint32_t)q_of(qf[c][i]) & 0xffu;
             if (i < 4) lo |= b << (8 * i); else hi |= b << (8 * (i - 4));
         }
         int8_t* p = base + 8 * (c * team + lane);
@@ -316,10 +339,11 @@ __global__ void __launch_bounds__(kBlock) hop1_kernel(const Hop1Params p) {
         const int64_t row_start = row * p.part;
         const int64_t row_valid = max((int64_t)0, min(p.part, p.numel - row_start));
         const ErrorRow er = error_row<EBits>(p.err, slot, col0, group);
-        float v[kChunks][8], e[kChunks][8];
+        float v[kChunks][8];
+        OldError<EBits> old;
         uint32_t key = 0;
         if (active) {
-            load_error<EBits>(er, lane, team, e);
+            load_error(er, lane, team, old);
             const int64_t first = col0 + 8 * lane;                          // chunk 0's first column
             const int64_t last = col0 + 8 * ((kChunks - 1) * team + lane);  // last chunk's first column
             // chunks are 8 * team elements apart, a multiple of 16 bytes: chunk 0's alignment holds for all
@@ -341,18 +365,19 @@ __global__ void __launch_bounds__(kBlock) hop1_kernel(const Hop1Params p) {
             for (int c = 0; c < kChunks; ++c)
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
-                    if (EBits != 0) v[c][i] = f_add(v[c][i], e[c][i]);
+                    if (EBits != 0) v[c][i] = f_add(v[c][i], old.at(c, i));
                     key = max(key, abs_key(v[c][i]));
                 }
         } else {
 #pragma unroll
             for (int c = 0; c < kChunks; ++c)
 #pragma unroll
-                for (int i = 0; i < 8; ++i) v[c][i] = e[c][i] = 0.0f;
+                for (int i = 0; i < 8; ++i) v[c][i] = 0.0f;
+            zero_error(old);
         }
         uint8_t* data = p.out.data + slot * p.out.data_stride + (col0 >> 3) * Bits;
         float* scale = p.out.scale + slot * p.out.scale_stride + group;
-        quantize_group<Bits, EBits>(v, e, key, active, lane, team, p.team_log2, data, scale, er, p.err.beta,
+        quantize_group<Bits, EBits>(v, old, key, active, lane, team, p.team_log2, data, scale, er, p.err.beta,
                                     p.one_minus_beta, red);
     }
 }
@@ -367,20 +392,40 @@ struct Hop2Params {
     WireArgs out;
 };
 
-// v += dequant(block) (v = dequant(block) for the first block), chunk layout as everywhere.
+constexpr int kBlocksPerBatch = 4;  // received blocks whose loads are issued together
+
+// v = sum over the `local` received blocks of dequant(block), in block order (fp32), for row m of the output.
+// Loads of kBlocksPerBatch blocks are issued before any of them is used.
 template <int InBits>
-__device__ __forceinline__ void accumulate_block(const uint8_t* data, float s, bool first, int lane, int team,
-                                                 float (&v)[kChunks][8]) {
-    uint64_t w[kChunks];
+__device__ __forceinline__ void sum_blocks(const WireArgs& in, int local, int nodes, int64_t m, int64_t group,
+                                           int64_t col0, int lane, int team, float (&v)[kChunks][8]) {
+    const int64_t byte0 = (col0 >> 3) * InBits;
+    for (int b0 = 0; b0 < local; b0 += kBlocksPerBatch) {
+        uint64_t w[kBlocksPerBatch][kChunks];
+        float s[kBlocksPerBatch];
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) w[c] = load_word<InBits>(data + (int64_t)(c * team + lane) * InBits);
+        for (int j = 0; j < kBlocksPerBatch; ++j) {
+            if (b0 + j < local) {
+                const int64_t row = (int64_t)(b0 + j) * nodes + m;
+                const uint8_t* data = in.data + row * in.data_stride + byte0;
+                s[j] = in.scale[row * in.scale_stride + group];
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float d = f_mul((float)unpack_value<InBits>(w[c], i), s);
-            v[c][i] = first ? d : f_add(v[c][i], d);
+                for (int c = 0; c < kChunks; ++c) w[j][c] = load_word<InBits>(data + (int64_t)(c * team + lane) * InBits);
+            }
         }
+#pragma unroll
+        for (int j = 0; j < kBlocksPerBatch; ++j) {
+            if (b0 + j < local) {
+#pragma unroll
+                for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const float d = f_mul((float)unpack_value<InBits>(w[j][c], i), s[j]);
+                        v[c][i] = b0 + j == 0 ? d : f_add(v[c][i], d);
+                    }
+            }
+        }
+    }
 }
 
 template <int Bits, int EBits>
@@ -393,37 +438,34 @@ __global__ void __launch_bounds__(kBlock) hop2_kernel(const Hop2Params p) {
     const int64_t col0 = group * p.group_size;
     for (int64_t m = blockIdx.y; m < p.nodes; m += gridDim.y) {
         const ErrorRow er = error_row<EBits>(p.err, m, col0, group);
-        float v[kChunks][8], e[kChunks][8];
+        float v[kChunks][8];
+        OldError<EBits> old;
         uint32_t key = 0;
         if (active) {
-            load_error<EBits>(er, lane, team, e);
-            for (int b = 0; b < p.local; ++b) {
-                const int64_t row = (int64_t)b * p.nodes + m;
-                const uint8_t* data = p.in.data + row * p.in.data_stride + (col0 >> 3) * p.in.bits;
-                const float s = p.in.scale[row * p.in.scale_stride + group];
-                switch (p.in.bits) {
-                    case 2: accumulate_block<2>(data, s, b == 0, lane, team, v); break;
-                    case 3: accumulate_block<3>(data, s, b == 0, lane, team, v); break;
-                    case 4: accumulate_block<4>(data, s, b == 0, lane, team, v); break;
-                    default: accumulate_block<8>(data, s, b == 0, lane, team, v); break;
-                }
+            load_error(er, lane, team, old);
+            switch (p.in.bits) {
+                case 2: sum_blocks<2>(p.in, p.local, p.nodes, m, group, col0, lane, team, v); break;
+                case 3: sum_blocks<3>(p.in, p.local, p.nodes, m, group, col0, lane, team, v); break;
+                case 4: sum_blocks<4>(p.in, p.local, p.nodes, m, group, col0, lane, team, v); break;
+                default: sum_blocks<8>(p.in, p.local, p.nodes, m, group, col0, lane, team, v); break;
             }
 #pragma unroll
             for (int c = 0; c < kChunks; ++c)
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
-                    if (EBits != 0) v[c][i] = f_add(v[c][i], e[c][i]);
+                    if (EBits != 0) v[c][i] = f_add(v[c][i], old.at(c, i));
                     key = max(key, abs_key(v[c][i]));
                 }
         } else {
 #pragma unroll
             for (int c = 0; c < kChunks; ++c)
 #pragma unroll
-                for (int i = 0; i < 8; ++i) v[c][i] = e[c][i] = 0.0f;
+                for (int i = 0; i < 8; ++i) v[c][i] = 0.0f;
+            zero_error(old);
         }
         uint8_t* data = p.out.data + m * p.out.data_stride + (col0 >> 3) * Bits;
         float* scale = p.out.scale + m * p.out.scale_stride + group;
-        quantize_group<Bits, EBits>(v, e, key, active, lane, team, p.team_log2, data, scale, er, p.err.beta,
+        quantize_group<Bits, EBits>(v, old, key, active, lane, team, p.team_log2, data, scale, er, p.err.beta,
                                     p.one_minus_beta, red);
     }
 }
@@ -463,25 +505,44 @@ __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count,
     }
 }
 
+constexpr int kFinalChunks = 4;  // chunks of 8 output columns per thread (kBlock apart: coalesced)
+
 template <int Bits, int OutDT>
 __global__ void __launch_bounds__(kBlock) final_kernel(const FinalParams p) {
-    for (int64_t chunk = (int64_t)blockIdx.x * kBlock + threadIdx.x; chunk < p.chunks;
-         chunk += (int64_t)gridDim.x * kBlock) {
-        const int64_t col = chunk * 8;
-        const int64_t group = col >> p.group_log2;
-        float total[8];
+    const int64_t stride = (int64_t)gridDim.x * kBlock * kFinalChunks;
+    for (int64_t base = (int64_t)blockIdx.x * kBlock * kFinalChunks + threadIdx.x; base < p.chunks; base += stride) {
+        float total[kFinalChunks][8];
         for (int r = 0; r < p.rows; ++r) {
-            const uint64_t w = load_word<Bits>(p.in.data + r * p.in.data_stride + chunk * Bits);
-            const float s = p.in.scale[r * p.in.scale_stride + group];
+            uint64_t w[kFinalChunks];
+            float s[kFinalChunks];
+            const uint8_t* row = p.in.data + r * p.in.data_stride;
+            const float* scales = p.in.scale + r * p.in.scale_stride;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const float d = f_mul((float)unpack_value<Bits>(w, i), s);
-                total[i] = r == 0 ? d : f_add(total[i], d);
+            for (int k = 0; k < kFinalChunks; ++k) {
+                const int64_t chunk = base + (int64_t)k * kBlock;
+                if (chunk < p.chunks) {
+                    w[k] = load_word<Bits>(row + chunk * Bits);
+                    s[k] = scales[(chunk * 8) >> p.group_log2];
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < kFinalChunks; ++k) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const float d = f_mul((float)unpack_value<Bits>(w[k], i), s[k]);
+                    total[k][i] = r == 0 ? d : f_add(total[k][i], d);
+                }
             }
         }
 #pragma unroll
-        for (int i = 0; i < 8; ++i) total[i] = col + i < p.valid ? f_div(total[i], p.world) : 0.0f;
-        store_out<OutDT>(p.out, col, p.part - col, total);
+        for (int k = 0; k < kFinalChunks; ++k) {
+            const int64_t chunk = base + (int64_t)k * kBlock;
+            if (chunk >= p.chunks) continue;
+            const int64_t col = chunk * 8;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) total[k][i] = col + i < p.valid ? f_div(total[k][i], p.world) : 0.0f;
+            store_out<OutDT>(p.out, col, p.part - col, total[k]);
+        }
     }
 }
 
@@ -609,7 +670,8 @@ const char* final_mean(WireArgs in, int rows, int64_t cols, int group_size, int 
     if (valid < 0 || valid > part) return "LoCo kernels: valid must be in [0, part]";
     if (part == 0) return nullptr;
     FinalParams p{in, part, valid, (part + 7) / 8, rows, log2_exact(group_size), (float)world, out};
-    const int64_t blocks_needed = (p.chunks + kBlock - 1) / kBlock;
+    const int64_t per_block = (int64_t)kBlock * kFinalChunks;
+    const int64_t blocks_needed = (p.chunks + per_block - 1) / per_block;
     const unsigned blocks = (unsigned)(blocks_needed < (1LL << 30) ? blocks_needed : (1LL << 30));
     bool ok = with_dtype(out_dtype, [&](auto dt) {
         with_bits(in.bits, [&](auto bits) {

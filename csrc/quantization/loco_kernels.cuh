@@ -23,6 +23,12 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#if defined(__CUDACC__)
+#define LOCO_UNROLL _Pragma("unroll")
+#else
+#define LOCO_UNROLL
+#endif
+
 namespace loco {
 
 // ------------------------------------------------------------------------------------------------------
@@ -186,6 +192,35 @@ LOCO_HD Quantized quantize(float c, const Rule& rule, float qmax) {
     out.qf = (float)out.q;
     return out;
 }
+
+// The kernels' form of `quantize` for the values one thread holds: qf[c][i] = (float)q, +0 for 0. The reciprocal
+// product is computed for all values without branches; if any of them lies within 2^-14 of a half-integer the
+// whole set is redone with IEEE division (rare), so the result always equals `quantize` element by element.
+template <int C>
+LOCO_HD void quantize_chunks(const float (&v)[C][8], const Rule& rule, float qmax, float (&qf)[C][8]) {
+    if (rule.mode == kReciprocal) {
+        float worst = 0.0f;
+        LOCO_UNROLL
+        for (int c = 0; c < C; ++c) {
+            LOCO_UNROLL
+            for (int i = 0; i < 8; ++i) {
+                const float t = f_min(f_max(f_mul(v[c][i], rule.inv), -qmax), qmax);
+                const float rounded = f_sub(f_add(t, kRoundMagic), kRoundMagic);
+                worst = f_max(worst, fabsf(f_sub(t, rounded)));
+                qf[c][i] = rounded;
+            }
+        }
+        if (worst <= kTieGuard) return;
+    }
+    LOCO_UNROLL
+    for (int c = 0; c < C; ++c) {
+        LOCO_UNROLL
+        for (int i = 0; i < 8; ++i) qf[c][i] = rule.mode == kAllZero ? 0.0f : quantize(v[c][i], rule, qmax).qf;
+    }
+}
+
+// q (two's complement, low bits are what is packed) from an integer-valued qf with |qf| < 2^22.
+LOCO_HD int q_of(float qf) { return (int)(float_bits(f_add(qf, kRoundMagic)) - kRoundMagicBits); }
 
 // Residual and LoCo update: e' = beta*e + (1-beta)*(c - q*scale), each operation rounded in this order.
 LOCO_HD float residual(float c, float qf, float scale) { return f_sub(c, f_mul(qf, scale)); }

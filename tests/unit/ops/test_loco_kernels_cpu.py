@@ -31,7 +31,16 @@ extern "C" void host_quantize(const float* c, long long n, int group, int bits, 
         for (int i = 0; i < group; ++i) { uint32_t k = abs_key(c[g * group + i]); key = k > key ? k : key; }
         const Rule rule = make_rule(key, qmax_of(bits));
         scale[g] = rule.scale;
-        for (int i = 0; i < group; ++i) q[g * group + i] = (signed char)quantize(c[g * group + i], rule, qmax_of(bits)).q;
+        for (int piece = 0; piece < group; piece += 16) {  // as a kernel thread holds them: 2 chunks of 8
+            float v[2][8], qf[2][8];
+            for (int i = 0; i < 16; ++i) v[i / 8][i % 8] = c[g * group + piece + i];
+            quantize_chunks<2>(v, rule, qmax_of(bits), qf);
+            for (int i = 0; i < 16; ++i) {
+                q[g * group + piece + i] = (signed char)q_of(qf[i / 8][i % 8]);
+                const Quantized one = quantize(c[g * group + piece + i], rule, qmax_of(bits));
+                if (one.q != q_of(qf[i / 8][i % 8]) || float_bits(one.qf) != float_bits(qf[i / 8][i % 8])) q[0] = 99;
+            }
+        }
     }
 }
 
