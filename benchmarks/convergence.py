@@ -138,12 +138,13 @@ def summarize(args) -> str:
     header = ["arm", "seeds", "val loss mean", "val sd", "val min..max", "train loss mean", "grad rel. err",
               "running-sum rel. err", "bytes/step/rank", "step time"]
     rows = [header]
-    stats = {}
+    stats, sds = {}, {}
     for key in keys:
         seeds = by[key]
         vals = [r["val_loss"] for r in seeds.values()]
         mean, sd, n = _mean_sd(vals)
         stats[key] = mean
+        sds[key] = sd
         grad = _mean_sd([r.get("fidelity", {}).get("grad_rel_error_mean") for r in seeds.values()])
         summ = _mean_sd([r.get("fidelity", {}).get("sum_rel_error_final") for r in seeds.values()])
         first = next(iter(seeds.values()))
@@ -163,9 +164,17 @@ def summarize(args) -> str:
         paired = [plain[s]["val_loss"] - loco[s]["val_loss"] for s in sorted(plain) if s in loco]
         pm, psd, _ = _mean_sd(paired)
         share = gap_closed(stats.get("full"), stats[f"plain{bits}"], stats[f"loco{bits}"]) if full else None
+        noise = max((sds.get(k, float("nan")) for k in ("full", f"plain{bits}")), default=float("nan"))
+        gap = stats[f"plain{bits}"] - stats["full"] if full else float("nan")
+        if share is None:
+            share_text = "-"
+        elif gap <= 0:
+            share_text = "n/a (plain not worse than full)"
+        else:
+            share_text = f"{share:+.0%}" + (" (gap < 2 seed sd: noise)" if not gap > 2 * noise else "")
         gap_rows.append([str(bits), f"{stats[f'plain{bits}'] - stats['full']:+.4f}" if full else "-",
                          f"{stats[f'loco{bits}'] - stats['full']:+.4f}" if full else "-",
-                         f"{share:+.0%}" if share is not None else "-",
+                         share_text,
                          " ".join(f"{d:+.4f}" for d in paired), f"{pm:+.4f} +- {psd:.4f}"])
     lines += _md(gap_rows)
     text = "\n".join(lines) + "\n"
