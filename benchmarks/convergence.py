@@ -171,7 +171,7 @@ def summarize(args) -> str:
         elif gap <= 0:
             share_text = "n/a (plain not worse than full)"
         else:
-            share_text = f"{share:+.0%}" + (" (gap < 2 seed sd: noise)" if not gap > 2 * noise else "")
+            share_text = f"{share:+.0%}" + (" (gap < 2 seed sd: noise)" if gap < 2 * noise else "")
         gap_rows.append([str(bits), f"{stats[f'plain{bits}'] - stats['full']:+.4f}" if full else "-",
                          f"{stats[f'loco{bits}'] - stats['full']:+.4f}" if full else "-",
                          share_text,
