@@ -124,7 +124,7 @@ def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, bits: int, gro
     if hadamard:
         total = unrotate(total, group_size)
     part = partition_size(numel, world_size)
-    mean = total[:part] / world_size
+    mean = total[:part] / torch.full_like(total[:part], world_size)  # true division on CUDA too
     valid = max(0, min(part, numel - rank * part))
     mean[valid:] = 0
     return mean.to(out_dtype)

@@ -36,7 +36,8 @@ def quantize_groups(c: torch.Tensor, bits: int, group_size: int) -> Tuple[torch.
     groups = c.reshape(*c.shape[:-1], c.shape[-1] // group_size, group_size)
     finite = torch.isfinite(groups).all(dim=-1)
     absmax = groups.abs().amax(dim=-1)
-    scale = torch.where(finite, absmax / float(qmax(bits)), torch.full_like(absmax, float("nan")))
+    # a tensor divisor: PyTorch on CUDA turns division by a Python scalar into a multiplication by its reciprocal
+    scale = torch.where(finite, absmax / torch.full_like(absmax, qmax(bits)), torch.full_like(absmax, float("nan")))
     divisor = torch.where(finite & (scale > 0), scale, torch.ones_like(scale)).unsqueeze(-1)
     q = torch.round(groups / divisor).clamp_(-qmax(bits), qmax(bits))
     q = torch.where((finite & (scale > 0)).unsqueeze(-1), q, torch.zeros_like(q))
