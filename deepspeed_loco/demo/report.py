@@ -5,8 +5,11 @@ from typing import Dict, List, Optional, Sequence
 
 from deepspeed_loco.demo.png import PALETTE, Panel, Series, line_chart
 
-ARM_COLORS = {"full": PALETTE[0], "plain": PALETTE[1], "loco": PALETTE[2]}
-BITS_SHADE = {2: 0.55, 3: 0.8, 4: 1.0, 8: 1.0}
+ARM_COLORS = {  # (kind, bits): plain qgZ in warm colours, LoCo in cool ones, darker for fewer bits
+    ("full", None): (20, 20, 20),
+    ("plain", 8): (240, 170, 40), ("plain", 4): (230, 120, 20), ("plain", 3): (205, 40, 40), ("plain", 2): (130, 60, 20),
+    ("loco", 8): (90, 170, 240), ("loco", 4): (30, 100, 220), ("loco", 3): (0, 150, 150), ("loco", 2): (120, 40, 180),
+}
 
 
 def human_bytes(n: Optional[float]) -> str:
@@ -105,9 +108,7 @@ def ema(values: Sequence[float], decay: float = 0.9) -> List[float]:
 
 
 def _color(arm: dict):
-    base = ARM_COLORS[arm["kind"]]
-    shade = BITS_SHADE.get(arm["bits"], 1.0) if arm["kind"] != "full" else 1.0
-    return tuple(int(255 - (255 - c) * shade) for c in base) if shade < 1 else base
+    return ARM_COLORS.get((arm["kind"], None if arm["kind"] == "full" else arm["bits"]), (120, 120, 120))
 
 
 def plot(results: Sequence[dict], title: str = "") -> bytes:
