@@ -11,6 +11,7 @@ SUPPORTED_GRAD_BITS = (2, 3, 4, 8)
 SUPPORTED_ERROR_BITS = (8, 32)
 MIN_GROUP_SIZE = 32
 MAX_GROUP_SIZE = 4096
+ON_CORRUPT_CHECKPOINT = ("error", "reset")
 
 
 class LocoConfigError(ValueError):
@@ -28,6 +29,8 @@ class LocoConfig:
     error_bits: storage of the error buffers, 8 (int8 with one fp32 scale per group) or 32 (fp32).
     error_feedback: False gives plain qgZ through the same path (the A/B baseline).
     local_world_size: ranks per node; None takes it from the launcher (``LOCAL_WORLD_SIZE``).
+    on_corrupt_checkpoint: what loading a checkpoint whose LoCo state is corrupt or truncated does: "error" (raise
+        ``LocoCheckpointError``) or "reset" (start the error buffers from zero with a WARNING).
     hadamard: rotate every quantization group by a randomized Hadamard transform before quantizing (and back
         after the final sum); the same fixed signs on every rank.
     """
@@ -39,6 +42,7 @@ class LocoConfig:
     error_bits: int = 8
     error_feedback: bool = True
     local_world_size: Optional[int] = None
+    on_corrupt_checkpoint: str = "error"
     hadamard: bool = False
 
     def __post_init__(self):
@@ -64,6 +68,8 @@ class LocoConfig:
             _check_number("local_world_size", self.local_world_size, int, "an integer >= 1, or null for the launcher's")
             if self.local_world_size < 1:
                 _fail("local_world_size", self.local_world_size, "an integer >= 1, or null for the launcher's")
+        if self.on_corrupt_checkpoint not in ON_CORRUPT_CHECKPOINT:
+            _fail("on_corrupt_checkpoint", self.on_corrupt_checkpoint, "\"error\" or \"reset\"")
 
     @classmethod
     def from_dict(cls, params: Optional[Mapping[str, Any]]) -> "LocoConfig":

@@ -29,6 +29,8 @@ def test_upstream_config_is_accepted_unchanged():
     ("error_feedback", "yes", "true or false"),
     ("hadamard", 1, "true or false"),
     ("local_world_size", 0, "integer >= 1"),
+    ("on_corrupt_checkpoint", "ignore", '"error" or "reset"'),
+    ("on_corrupt_checkpoint", None, '"error" or "reset"'),
 ])
 def test_bad_value_names_the_key_and_what_is_valid(key, value, hint):
     with pytest.raises(LocoConfigError) as err:
@@ -44,3 +46,8 @@ def test_unknown_key_is_an_error_listing_the_valid_keys():
 def test_non_mapping_is_an_error():
     with pytest.raises(LocoConfigError, match="must be a JSON object"):
         LocoConfig.from_dict([0.8])
+
+
+def test_on_corrupt_checkpoint_defaults_to_error_and_accepts_reset():
+    assert LocoConfig.from_dict({}).on_corrupt_checkpoint == "error"
+    assert LocoConfig.from_dict({"on_corrupt_checkpoint": "reset"}).on_corrupt_checkpoint == "reset"

@@ -11,6 +11,7 @@ from deepspeed_loco.ops.loco_reference import padded_partition_size
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.comm.wire import WireLayout
 from deepspeed_loco.runtime.zero.error_feedback import ErrorFeedbackState
+from deepspeed_loco.utils.logging import logger
 
 
 @dataclass
@@ -34,6 +35,7 @@ class LocoReducer:
         self.topology = topology
         self.state = state if state is not None else ErrorFeedbackState(config, topology)
         self.stats = WireStats()
+        self._touched = False
 
     @torch.no_grad()
     def reduce_scatter(self, params: Sequence[torch.Tensor],
@@ -49,12 +51,26 @@ class LocoReducer:
                                 f"supported are float32, float16 and bfloat16")
         if topo.world_size == 1:
             return [g.reshape(-1).clone() for g in grads]
+        self._touched = False
+        try:
+            return self._reduce_scatter(params, grads)
+        except BaseException as exc:
+            # a bucket's buffers may be half-updated: fall back to the state a fresh run starts from
+            if self._touched:
+                self.state.reset()
+                logger.warning(f"deepspeed-loco: rank {topo.rank}: {type(exc).__name__} during a LoCo reduce; all "
+                               f"error-feedback buffers of this rank were reset to zero")
+            raise
+
+    def _reduce_scatter(self, params: Sequence[torch.Tensor], grads: List[torch.Tensor]) -> List[torch.Tensor]:
+        topo, cfg = self.topology, self.config
         self.stats.reduces += 1
         kernels = kernels_for(grads[0].device)
         widths = tuple(padded_partition_size(g.numel(), topo.world_size, cfg.group_size) for g in grads)
         errors = [self.state.for_param(p, g.numel(), g.device) for p, g in zip(params, grads)]
         device = grads[0].device
         beta = cfg.err_beta
+        self._touched = any(e is not None for e in errors)  # the kernels below update the buffers in place
 
         if topo.local_size > 1:
             hop1 = WireLayout(widths, cfg.intra_node_bits, cfg.group_size)

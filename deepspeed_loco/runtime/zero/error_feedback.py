@@ -1,6 +1,6 @@
 """The error-feedback state of one rank: every parameter's buffers, the step counter and the reset rule."""
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Mapping, Optional
 
 import torch
 
@@ -83,3 +83,15 @@ class ErrorFeedbackState:
     def memory_bytes(self) -> int:
         """Bytes held by all buffers of this rank."""
         return sum(buffer.nbytes() for buffer in self.buffers())
+
+    def state_dict(self, named_params: Mapping[str, torch.Tensor]) -> dict:
+        """This rank's buffers (CPU copies, keyed by parameter name), the step counter and the layout signature;
+        format and rules in ``runtime/zero/checkpoint.py`` and ``docs/checkpointing.md``."""
+        from deepspeed_loco.runtime.zero import checkpoint
+        return checkpoint.state_dict(self, named_params)
+
+    def load_state_dict(self, state_dict: Mapping, named_params: Mapping[str, torch.Tensor]) -> None:
+        """Restores a :meth:`state_dict`: checks all of it first (``LocoCheckpointError`` if corrupt,
+        ``LocoCheckpointMismatch`` if saved with another layout), then sets the buffers and the step counter."""
+        from deepspeed_loco.runtime.zero import checkpoint
+        checkpoint.apply_plan(self, checkpoint.parse_state_dict(self, state_dict, named_params))

@@ -21,6 +21,7 @@ from deepspeed_loco.ops.loco_reference import padded_partition_size
 from deepspeed_loco.ops.quantizer import SCALE_BYTES
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
+from deepspeed_loco.runtime.zero import checkpoint
 from deepspeed_loco.runtime.zero.error_feedback import ErrorFeedbackState
 from deepspeed_loco.utils.logging import log_rank0, logger
 
@@ -57,7 +58,7 @@ def resolve_local_size(config: LocoConfig, world_size: int) -> int:
 class LocoHook:
     """LoCo attached to one ZeRO-3 optimizer: its topology, error-feedback state and reducer."""
 
-    def __init__(self, optimizer: DeepSpeedZeroOptimizer_Stage3, config: LocoConfig):
+    def __init__(self, optimizer: DeepSpeedZeroOptimizer_Stage3, config: LocoConfig, named_params=None):
         self.optimizer = optimizer
         self.config = config
         group = optimizer.dp_process_group
@@ -70,6 +71,7 @@ class LocoHook:
         self._original_step = optimizer.step
         setattr(optimizer, REDUCE_METHOD, self._avg_scatter_grads)
         optimizer.step = self._step
+        self.checkpoint = checkpoint.install(self, named_params)  # state_dict/load_state_dict carry self.state
 
     def _avg_scatter_grads(self, params: List[torch.nn.Parameter],
                            communication_data_type: torch.dtype) -> List[torch.Tensor]:
@@ -141,7 +143,7 @@ def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
     if not isinstance(optimizer, DeepSpeedZeroOptimizer_Stage3):
         raise RuntimeError(f"zero_optimization.zeropp_loco_param needs the ZeRO stage-3 optimizer, but the engine "
                            f"built {type(optimizer).__name__}")
-    hook = LocoHook(optimizer, config)
+    hook = LocoHook(optimizer, config, dict(engine.module.named_parameters()))
     params = [p for p in engine.module.parameters() if p.requires_grad]
     if hook.topology.world_size == 1:
         log_rank0("deepspeed-loco: zeropp_loco_param is set but the data-parallel world has one rank: nothing is "
