@@ -1,4 +1,5 @@
 """The LoCo reduce-scatter of a bucket of gradients: two quantized all-to-all hops with error feedback."""
+import logging
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -11,7 +12,8 @@ from deepspeed_loco.ops.loco_reference import padded_partition_size
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.comm.wire import WireLayout
 from deepspeed_loco.runtime.zero.error_feedback import ErrorFeedbackState
-from deepspeed_loco.utils.logging import logger
+
+logger = logging.getLogger("deepspeed_loco")  # configured by deepspeed_loco.utils.logging when the hook is in use
 
 
 @dataclass

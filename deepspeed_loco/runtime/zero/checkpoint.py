@@ -21,6 +21,7 @@ come from a process-wide counter (``deepspeed.zero.Init.param_id``), so the same
 process (an in-process restart, a second engine) gets different ds_ids. The ds_id is saved for information only.
 """
 import inspect
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -28,7 +29,10 @@ import torch
 import torch.distributed as dist
 
 from deepspeed_loco.ops.loco_reference import padded_partition_size
-from deepspeed_loco.utils.logging import log_rank0, logger
+
+# the ``deepspeed_loco`` logger, configured by ``deepspeed_loco.utils.logging`` once the hook is imported; not
+# imported here, so that importing this module leaves the logger (and test log capture) as it is
+logger = logging.getLogger("deepspeed_loco")
 
 STATE_KEY = "deepspeed_loco"
 FORMAT = "deepspeed_loco.error_feedback"
@@ -120,6 +124,16 @@ def parse_state_dict(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -
     Raises :class:`LocoCheckpointError` for a corrupt or truncated entry and :class:`LocoCheckpointMismatch` for a
     valid entry saved with another layout.
     """
+    try:
+        return _parse(state, sd, named_params)
+    except (LocoCheckpointError, LocoCheckpointMismatch):
+        raise
+    except Exception as exc:  # whatever else a damaged entry trips over is reported as corruption, not a crash
+        raise LocoCheckpointError(f"deepspeed-loco: checkpoint key {STATE_KEY!r} could not be read "
+                                  f"({type(exc).__name__}: {exc})") from exc
+
+
+def _parse(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -> LoadPlan:
     where = f"checkpoint key {STATE_KEY!r}"
     if not isinstance(sd, Mapping):
         _corrupt(f"{where} is a {type(sd).__name__}, expected a dict")
@@ -171,7 +185,7 @@ def parse_state_dict(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -
         if not isinstance(entry, Mapping) or any(k not in entry for k in ("numel", "hop1", "hop2")):
             _corrupt(f"{at}: expected a dict with 'numel', 'hop1' and 'hop2', got {_brief(entry)}")
         numel = _numel(param)
-        if entry["numel"] != numel:
+        if not _is_int(entry["numel"]) or entry["numel"] != numel:
             _corrupt(f"{at}: saved for {entry['numel']!r} elements, the model's parameter has {numel}")
         cols = padded_partition_size(numel, topo.world_size, cfg.group_size)
         hop1 = _check_buffer(f"{at}, hop1", entry["hop1"], topo.world_size if topo.local_size > 1 else None, cols,
@@ -345,8 +359,9 @@ class CheckpointHooks:
         if decision.kind == "load":
             if decision.plan is not None:
                 apply_plan(state, decision.plan)
-                log_rank0(f"deepspeed-loco: restored error-feedback state ({len(decision.plan.entries)} parameters, "
-                          f"optimizer step {state.step})")
+                if self._rank() == 0:
+                    logger.info(f"deepspeed-loco: restored error-feedback state ({len(decision.plan.entries)} "
+                                f"parameters, optimizer step {state.step})")
             return
         state.reset()
         if decision.step is not None:

@@ -398,6 +398,8 @@ CORRUPTIONS = [
     (_set(["params", "nope"], {"numel": 1, "hop1": None, "hop2": None}),
      "buffers for parameter 'nope', which this model does not have"),
     (_set(["params", "w", "numel"], 999), "parameter 'w': saved for 999 elements, the model's parameter has 700"),
+    (_set(["params", "w", "numel"], torch.tensor([700, 700])), "parameter 'w': saved for tensor([700, 700]) elements"),
+    (_set(["signature"], {k: 1 for k in checkpoint.SIGNATURE_KEYS}), "signature['hadamard'] is 1, of the wrong type"),
     (_set(["params", "w", "hop1"], DELETE), "parameter 'w': expected a dict with 'numel', 'hop1' and 'hop2'"),
     (_set(["params", "w", "hop2"], None), "parameter 'w', hop2: expected a dict with 'values' and 'scale', got NoneType"),
     (_set(["params", "w", "hop1", "scale"], DELETE), "hop1: expected a dict with 'values' and 'scale'"),
