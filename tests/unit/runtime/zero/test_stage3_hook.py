@@ -210,7 +210,12 @@ def test_unmodified_script_runs_with_loco_through_the_module_runner(tmp_path):
     """``torchrun ... -m deepspeed_loco.run unmodified_train.py --deepspeed_config cfg.json``, 2 nodes x 2."""
     cfg = _ds_config("loco", loco={"local_world_size": 2})
     (tmp_path / "ds.json").write_text(json.dumps(cfg))
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", LOCAL_SIZE="4", PYTHONPATH=REPO)
+    # as in the process pool, skip DeepSpeed's unused CPU shared-memory op (a JIT C++ build of minutes on a fresh
+    # machine): a sitecustomize in the test's own directory, so the training script itself stays unmodified
+    (tmp_path / "sitecustomize.py").write_text(
+        "import deepspeed.ops\ndeepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False\n")
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", LOCAL_SIZE="4",
+               PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", str(free_port()),
            "-m", "deepspeed_loco.run", os.path.join(REPO, "tests", "unit", "runtime", "zero", "unmodified_train.py"),
            "--deepspeed_config", str(tmp_path / "ds.json"), "--steps", "3"]
