@@ -14,7 +14,8 @@ DeepSpeed load, then restores the buffers and the step counter. The rules (``doc
   start from zero, with a WARNING naming the saved and the current values; the step counter is restored;
 * a corrupt or truncated entry (wrong types, shapes, missing fields, an unknown parameter, non-finite values, an
   unknown format version): :class:`LocoCheckpointError` naming what is wrong, raised on every rank before the
-  ZeRO-3 optimizer state is loaded (DeepSpeed has read the module's file by then), or (``zeropp_loco_param.on_corrupt_checkpoint: "reset"``) buffers from zero with a WARNING.
+  ZeRO-3 optimizer state is loaded (DeepSpeed has read the module's file by then), or, with
+  ``zeropp_loco_param.on_corrupt_checkpoint: "reset"``, buffers from zero with a WARNING.
 
 Parameters are identified by their name in ``engine.module.named_parameters()``, not by ZeRO-3's ``ds_id``: ds_ids
 come from a process-wide counter (``deepspeed.zero.Init.param_id``), so the same model built a second time in one
