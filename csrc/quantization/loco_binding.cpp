@@ -83,7 +83,7 @@ void raise_if(const char* message) { TORCH_CHECK(message == nullptr, message); }
 
 void hop1(const at::Tensor& grad, int64_t world, int64_t local, const std::optional<at::Tensor>& error_values,
           const std::optional<at::Tensor>& error_scale, int64_t error_bits, double beta, int64_t bits,
-          int64_t group_size, at::Tensor& out_data, at::Tensor& out_scale) {
+          int64_t group_size, at::Tensor& out_data, at::Tensor& out_scale, bool hadamard) {
     TORCH_CHECK(grad.is_cuda(), "LoCo kernels: grad must be a CUDA tensor, got ", grad.device());
     TORCH_CHECK(grad.is_contiguous(), "LoCo kernels: grad must be contiguous");
     TORCH_CHECK(world >= 1 && local >= 1 && world % local == 0, "LoCo kernels: world_size = ", world,
@@ -97,8 +97,8 @@ void hop1(const at::Tensor& grad, int64_t world, int64_t local, const std::optio
     const loco::WireArgs out = wire(out_data, out_scale, bits, world, cols, group_size, device, "out_data", "out_scale");
     const loco::ErrorArgs err = error(error_values, error_scale, error_bits, beta, world, cols, group_size, device);
     const c10::cuda::CUDAGuard guard(device);
-    raise_if(loco::hop1(grad.data_ptr(), dtype, numel, (int)world, (int)local, part, cols, (int)group_size, err, out,
-                        at::cuda::getCurrentCUDAStream().stream()));
+    raise_if(loco::hop1(grad.data_ptr(), dtype, numel, (int)world, (int)local, part, cols, (int)group_size, hadamard,
+                        err, out, at::cuda::getCurrentCUDAStream().stream()));
 }
 
 void hop2(const at::Tensor& recv_data, const at::Tensor& recv_scale, int64_t local, int64_t in_bits,
@@ -129,7 +129,7 @@ void hop2(const at::Tensor& recv_data, const at::Tensor& recv_scale, int64_t loc
 }
 
 at::Tensor final_mean(const at::Tensor& recv_data, const at::Tensor& recv_scale, int64_t bits, int64_t group_size,
-                      int64_t world, int64_t numel, int64_t rank, int64_t out_dtype) {
+                      int64_t world, int64_t numel, int64_t rank, int64_t out_dtype, bool hadamard) {
     TORCH_CHECK(recv_data.is_cuda(), "LoCo kernels: recv_data must be a CUDA tensor, got ", recv_data.device());
     TORCH_CHECK(recv_data.dim() == 2 && recv_data.size(0) >= 1, "LoCo kernels: recv_data must be 2-D with rows, got ",
                 recv_data.sizes());
@@ -151,7 +151,7 @@ at::Tensor final_mean(const at::Tensor& recv_data, const at::Tensor& recv_scale,
     const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(part, numel - rank * part));
     at::Tensor out = at::empty({part}, recv_data.options().dtype(dtype));
     const c10::cuda::CUDAGuard guard(device);
-    raise_if(loco::final_mean(in, (int)rows, cols, (int)group_size, (int)world, part, valid, out.data_ptr(),
+    raise_if(loco::final_mean(in, (int)rows, cols, (int)group_size, hadamard, (int)world, part, valid, out.data_ptr(),
                               (int)out_dtype, at::cuda::getCurrentCUDAStream().stream()));
     return out;
 }
@@ -160,7 +160,7 @@ at::Tensor final_mean(const at::Tensor& recv_data, const at::Tensor& recv_scale,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "LoCo fused CUDA kernels (hop 1, hop 2, final mean); see deepspeed_loco/ops/loco_cuda.py";
-    m.def("hop1", &hop1, "hop 1: partition, swizzle, compensate, quantize, update the error, pack");
+    m.def("hop1", &hop1, "hop 1: partition, swizzle, [rotate,] compensate, quantize, update the error, pack");
     m.def("hop2", &hop2, "hop 2: dequantize-sum L blocks, compensate, quantize, update the error, pack");
-    m.def("final_mean", &final_mean, "dequantize, sum the received rows, divide by W, trim");
+    m.def("final_mean", &final_mean, "dequantize, sum the received rows, [rotate back,] divide by W, trim");
 }

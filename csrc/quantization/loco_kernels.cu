@@ -11,6 +11,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <math.h>
+
 #include <type_traits>
 
 #include "loco_kernels.cuh"
@@ -238,6 +240,103 @@ __device__ __forceinline__ uint32_t team_max(uint32_t v, int team_log2, uint32_t
     return m;
 }
 
+// ----------------------------------------------------------------------------------- Hadamard rotation
+// The butterfly of ops/hadamard.py on a team's group: strides 1, 2, 4 inside a chunk, 8 .. 4 * team across lanes
+// (warp shuffles, or shared memory once the partner is in another warp), 8 * team across the two chunks; each
+// stage maps (a, b) at columns (j, j + stride) to (a + b, a - b), in increasing stride order like the reference.
+static_assert(kChunks == 2, "the last butterfly stage pairs the two chunks of a thread");
+
+// One bit per column (1 = negated), columns 8 * k .. 8 * k + 7 in byte k, for every group size up to kMaxGroup.
+struct SignBits {
+    uint8_t byte[kMaxGroup / 8];
+};
+
+constexpr SignBits make_sign_bits() {
+    SignBits t{};
+    for (uint32_t col = 0; col < (uint32_t)kMaxGroup; ++col)
+        if (hadamard_negative(col)) t.byte[col / 8] = (uint8_t)(t.byte[col / 8] | (1u << (col % 8)));
+    return t;
+}
+
+__device__ const SignBits kSignBits = make_sign_bits();
+
+// The sign bytes of the thread's chunks (chunk c covers group columns 8 * (c * team + lane) .. +8).
+struct ChunkSigns {
+    uint32_t bits[kChunks];
+};
+
+__device__ __forceinline__ ChunkSigns chunk_signs(int lane, int team) {
+    ChunkSigns s;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) s.bits[c] = kSignBits.byte[c * team + lane];
+    return s;
+}
+
+// v *= d (exact: a sign flip).
+__device__ __forceinline__ void apply_signs(float (&v)[kChunks][8], const ChunkSigns& s) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[c][i] = __uint_as_float(__float_as_uint(v[c][i]) ^ (((s.bits[c] >> i) & 1u) << 31));
+}
+
+__device__ __forceinline__ void scale_all(float (&v)[kChunks][8], float scale) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[c][i] = f_mul(v[c][i], scale);
+}
+
+// Sylvester-Hadamard butterfly of the team's group, in place. Every thread of the block must call it (shuffles
+// and barriers), inactive teams with zeros; `xchg` holds kValuesPerThread * kBlock floats.
+__device__ __forceinline__ void butterfly(float (&v)[kChunks][8], int lane, int team_log2, float* xchg) {
+#pragma unroll
+    for (int h = 1; h < 8; h <<= 1)
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                if ((i & h) == 0) {
+                    const float a = v[c][i], b = v[c][i + h];
+                    v[c][i] = f_add(a, b);
+                    v[c][i + h] = f_sub(a, b);
+                }
+    const int team = 1 << team_log2;
+    for (int k = 1; k < team; k <<= 1) {
+        const bool lower = (lane & k) == 0;
+        if (k < 32) {
+#pragma unroll
+            for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const float other = __shfl_xor_sync(0xffffffffu, v[c][i], k);
+                    v[c][i] = lower ? f_add(v[c][i], other) : f_sub(other, v[c][i]);
+                }
+        } else {
+            __syncthreads();  // the previous exchange's readers are done with xchg
+#pragma unroll
+            for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) xchg[(c * 8 + i) * kBlock + threadIdx.x] = v[c][i];
+            __syncthreads();
+            const int partner = threadIdx.x ^ k;  // teams are aligned: the partner is in the same team
+#pragma unroll
+            for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const float other = xchg[(c * 8 + i) * kBlock + partner];
+                    v[c][i] = lower ? f_add(v[c][i], other) : f_sub(other, v[c][i]);
+                }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float a = v[0][i], b = v[1][i];
+        v[0][i] = f_add(a, b);
+        v[1][i] = f_sub(a, b);
+    }
+}
+
 // ------------------------------------------------------------------------------- compensate + quantize
 // v: compensated values c of the thread's chunks (all zero for an inactive team); old: the old error.
 // Quantizes the group to `data`/`scale`, then (EBits != 0) stores the updated error to `er`.
@@ -321,12 +420,28 @@ struct Hop1Params {
     const void* grad;
     int64_t numel, part, cols, groups_per_row;
     int world, local, nodes, group_size, team_log2;
+    float hadamard_scale;  // fp32(1 / sqrt(group_size))
     ErrorArgs err;
     float one_minus_beta;
     WireArgs out;
 };
 
-template <int DT, int Bits, int EBits>
+// Shared memory for the butterfly's cross-warp exchange: only kernels that rotate groups of more than 512
+// (teams wider than a warp) use it, the others declare none.
+template <bool Rotate>
+struct Exchange {
+    __device__ static float* get() { return nullptr; }
+};
+
+template <>
+struct Exchange<true> {
+    __device__ static float* get() {
+        __shared__ float xchg[kValuesPerThread * kBlock];
+        return xchg;
+    }
+};
+
+template <int DT, int Bits, int EBits, bool Rotate>
 __global__ void __launch_bounds__(kBlock) hop1_kernel(const Hop1Params p) {
     __shared__ uint32_t red[kBlock / 32];
     const int team = 1 << p.team_log2;
@@ -334,6 +449,8 @@ __global__ void __launch_bounds__(kBlock) hop1_kernel(const Hop1Params p) {
     const int64_t group = (int64_t)blockIdx.x * (kBlock >> p.team_log2) + (threadIdx.x >> p.team_log2);
     const bool active = group < p.groups_per_row;
     const int64_t col0 = group * p.group_size;
+    ChunkSigns signs{};
+    if (Rotate) signs = chunk_signs(lane, team);
     for (int64_t slot = blockIdx.y; slot < p.world; slot += gridDim.y) {
         const int64_t row = (slot % p.nodes) * p.local + slot / p.nodes;  // slot d*M + n carries row n*L + d
         const int64_t row_start = row * p.part;
@@ -361,13 +478,6 @@ __global__ void __launch_bounds__(kBlock) hop1_kernel(const Hop1Params p) {
                         v[c][i] = col + i < row_valid ? Grad<DT>::one(p.grad, row_start + col + i) : 0.0f;
                 }
             }
-#pragma unroll
-            for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    if (EBits != 0) v[c][i] = f_add(v[c][i], old.at(c, i));
-                    key = max(key, abs_key(v[c][i]));
-                }
         } else {
 #pragma unroll
             for (int c = 0; c < kChunks; ++c)
@@ -375,6 +485,18 @@ __global__ void __launch_bounds__(kBlock) hop1_kernel(const Hop1Params p) {
                 for (int i = 0; i < 8; ++i) v[c][i] = 0.0f;
             zero_error(old);
         }
+        if (Rotate) {
+            apply_signs(v, signs);
+            butterfly(v, lane, p.team_log2, Exchange<Rotate>::get());
+            scale_all(v, p.hadamard_scale);
+        }
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                if (EBits != 0) v[c][i] = f_add(v[c][i], old.at(c, i));
+                key = max(key, abs_key(v[c][i]));
+            }
         uint8_t* data = p.out.data + slot * p.out.data_stride + (col0 >> 3) * Bits;
         float* scale = p.out.scale + slot * p.out.scale_stride + group;
         quantize_group<Bits, EBits>(v, old, key, active, lane, team, p.team_log2, data, scale, er, p.err.beta,
@@ -546,6 +668,57 @@ __global__ void __launch_bounds__(kBlock) final_kernel(const FinalParams p) {
     }
 }
 
+// With Hadamard rotation: the same sum, then each group rotated back, on the team layout of the hops (a group per
+// team of group_size / 16 threads), since the inverse butterfly needs a whole group.
+struct FinalRotatedParams {
+    WireArgs in;
+    int64_t part, valid, groups_per_row;
+    int rows, group_size, team_log2;
+    float world, hadamard_scale;
+    void* out;
+};
+
+template <int Bits, int OutDT>
+__global__ void __launch_bounds__(kBlock) final_rotated_kernel(const FinalRotatedParams p) {
+    const int team = 1 << p.team_log2;
+    const int lane = threadIdx.x & (team - 1);
+    const int64_t group = (int64_t)blockIdx.x * (kBlock >> p.team_log2) + (threadIdx.x >> p.team_log2);
+    const bool active = group < p.groups_per_row;
+    const int64_t col0 = group * p.group_size;
+    float v[kChunks][8];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[c][i] = 0.0f;
+    if (active) {
+        for (int r = 0; r < p.rows; ++r) {
+            const uint8_t* data = p.in.data + r * p.in.data_stride + (col0 >> 3) * Bits;
+            const float s = p.in.scale[r * p.in.scale_stride + group];
+#pragma unroll
+            for (int c = 0; c < kChunks; ++c) {
+                const uint64_t w = load_word<Bits>(data + (int64_t)(c * team + lane) * Bits);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const float d = f_mul((float)unpack_value<Bits>(w, i), s);
+                    v[c][i] = r == 0 ? d : f_add(v[c][i], d);
+                }
+            }
+        }
+    }
+    butterfly(v, lane, p.team_log2, Exchange<true>::get());
+    scale_all(v, p.hadamard_scale);
+    apply_signs(v, chunk_signs(lane, team));
+    if (!active) return;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+        const int64_t col = col0 + 8 * (c * team + lane);
+        if (col >= p.part) continue;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[c][i] = col + i < p.valid ? f_div(v[c][i], p.world) : 0.0f;
+        store_out<OutDT>(p.out, col, p.part - col, v[c]);
+    }
+}
+
 // ------------------------------------------------------------------------------------------- launching
 template <typename F>
 bool with_bits(int bits, F&& f) {
@@ -615,10 +788,28 @@ const char* group_grid(int64_t groups_per_row, int64_t rows, int group_size, dim
     return nullptr;
 }
 
+// fp32(1 / sqrt(group_size)), rounded like the reference (double, then fp32).
+float hadamard_scale(int group_size) { return (float)(1.0 / sqrt((double)group_size)); }
+
+const char* final_rotated(WireArgs in, int rows, int64_t cols, int group_size, int world, int64_t part,
+                          int64_t valid, void* out, int out_dtype, cudaStream_t stream) {
+    FinalRotatedParams p{in, part, valid, cols / group_size, rows, group_size, 0, (float)world,
+                         hadamard_scale(group_size), out};
+    dim3 grid;
+    if (const char* m = group_grid(p.groups_per_row, 1, group_size, &grid, &p.team_log2)) return m;
+    bool ok = with_dtype(out_dtype, [&](auto dt) {
+        with_bits(in.bits, [&](auto bits) {
+            final_rotated_kernel<decltype(bits)::value, decltype(dt)::value><<<grid, kBlock, 0, stream>>>(p);
+        });
+    });
+    if (!ok) return "LoCo kernels: output dtype must be float32, float16 or bfloat16";
+    return launched();
+}
+
 }  // namespace
 
 const char* hop1(const void* grad, int grad_dtype, int64_t numel, int world, int local, int64_t part, int64_t cols,
-                 int group_size, ErrorArgs err, WireArgs out, cudaStream_t stream) {
+                 int group_size, bool hadamard, ErrorArgs err, WireArgs out, cudaStream_t stream) {
     if (const char* m = check_group_size(group_size)) return m;
     if (const char* m = check_error(err)) return m;
     if (!valid_bits(out.bits)) return "LoCo kernels: gradient bits must be 2, 3, 4 or 8";
@@ -626,15 +817,19 @@ const char* hop1(const void* grad, int grad_dtype, int64_t numel, int world, int
     if (numel < 0 || part < 0 || part * (int64_t)world < numel) return "LoCo kernels: part must be ceil(numel / world)";
     if (cols < part || cols % group_size != 0) return "LoCo kernels: cols must be part rounded up to the group size";
     if (cols == 0) return nullptr;
-    Hop1Params p{grad, numel, part, cols, cols / group_size, world, local, world / local, group_size, 0, err,
-                 math::f_sub(1.0f, err.beta), out};
+    Hop1Params p{grad, numel, part, cols, cols / group_size, world, local, world / local, group_size, 0,
+                 hadamard_scale(group_size), err, math::f_sub(1.0f, err.beta), out};
     dim3 grid;
     if (const char* m = group_grid(p.groups_per_row, world, group_size, &grid, &p.team_log2)) return m;
     bool ok = with_dtype(grad_dtype, [&](auto dt) {
         with_bits(out.bits, [&](auto bits) {
             with_error_bits(err.bits, [&](auto ebits) {
-                hop1_kernel<decltype(dt)::value, decltype(bits)::value, decltype(ebits)::value>
-                    <<<grid, kBlock, 0, stream>>>(p);
+                if (hadamard)
+                    hop1_kernel<decltype(dt)::value, decltype(bits)::value, decltype(ebits)::value, true>
+                        <<<grid, kBlock, 0, stream>>>(p);
+                else
+                    hop1_kernel<decltype(dt)::value, decltype(bits)::value, decltype(ebits)::value, false>
+                        <<<grid, kBlock, 0, stream>>>(p);
             });
         });
     });
@@ -661,14 +856,15 @@ const char* hop2(WireArgs in, int local, int nodes, int64_t cols, int group_size
     return launched();
 }
 
-const char* final_mean(WireArgs in, int rows, int64_t cols, int group_size, int world, int64_t part, int64_t valid,
-                       void* out, int out_dtype, cudaStream_t stream) {
+const char* final_mean(WireArgs in, int rows, int64_t cols, int group_size, bool hadamard, int world, int64_t part,
+                       int64_t valid, void* out, int out_dtype, cudaStream_t stream) {
     if (const char* m = check_group_size(group_size)) return m;
     if (!valid_bits(in.bits)) return "LoCo kernels: gradient bits must be 2, 3, 4 or 8";
     if (rows < 1 || world < 1) return "LoCo kernels: rows and world must be positive";
     if (part < 0 || cols < part || cols % group_size != 0) return "LoCo kernels: cols must be part rounded up";
     if (valid < 0 || valid > part) return "LoCo kernels: valid must be in [0, part]";
     if (part == 0) return nullptr;
+    if (hadamard) return final_rotated(in, rows, cols, group_size, world, part, valid, out, out_dtype, stream);
     FinalParams p{in, part, valid, (part + 7) / 8, rows, log2_exact(group_size), (float)world, out};
     const int64_t per_block = (int64_t)kBlock * kFinalChunks;
     const int64_t blocks_needed = (p.chunks + per_block - 1) / per_block;

@@ -65,8 +65,9 @@ struct ErrorArgs {
 // hop 1: partition `grad` (numel elements, dtype `grad_dtype`) into `world` rows of `part` = ceil(numel/world)
 // elements padded to `cols`, in slot order (slot d*M + n carries row n*L + d), compensate with `err`
 // (world, cols), quantize to `out` (world rows) and update `err` in place.
+// `hadamard`: each group is rotated (H (d * x) * s, s = fp32(1/sqrt(group_size))) before compensation.
 const char* hop1(const void* grad, int grad_dtype, int64_t numel, int world, int local, int64_t part,
-                 int64_t cols, int group_size, ErrorArgs err, WireArgs out, cudaStream_t stream);
+                 int64_t cols, int group_size, bool hadamard, ErrorArgs err, WireArgs out, cudaStream_t stream);
 
 // hop 2: sum the `local` dequantized blocks of `in` ((local*nodes) rows; block i = rows [i*nodes,
 // (i+1)*nodes)) in block order, compensate with `err` (nodes, cols), quantize to `out` (nodes rows).
@@ -74,9 +75,10 @@ const char* hop2(WireArgs in, int local, int nodes, int64_t cols, int group_size
                  cudaStream_t stream);
 
 // final: out[j] = (sum over the `rows` rows of dequant(in)[row, j]) / world for j < `part`, zero for
-// j >= `valid`; `out` is contiguous, `part` elements of `out_dtype`.
-const char* final_mean(WireArgs in, int rows, int64_t cols, int group_size, int world, int64_t part,
-                       int64_t valid, void* out, int out_dtype, cudaStream_t stream);
+// j >= `valid`; `out` is contiguous, `part` elements of `out_dtype`. `hadamard`: the row sum of each group is
+// rotated back (d * (H t) * s) before the division.
+const char* final_mean(WireArgs in, int rows, int64_t cols, int group_size, bool hadamard, int world,
+                       int64_t part, int64_t valid, void* out, int out_dtype, cudaStream_t stream);
 #endif
 
 // ------------------------------------------------------------------------------------------------------
@@ -239,6 +241,19 @@ template <int Bits>
 LOCO_HD uint64_t pack_value(int q, int j) {
     return ((uint64_t)((uint32_t)q & ((1u << Bits) - 1u))) << (Bits * j);
 }
+
+// Randomized Hadamard rotation (deepspeed_loco/ops/hadamard.py): column i of every group is negated before the
+// butterfly (forward) or after it (inverse) when bit 31 of MurmurHash3's finalizer fmix32(i) is set.
+LOCO_HD constexpr uint32_t fmix32(uint32_t h) {
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    return h;
+}
+
+LOCO_HD constexpr bool hadamard_negative(uint32_t column) { return (fmix32(column) >> 31) != 0u; }
 
 // fp32 -> bf16 bits, round to nearest even, NaN -> 0x7fc0 (torch's conversion).
 LOCO_HD uint16_t float_to_bf16_bits(float v) {

@@ -8,7 +8,8 @@ bit-identical to the reference evaluated on the CPU (the reference fixes the fp3
 Calls the kernels do not cover run the reference instead, and each distinct reason is logged once (WARNING, logger
 ``deepspeed_loco``): tensors off CUDA, a gradient dtype other than float32/float16/bfloat16, bits outside
 {2, 3, 4, 8}, a group size that is not a power of two in [32, 4096], an error buffer with another group size or
-storage, a wire view without unit stride along its rows, or Hadamard-rotated groups (``hadamard=True``).
+storage, or a wire view without unit stride along its rows. Hadamard rotation (``hadamard=True``) runs inside
+the hop-1 and final kernels.
 """
 import logging
 from typing import Optional
@@ -24,7 +25,6 @@ _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _BITS = (2, 3, 4, 8)
 _op = None
 _reported = set()
-_HADAMARD = "Hadamard-rotated groups (the rotation is not fused into the kernels yet)"
 
 
 def load():
@@ -84,14 +84,14 @@ def hop1_(grad: torch.Tensor, world_size: int, local_size: int, error: Optional[
     """See :func:`deepspeed_loco.ops.loco_reference.hop1_`: grad (any shape, fp32/fp16/bf16) to ``out_data`` uint8
     ``(W, P'*bits/8)`` and ``out_scale`` fp32 ``(W, P'/S)`` in slot order; ``error`` ``(W, P')`` updated in place."""
     tensors = [grad, out_data, out_scale] + _error_tensors(error)
-    reason = _HADAMARD if hadamard else _unsupported(tensors, (bits,), group_size, error, grad.dtype)
+    reason = _unsupported(tensors, (bits,), group_size, error, grad.dtype)
     if reason is not None:
         _fallback("hop1_", reason)
         return loco_reference.hop1_(grad, world_size, local_size, error, beta, bits, group_size, out_data, out_scale,
                                     hadamard=hadamard)
     values, scale, error_bits = _error_args(error)
     load().hop1(grad.contiguous(), world_size, local_size, values, scale, error_bits, float(beta), bits, group_size,
-                out_data, out_scale)
+                out_data, out_scale, bool(hadamard))
 
 
 def hop2_(recv_data: torch.Tensor, recv_scale: torch.Tensor, local_size: int, in_bits: int,
@@ -113,10 +113,10 @@ def hop2_(recv_data: torch.Tensor, recv_scale: torch.Tensor, local_size: int, in
 def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, bits: int, group_size: int, world_size: int,
                numel: int, rank: int, out_dtype: torch.dtype, hadamard: bool = False) -> torch.Tensor:
     """See :func:`deepspeed_loco.ops.loco_reference.final_mean`: ``(P,)`` in ``out_dtype``, the mean over ``W``."""
-    reason = _HADAMARD if hadamard else _unsupported([recv_data, recv_scale], (bits,), group_size, None, out_dtype)
+    reason = _unsupported([recv_data, recv_scale], (bits,), group_size, None, out_dtype)
     if reason is not None:
         _fallback("final_mean", reason)
         return loco_reference.final_mean(recv_data, recv_scale, bits, group_size, world_size, numel, rank, out_dtype,
                                          hadamard=hadamard)
     return load().final_mean(recv_data, recv_scale, bits, group_size, world_size, numel, rank,
-                             _DTYPE_CODES[out_dtype])
+                             _DTYPE_CODES[out_dtype], bool(hadamard))

@@ -27,6 +27,7 @@ BITS = [2, 3, 4, 8]
 GROUPS = [32, 256, 4096]
 SHAPES = [(7,), (33, 5), (1000, 3)]
 ERRORS = [(None, 0.8), (8, 0.0), (8, 0.8), (32, 0.0), (32, 0.8)]  # (error_bits, beta)
+HADAMARD_GROUPS = [32, 256, 512, 1024, 4096]  # teams of 2, 16, 32 (one warp), 64 and 256 threads
 
 
 @pytest.fixture(scope="module")
@@ -97,16 +98,16 @@ def _check_error(actual, expected, seed):
         assert _bits_equal(actual.scale, expected.scale), f"error scales differ (seed {seed})"
 
 
-def _run_hop1(cuda, grad, world, local, error, beta, bits, group_size, seed):
+def _run_hop1(cuda, grad, world, local, error, beta, bits, group_size, seed, hadamard=False):
     """Runs kernel (on GPU) and reference (on CPU) and compares every output."""
     cols = ref.padded_partition_size(grad.numel(), world, group_size)
     data = _poison((world, cols * bits // 8), torch.uint8, "cuda")
     scale = _poison((world, cols // group_size), torch.float32, "cuda")
     gpu_error = _to_cuda(error)
-    cuda.hop1_(grad.cuda(), world, local, gpu_error, beta, bits, group_size, data, scale)
+    cuda.hop1_(grad.cuda(), world, local, gpu_error, beta, bits, group_size, data, scale, hadamard=hadamard)
     ref_data = torch.empty(world, cols * bits // 8, dtype=torch.uint8)
     ref_scale = torch.empty(world, cols // group_size)
-    ref.hop1_(grad, world, local, error, beta, bits, group_size, ref_data, ref_scale)
+    ref.hop1_(grad, world, local, error, beta, bits, group_size, ref_data, ref_scale, hadamard=hadamard)
     assert _bits_equal(data, ref_data), f"packed data differ (seed {seed})"
     assert _bits_equal(scale, ref_scale), f"scales differ (seed {seed})"
     _check_error(gpu_error, error, seed)
@@ -131,14 +132,37 @@ def test_hop1_matches_reference(cuda, dtype, world, local, bits, error_bits, bet
     _run_hop1(cuda, grad, world, local, error, beta, bits, group_size, seed)
 
 
+def _hop1_hadamard_cases():
+    """dtype x bits x error x group size (every team width), layouts and shapes cycling."""
+    cases = []
+    for i, (dtype, bits, (error_bits, beta), group_size) in enumerate(
+            itertools.product(DTYPES, BITS, ERRORS, HADAMARD_GROUPS)):
+        world, local = LAYOUTS[i % len(LAYOUTS)]
+        cases.append((dtype, world, local, bits, error_bits, beta, group_size, SHAPES[(i + i // 4) % len(SHAPES)]))
+    return cases
+
+
+@pytest.mark.parametrize("dtype,world,local,bits,error_bits,beta,group_size,shape", _hop1_hadamard_cases())
+def test_hop1_with_hadamard_matches_reference(cuda, dtype, world, local, bits, error_bits, beta, group_size, shape):
+    """The rotation fused into hop 1: same packed data, scales and error (in the rotated basis) as the reference."""
+    gen, seed = _generator()
+    numel = torch.Size(shape).numel()
+    grad = _values(numel, gen).view(shape).to(dtype)
+    cols = ref.padded_partition_size(numel, world, group_size)
+    error = _error_buffer(world, cols, group_size, error_bits, gen)
+    _run_hop1(cuda, grad, world, local, error, beta, bits, group_size, seed, hadamard=True)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(4099, 37), (1, 1 << 17)])
-def test_hop1_larger_tensors_match_reference(cuda, dtype, shape):
+@pytest.mark.parametrize("hadamard,group_size", [(False, 256), (True, 256), (True, 2048)])
+def test_hop1_larger_tensors_match_reference(cuda, dtype, shape, hadamard, group_size):
     """Many groups per row, vector loads on aligned rows ((1, 2^17): P divisible by 8) and scalar tails."""
     gen, seed = _generator()
     grad = _values(torch.Size(shape).numel(), gen).view(shape).to(dtype)
-    cols = ref.padded_partition_size(grad.numel(), 8, 256)
-    _run_hop1(cuda, grad, 8, 4, _error_buffer(8, cols, 256, 8, gen), 0.8, 4, 256, seed)
+    cols = ref.padded_partition_size(grad.numel(), 8, group_size)
+    _run_hop1(cuda, grad, 8, 4, _error_buffer(8, cols, group_size, 8, gen), 0.8, 4, group_size, seed,
+              hadamard=hadamard)
 
 
 def _recv(rows, cols, bits, group_size, gen):
@@ -193,10 +217,29 @@ def test_final_mean_matches_reference(cuda, dtype, group_size, bits, rows, numel
     assert _bits_equal(out, expected, nan_payload=False), f"final mean differs (seed {seed})"
 
 
+@pytest.mark.parametrize("dtype,group_size,bits,numel,world,rank,rows", [
+    (dtype, group_size, bits, numel, world, rank, 1 + i % 4)
+    for i, (dtype, group_size, bits) in enumerate(itertools.product(DTYPES, HADAMARD_GROUPS, BITS))
+    for numel, world, rank in [FINAL_SIZES[i % len(FINAL_SIZES)]]
+])
+def test_final_mean_with_hadamard_matches_reference(cuda, dtype, group_size, bits, rows, numel, world, rank):
+    """The inverse rotation fused into the final kernel (team layout): same output as the reference."""
+    gen, seed = _generator()
+    cols = ref.padded_partition_size(numel, world, group_size)
+    recv_data, recv_scale = _recv(rows, cols, bits, group_size, gen)
+    out = cuda.final_mean(recv_data.cuda(), recv_scale.cuda(), bits, group_size, world, numel, rank, dtype,
+                          hadamard=True)
+    expected = ref.final_mean(recv_data, recv_scale, bits, group_size, world, numel, rank, dtype, hadamard=True)
+    assert out.dtype == dtype and out.shape == expected.shape and out.is_cuda
+    assert _bits_equal(out, expected, nan_payload=False), f"rotated final mean differs (seed {seed})"
+
+
+@pytest.mark.parametrize("hadamard", [False, True])
 @pytest.mark.parametrize("error_bits", [None, 8, 32])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_non_finite_inputs_match_reference(cuda, dtype, error_bits):
-    """inf / NaN gradients: NaN scale and q = 0 for their groups, their error groups stored as zero."""
+def test_non_finite_inputs_match_reference(cuda, dtype, error_bits, hadamard):
+    """inf / NaN gradients: NaN scale and q = 0 for their groups, their error groups stored as zero (with
+    Hadamard, the rotation spreads them over their whole group first)."""
     gen, seed = _generator()
     grad = _values(4096 + 77, gen)
     grad[5] = float("inf")
@@ -204,13 +247,13 @@ def test_non_finite_inputs_match_reference(cuda, dtype, error_bits):
     grad[1500] = -float("inf")
     grad = grad.to(dtype)
     cols = ref.padded_partition_size(grad.numel(), 4, 32)
-    _run_hop1(cuda, grad, 4, 2, _error_buffer(4, cols, 32, error_bits, gen), 0.8, 4, 32, seed)
+    _run_hop1(cuda, grad, 4, 2, _error_buffer(4, cols, 32, error_bits, gen), 0.8, 4, 32, seed, hadamard=hadamard)
     recv_data, recv_scale = _recv(4, 256, 4, 32, gen)
     recv_scale[1, 3] = float("nan")
     recv_scale[2, 5] = float("inf")
     _run_hop2(cuda, recv_data, recv_scale, 2, 4, _error_buffer(2, 256, 32, error_bits, gen), 0.8, 4, 32, seed)
-    out = cuda.final_mean(recv_data.cuda(), recv_scale.cuda(), 4, 32, 4, 1000, 1, dtype)
-    expected = ref.final_mean(recv_data, recv_scale, 4, 32, 4, 1000, 1, dtype)
+    out = cuda.final_mean(recv_data.cuda(), recv_scale.cuda(), 4, 32, 4, 1000, 1, dtype, hadamard=hadamard)
+    expected = ref.final_mean(recv_data, recv_scale, 4, 32, 4, 1000, 1, dtype, hadamard=hadamard)
     assert out.isnan().any() and _bits_equal(out, expected, nan_payload=False), f"final mean differs (seed {seed})"
 
 
@@ -234,8 +277,8 @@ def test_ties_denormals_and_huge_groups_match_reference(cuda, bits):
     _run_hop1(cuda, grad, 2, 2, _error_buffer(2, cols, group_size, 8, gen), 0.0, bits, group_size, seed)
 
 
-@pytest.mark.parametrize("bits,in_bits", [(4, 4), (3, 2), (2, 8), (8, 3)])
-def test_outputs_land_in_strided_wire_views_and_nothing_else_changes(cuda, bits, in_bits):
+@pytest.mark.parametrize("bits,in_bits,hadamard", [(4, 4, False), (3, 2, False), (2, 8, True), (8, 3, True)])
+def test_outputs_land_in_strided_wire_views_and_nothing_else_changes(cuda, bits, in_bits, hadamard):
     """Parameter 1 of a three-parameter bucket is written through WireLayout views of a poisoned buffer: the whole
     buffer must equal the reference applied to a CPU copy (so columns outside the views are untouched)."""
     gen, seed = _generator()
@@ -249,8 +292,10 @@ def test_outputs_land_in_strided_wire_views_and_nothing_else_changes(cuda, bits,
     actual = buffer.cuda()
     error = _error_buffer(world, widths[1], group_size, 8, gen)
     gpu_error = _to_cuda(error)
-    cuda.hop1_(grads[1].cuda(), world, local, gpu_error, 0.8, bits, group_size, *hop1.views(actual, 1, offset))
-    ref.hop1_(grads[1], world, local, error, 0.8, bits, group_size, *hop1.views(expected, 1, offset))
+    cuda.hop1_(grads[1].cuda(), world, local, gpu_error, 0.8, bits, group_size, *hop1.views(actual, 1, offset),
+               hadamard=hadamard)
+    ref.hop1_(grads[1], world, local, error, 0.8, bits, group_size, *hop1.views(expected, 1, offset),
+              hadamard=hadamard)
     assert torch.equal(actual.cpu(), expected), f"hop-1 wire buffer differs (seed {seed})"
     _check_error(gpu_error, error, seed)
 
@@ -273,8 +318,10 @@ def test_outputs_land_in_strided_wire_views_and_nothing_else_changes(cuda, bits,
     assert torch.equal(actual.cpu(), expected), f"hop-2 wire buffer differs (seed {seed})"
     _check_error(gpu_error, error, seed)
 
-    out = cuda.final_mean(*hop2_out.views(actual, 1, offset), bits, group_size, world, 1000, 4, torch.bfloat16)
-    want = ref.final_mean(*hop2_out.views(expected, 1, offset), bits, group_size, world, 1000, 4, torch.bfloat16)
+    out = cuda.final_mean(*hop2_out.views(actual, 1, offset), bits, group_size, world, 1000, 4, torch.bfloat16,
+                          hadamard=hadamard)
+    want = ref.final_mean(*hop2_out.views(expected, 1, offset), bits, group_size, world, 1000, 4, torch.bfloat16,
+                          hadamard=hadamard)
     assert _bits_equal(out, want, nan_payload=False), f"final mean from wire views differs (seed {seed})"
 
 

@@ -1,7 +1,7 @@
 """What of the fused-kernel code can be checked without a GPU.
 
 * The kernels' element arithmetic (``csrc/quantization/loco_kernels.cuh``, namespace ``loco::math``: the
-  reciprocal-with-exact-fallback quantizer, the LoCo update, the bit packing) built as host C++ with g++ and
+  reciprocal-with-exact-fallback quantizer, the LoCo update, the bit packing, the Hadamard signs) built as host C++ with g++ and
   compared bit for bit with the reference on adversarial inputs (ties, denormal and huge scales, non-finite groups).
 * The builder (sources found, fast math stripped), the dispatcher (reference on CPU, one log line,
   ``DS_LOCO_KERNELS``) and the CUDA wrappers' fallback to the reference for tensors they do not cover.
@@ -89,6 +89,10 @@ extern "C" void host_unpack(const unsigned char* data, long long n, int bits, si
 
 extern "C" void host_to_bf16(const float* x, long long n, unsigned short* out) {
     for (long long i = 0; i < n; ++i) out[i] = float_to_bf16_bits(x[i]);
+}
+
+extern "C" void host_hadamard_signs(long long n, float* out) {
+    for (long long i = 0; i < n; ++i) out[i] = hadamard_negative((uint32_t)i) ? -1.0f : 1.0f;
 }
 """
 
@@ -190,6 +194,15 @@ def test_host_bf16_rounding_matches_torch(host):
     out = torch.empty(x.numel(), dtype=torch.int16)
     host.host_to_bf16(_ptr(x), ctypes.c_longlong(x.numel()), _ptr(out))
     assert torch.equal(out, x.to(torch.bfloat16).view(torch.int16))
+
+
+def test_host_hadamard_signs_match_the_reference(host):
+    """The kernels' signs (fmix32, also the compile-time sign table) are the reference's for the largest group."""
+    from deepspeed_loco.ops.hadamard import hadamard_signs
+    out = torch.empty(4096)
+    host.host_hadamard_signs(ctypes.c_longlong(4096), _ptr(out))
+    signs = hadamard_signs(4096)
+    assert torch.equal(out, signs) and 1500 < int((signs < 0).sum()) < 2600
 
 
 def test_builder_finds_its_sources_and_strips_fast_math(monkeypatch):
