@@ -415,6 +415,20 @@ __device__ __forceinline__ void quantize_group(float (&v)[kChunks][8], const Old
     if (lane == 0) *er.scale = key_finite(ekey) ? erule.scale : 0.0f;
 }
 
+// c = v + e (when there is an error buffer), in place; returns the thread's absmax key of c.
+template <int EBits>
+__device__ __forceinline__ uint32_t compensate(float (&v)[kChunks][8], const OldError<EBits>& old) {
+    uint32_t key = 0;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            if (EBits != 0) v[c][i] = f_add(v[c][i], old.at(c, i));
+            key = max(key, abs_key(v[c][i]));
+        }
+    return key;
+}
+
 // ------------------------------------------------------------------------------------------------ hop 1
 struct Hop1Params {
     const void* grad;
@@ -478,6 +492,7 @@ __global__ void __launch_bounds__(kBlock) hop1_kernel(const Hop1Params p) {
                         v[c][i] = col + i < row_valid ? Grad<DT>::one(p.grad, row_start + col + i) : 0.0f;
                 }
             }
+            if (!Rotate) key = compensate(v, old);
         } else {
 #pragma unroll
             for (int c = 0; c < kChunks; ++c)
@@ -485,18 +500,12 @@ __global__ void __launch_bounds__(kBlock) hop1_kernel(const Hop1Params p) {
                 for (int i = 0; i < 8; ++i) v[c][i] = 0.0f;
             zero_error(old);
         }
-        if (Rotate) {
+        if (Rotate) {  // every thread, inactive teams with zeros: the butterfly exchanges across the team
             apply_signs(v, signs);
             butterfly(v, lane, p.team_log2, Exchange<Rotate>::get());
             scale_all(v, p.hadamard_scale);
+            key = compensate(v, old);
         }
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                if (EBits != 0) v[c][i] = f_add(v[c][i], old.at(c, i));
-                key = max(key, abs_key(v[c][i]));
-            }
         uint8_t* data = p.out.data + slot * p.out.data_stride + (col0 >> 3) * Bits;
         float* scale = p.out.scale + slot * p.out.scale_stride + group;
         quantize_group<Bits, EBits>(v, old, key, active, lane, team, p.team_log2, data, scale, er, p.err.beta,
@@ -571,13 +580,7 @@ __global__ void __launch_bounds__(kBlock) hop2_kernel(const Hop2Params p) {
                 case 4: sum_blocks<4>(p.in, p.local, p.nodes, m, group, col0, lane, team, v); break;
                 default: sum_blocks<8>(p.in, p.local, p.nodes, m, group, col0, lane, team, v); break;
             }
-#pragma unroll
-            for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    if (EBits != 0) v[c][i] = f_add(v[c][i], old.at(c, i));
-                    key = max(key, abs_key(v[c][i]));
-                }
+            key = compensate(v, old);
         } else {
 #pragma unroll
             for (int c = 0; c < kChunks; ++c)
