@@ -2,7 +2,8 @@
 
 ``deepspeed-loco demo``: trains a small Llama-style byte-level model on bundled Shakespeare on 4 simulated
 ranks (2 nodes x 2) three ways: full-precision reduce-scatter, plain 4-bit qgZ and 4-bit qgZ + LoCo; prints
-a table and writes the loss curves as a PNG. On a CPU-only machine it uses gloo; with enough GPUs, NCCL.
+a table and writes the loss curves as a PNG. On a CPU-only machine it uses gloo; with a GPU per rank, NCCL;
+with ``--device cuda`` and fewer GPUs than ranks, the ranks share the GPUs round-robin and talk through gloo.
 """
 import argparse
 import dataclasses
@@ -19,22 +20,30 @@ def _demo_parser(sub) -> argparse.ArgumentParser:
                        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimizer steps per arm")
     p.add_argument("--model-size", choices=sorted(SIZES), default="small",
-                   help="named size; " + "; ".join(f"{k}: {v.layers}x{v.dim}, ctx {v.seq_len}" for k, v in SIZES.items()))
+                   help="named size; " + "; ".join(f"{k}: {v.layers}x{v.dim}, ctx {v.seq_len}"
+                                                   for k, v in SIZES.items()))
     p.add_argument("--layers", type=int, help="override the size's number of layers")
     p.add_argument("--dim", type=int, help="override the size's width")
     p.add_argument("--heads", type=int, help="override the size's attention heads")
     p.add_argument("--seq-len", type=int, help="override the size's context length (bytes)")
     p.add_argument("--micro-batch", type=int, default=8, help="sequences per rank per step")
     p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (warm-up, cosine decay)")
-    p.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 8), help="gradient bits of both qgZ hops")
+    p.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 8),
+                   help="gradient bits of both qgZ hops for the arms plain and loco")
     p.add_argument("--group-size", type=int, default=256, help="quantization group size")
     p.add_argument("--err-beta", type=float, default=0.8, help="LoCo's error moving-average weight")
     p.add_argument("--arms", default="full,plain,loco",
-                   help="comma list of full, plain, loco (with --bits) or plainN/locoN for N-bit arms")
+                   help="comma list of arms: full; plain, loco (both hops --bits); plainN, locoN (both hops N bits); "
+                        "locoI-O (intra-node I, inter-node O bits); a trailing h adds the Hadamard rotation "
+                        "(loco4h, plain8-2h); N, I, O in 2, 3, 4, 8")
     p.add_argument("--nodes", type=int, default=2, help="simulated nodes")
     p.add_argument("--local", type=int, default=2, help="ranks per simulated node")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto: CUDA (NCCL) if there is one GPU per rank, else CPU (gloo)")
+                   help="auto: CUDA if there is one GPU per rank, else CPU; cuda with fewer GPUs than ranks: the "
+                        "ranks share the GPUs round-robin")
+    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
+                   help="collectives; auto: NCCL on CUDA with one GPU per rank, else gloo (NCCL refuses two ranks "
+                        "on one GPU)")
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
                    help="training dtype; auto: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--seed", type=int, default=0, help="model initialisation and data order (same in every arm)")
@@ -48,13 +57,32 @@ def _demo_parser(sub) -> argparse.ArgumentParser:
 
 
 def resolve_device(requested: str, world_size: int) -> str:
-    import torch
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if requested == "cuda" and gpus < world_size:
-        raise SystemExit(f"--device cuda: {world_size} ranks need {world_size} GPUs on this host, found {gpus} "
-                         f"(lower --nodes/--local, or use --device cpu)")
+    """``--device``: auto is cuda when this host has a GPU per rank, else cpu; cuda needs at least one GPU.
+
+    With fewer GPUs than ranks, ``--device cuda`` puts several ranks on one GPU (see ``resolve_backend``).
+    """
+    from deepspeed_loco.demo.launcher import gpu_count
+    gpus = gpu_count()
+    if requested == "cuda" and gpus == 0:
+        raise SystemExit("--device cuda: no CUDA GPU on this host (use --device cpu)")
     if requested == "auto":
         return "cuda" if gpus >= world_size else "cpu"
+    return requested
+
+
+def resolve_backend(requested: str, device: str, world_size: int) -> str:
+    """``--backend``: auto is nccl on cuda with a GPU per rank, else gloo; nccl needs cuda and a GPU per rank."""
+    from deepspeed_loco.demo.launcher import gpu_count
+    if device == "cpu":
+        if requested == "nccl":
+            raise SystemExit("--backend nccl needs CUDA tensors: use --device cuda, or --backend gloo/auto")
+        return "gloo"
+    gpus = gpu_count()
+    if requested == "auto":
+        return "nccl" if gpus >= world_size else "gloo"
+    if requested == "nccl" and gpus < world_size:
+        raise SystemExit(f"--backend nccl: NCCL refuses two ranks on one GPU, and {world_size} ranks share {gpus} "
+                         f"GPU(s) here; use --backend gloo (or auto), or lower --nodes/--local")
     return requested
 
 
@@ -74,12 +102,13 @@ def spec_from_args(args) -> "RunSpec":  # noqa: F821
     try:
         arms = tuple(dataclasses.replace(a, seed=args.seed) for a in parse_arms(args.arms, args.bits))
     except ValueError as err:
-        raise SystemExit(str(err))
+        raise SystemExit(f"--arms: {err}")
     device = resolve_device(args.device, args.nodes * args.local)
+    backend = resolve_backend(args.backend, device, args.nodes * args.local)
     dtype = args.dtype if args.dtype != "auto" else ("bf16" if device == "cuda" else "fp32")
     return RunSpec(model=model, arms=arms, steps=args.steps, micro_batch=args.micro_batch, lr=args.lr,
                    warmup=max(1, args.steps // 10), group_size=args.group_size, err_beta=args.err_beta,
-                   nodes=args.nodes, local=args.local, device=device, dtype=dtype,
+                   nodes=args.nodes, local=args.local, device=device, backend=backend, dtype=dtype,
                    eval_every=max(1, min(args.eval_every, args.steps)), eval_windows=args.eval_windows,
                    out_dir=args.out, fidelity=not args.no_fidelity)
 

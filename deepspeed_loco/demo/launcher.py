@@ -16,6 +16,22 @@ class LaunchError(RuntimeError):
     """A worker failed; the message holds its traceback (or the tail of its log)."""
 
 
+def gpu_count() -> int:
+    """CUDA GPUs this process can use (0 without CUDA)."""
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_sharing_line(spec: RunSpec, gpus: int) -> Optional[str]:
+    """The line that says how the ranks of a CUDA ``spec`` share ``gpus`` GPUs; None when each has its own (or CPU)."""
+    if spec.device != "cuda" or gpus >= spec.world_size:
+        return None
+    most = -(-spec.world_size // gpus)
+    return (f"GPU sharing: {spec.world_size} ranks on {gpus} GPU{'s' if gpus > 1 else ''}, rank r on GPU r % {gpus} "
+            f"(up to {most} per GPU); collectives through {spec.backend} (NCCL refuses two ranks on one GPU), so step "
+            f"times include the sharing")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -26,8 +42,9 @@ def worker_env(spec: RunSpec, rank: int, port: int) -> Dict[str, str]:
     """The launcher variables of ``rank``, as torchrun would set them for ``nodes`` agents of ``local`` ranks.
 
     On CPU, ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` describe the simulated node (DeepSpeed's CPU accelerator reads
-    ``LOCAL_SIZE`` as its device count). On GPUs all ranks share this host, so ``LOCAL_RANK`` is the GPU index
-    and the simulated layout reaches LoCo through ``zeropp_loco_param.local_world_size``.
+    ``LOCAL_SIZE`` as its device count). On GPUs all ranks share this host: ``LOCAL_RANK`` is the rank here, and
+    the worker replaces it by the index of the GPU it takes (``rank % device_count``, where DeepSpeed's engine then
+    puts its tensors); the simulated layout reaches LoCo through ``zeropp_loco_param.local_world_size``.
     """
     env = {
         "MASTER_ADDR": "127.0.0.1",

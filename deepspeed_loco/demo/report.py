@@ -1,15 +1,24 @@
 """The demo's table and loss-curve PNG, from the workers' per-arm results."""
 import math
 import statistics
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
-from deepspeed_loco.demo.png import PALETTE, Panel, Series, line_chart
+from deepspeed_loco.demo.arms import Arm, record_arm
+from deepspeed_loco.demo.png import Color, Panel, Series, line_chart
 
-ARM_COLORS = {  # (kind, bits): plain qgZ in warm colours, LoCo in cool ones, darker for fewer bits
-    ("full", None): (20, 20, 20),
-    ("plain", 8): (240, 170, 40), ("plain", 4): (230, 120, 20), ("plain", 3): (205, 40, 40), ("plain", 2): (130, 60, 20),
+FULL_COLOR = (20, 20, 20)
+UNIFORM_COLORS = {  # (kind, bits) with equal bits on both hops: plain qgZ warm, LoCo cool, darker for fewer bits
+    ("plain", 8): (240, 170, 40), ("plain", 4): (230, 120, 20), ("plain", 3): (205, 40, 40),
+    ("plain", 2): (130, 60, 20),
     ("loco", 8): (90, 170, 240), ("loco", 4): (30, 100, 220), ("loco", 3): (0, 150, 150), ("loco", 2): (120, 40, 180),
 }
+MIXED_COLORS = {  # (kind, inter-node bits) with other intra-node bits: plain qgZ olive, LoCo green
+    ("plain", 8): (200, 190, 60), ("plain", 4): (170, 160, 0), ("plain", 3): (140, 130, 0),
+    ("plain", 2): (110, 100, 0),
+    ("loco", 8): (110, 200, 110), ("loco", 4): (60, 170, 60), ("loco", 3): (20, 130, 50), ("loco", 2): (0, 90, 40),
+}
+HADAMARD_WHITE = 0.45  # a Hadamard arm has its arm's colour mixed with this share of white
 
 
 def human_bytes(n: Optional[float]) -> str:
@@ -69,16 +78,17 @@ def gap_closed(full: Optional[float], plain: Optional[float], loco: Optional[flo
 
 
 def summary_lines(results: Sequence[dict]) -> List[str]:
-    """What the numbers say, per bit width present, in words (single run: no claim below seed noise)."""
+    """What the numbers say, per LoCo arm whose plain twin ran, in words (single run: no claim below seed noise)."""
     by_key: Dict[str, dict] = {r["key"]: r for r in results}
     full = by_key.get("full")
     lines = []
-    for bits in sorted({r["arm"]["bits"] for r in results if r["arm"]["kind"] != "full"}):
-        plain, loco = by_key.get(f"plain{bits}"), by_key.get(f"loco{bits}")
-        if plain is None or loco is None:
+    for loco in results:
+        arm = record_arm(loco)
+        plain = by_key.get(replace(arm, kind="plain").key) if arm.kind == "loco" else None
+        if plain is None:
             continue
         diff = plain["val_loss"] - loco["val_loss"]
-        text = (f"{bits}-bit: validation loss plain {plain['val_loss']:.4f}, LoCo {loco['val_loss']:.4f} "
+        text = (f"{arm.variant}: validation loss plain {plain['val_loss']:.4f}, LoCo {loco['val_loss']:.4f} "
                 f"(LoCo {'lower' if diff > 0 else 'higher'} by {abs(diff):.4f})")
         if full is not None:
             share = gap_closed(full["val_loss"], plain["val_loss"], loco["val_loss"])
@@ -107,8 +117,15 @@ def ema(values: Sequence[float], decay: float = 0.9) -> List[float]:
     return out
 
 
-def _color(arm: dict):
-    return ARM_COLORS.get((arm["kind"], None if arm["kind"] == "full" else arm["bits"]), (120, 120, 120))
+def arm_color(arm: Arm) -> Color:
+    """Black for full precision, else by kind and bits (``UNIFORM_COLORS``, ``MIXED_COLORS``); paler with Hadamard."""
+    if arm.kind == "full":
+        return FULL_COLOR
+    table = UNIFORM_COLORS if arm.intra_bits == arm.inter_bits else MIXED_COLORS
+    color = table[(arm.kind, arm.inter_bits)]
+    if not arm.hadamard:
+        return color
+    return tuple(round(c + HADAMARD_WHITE * (255 - c)) for c in color)
 
 
 def plot(results: Sequence[dict], title: str = "") -> bytes:
@@ -116,7 +133,7 @@ def plot(results: Sequence[dict], title: str = "") -> bytes:
     train, val, err = [], [], []
     skip = 0
     for r in results:
-        color, label = _color(r["arm"]), r["label"]
+        color, label = arm_color(record_arm(r)), r["label"]
         losses = r["train_losses"]
         skip = max(skip, len(losses) // 10)
         train.append(Series(label, list(enumerate(ema(losses), start=1)), color))

@@ -7,21 +7,24 @@ from typing import List, Optional
 
 from deepspeed_loco.demo.arms import RunSpec
 from deepspeed_loco.demo.data import TRAIN_PLAYS, VALIDATION_PLAYS
-from deepspeed_loco.demo.launcher import launch
+from deepspeed_loco.demo.launcher import gpu_count, gpu_sharing_line, launch
 from deepspeed_loco.demo.model import ByteLlama, count_parameters
 from deepspeed_loco.demo.report import format_table, plot, summary_lines, table_rows
 
 
 def describe(spec: RunSpec) -> str:
+    """The model, world, data and, when ranks share GPUs, a line saying so."""
     m = spec.model
     params = count_parameters(ByteLlama(m))
-    where = "NCCL on CUDA" if spec.device == "cuda" else "gloo on CPU"
+    where = f"{'NCCL' if spec.backend == 'nccl' else 'gloo'} on {'CUDA' if spec.device == 'cuda' else 'CPU'}"
+    sharing = gpu_sharing_line(spec, gpu_count())
     return (f"model: Llama-style byte LM, {m.layers} layers x {m.dim} wide, {m.heads} heads, context {m.seq_len} "
             f"({params / 1e6:.2f}M parameters, {spec.dtype})\n"
             f"world: {spec.world_size} ranks = {spec.nodes} nodes x {spec.local} ranks per node (simulated on this "
             f"machine, {where}); ZeRO-3, AdamW lr {spec.lr:g}, global batch {spec.global_batch} x {m.seq_len} bytes, "
             f"{spec.steps} steps per arm\n"
-            f"data: train on {', '.join(TRAIN_PLAYS)}; validate on held-out {', '.join(VALIDATION_PLAYS)}")
+            f"data: train on {', '.join(TRAIN_PLAYS)}; validate on held-out {', '.join(VALIDATION_PLAYS)}"
+            + (f"\n{sharing}" if sharing else ""))
 
 
 class _Progress:

@@ -78,18 +78,21 @@ def _run(rank: int, spec, queue) -> None:
         ds_logger.addHandler(handler)
         logging.getLogger("deepspeed_loco").addHandler(handler)
         logging.getLogger("deepspeed_loco").setLevel(logging.INFO)
-    backend = "nccl" if spec.device == "cuda" else "gloo"
     if spec.device == "cpu":
         # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce op at start-up (a minute or more of C++
         # on a fresh 2-core machine) that only its inference all-reduce uses; the demo's collectives are gloo's.
         import deepspeed.ops
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    if spec.device == "cuda":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False,
+    where = "cpu"
+    if spec.device == "cuda":  # round-robin: with fewer GPUs than ranks, several ranks share one (over gloo)
+        gpu = rank % torch.cuda.device_count()
+        torch.cuda.set_device(gpu)
+        os.environ["LOCAL_RANK"] = str(gpu)  # DeepSpeed's engine puts its tensors on cuda:LOCAL_RANK
+        where = f"cuda:{gpu}"
+    deepspeed.init_distributed(dist_backend=spec.backend, auto_mpi_discovery=False, verbose=False,
                                timeout=timedelta(minutes=10))
     world = dist.get_world_size()
-    _note(f"process group up: rank {rank} of {world} ({backend})")
+    _note(f"process group up: rank {rank} of {world} ({spec.backend}, {where})")
     if world != spec.world_size:
         raise RuntimeError(f"world size {world} != {spec.nodes} nodes x {spec.local} ranks")
     corpus = ByteCorpus()

@@ -2,16 +2,17 @@
 import pytest
 
 from deepspeed_loco import cli
-from deepspeed_loco.demo.arms import Arm, RunSpec, ds_config, parse_arms
+from deepspeed_loco.demo.arms import RunSpec, ds_config, parse_arm, parse_arms
 from deepspeed_loco.demo.model import SIZES
-from deepspeed_loco.demo.report import format_table, gap_closed, human_bytes, summary_lines, table_rows
+from deepspeed_loco.demo.report import (UNIFORM_COLORS, arm_color, format_table, gap_closed, human_bytes,
+                                        summary_lines, table_rows)
 
 
-def _result(kind, bits, val, sum_err=None):
-    arm = Arm(kind, bits)
+def _result(token, val, sum_err=None):
+    arm = parse_arm(token)
     return {"arm": arm.to_dict(), "key": arm.key, "label": arm.label, "train_loss": val + 0.1, "val_loss": val,
-            "step_time_s": 0.5, "bytes_per_step": 1000.0 if kind == "full" else 150.0,
-            "full_precision_bytes_per_step": 1000.0, "error_buffer_bytes": 2048 if kind == "loco" else 0,
+            "step_time_s": 0.5, "bytes_per_step": 1000.0 if arm.kind == "full" else 150.0,
+            "full_precision_bytes_per_step": 1000.0, "error_buffer_bytes": 2048 if arm.kind == "loco" else 0,
             "fidelity": {"grad_rel_error_mean": 0.1, "sum_rel_error_final": sum_err}}
 
 
@@ -22,7 +23,7 @@ def test_gap_closed():
 
 
 def test_table_and_summary():
-    results = [_result("full", 4, 2.0, 1e-8), _result("plain", 4, 2.2, 0.2), _result("loco", 4, 2.1, 0.02)]
+    results = [_result("full", 2.0, 1e-8), _result("plain4", 2.2, 0.2), _result("loco4", 2.1, 0.02)]
     rows = table_rows(results)
     assert rows[0][:3] == ["arm", "train loss", "val loss"]
     assert [r[0] for r in rows[1:]] == ["full precision", "qgZ 4-bit", "qgZ 4-bit + LoCo"]
@@ -32,6 +33,21 @@ def test_table_and_summary():
     summary = "\n".join(summary_lines(results))
     assert "+50%" in summary and "seed noise" in summary
     assert human_bytes(3 * 2**20) == "3.00 MiB"
+
+
+def test_summary_pairs_each_loco_arm_with_its_plain_twin():
+    results = [_result("full", 2.0), _result("plain8-2h", 2.4), _result("loco8-2h", 2.1), _result("loco2", 2.3)]
+    lines = summary_lines(results)
+    assert lines[0].startswith("8/2-bit + Hadamard: validation loss plain 2.4000, LoCo 2.1000 (LoCo lower by 0.3000)")
+    assert lines[0].endswith("share of that gap LoCo closes: +75%")
+    assert not any(line.startswith("2-bit") for line in lines)  # loco2 has no plain2 here
+
+
+def test_arm_colors():
+    assert arm_color(parse_arm("loco4")) == UNIFORM_COLORS[("loco", 4)]
+    assert arm_color(parse_arm("plain2h")) == tuple(round(c + 0.45 * (255 - c)) for c in UNIFORM_COLORS[("plain", 2)])
+    colors = {arm_color(parse_arm(t)) for t in ("full", "plain8-2", "loco8-2", "loco8-4", "loco8-2h", "loco2")}
+    assert len(colors) == 6
 
 
 def test_parse_arms_and_configs():
@@ -59,7 +75,7 @@ def test_cli_flags_to_spec():
                               "--nodes", "3", "--device", "cpu", "--seed", "4"])
     spec = cli.spec_from_args(args)
     assert spec.steps == 7 and spec.model.dim == 48 and spec.model.layers == SIZES["tiny"].layers
-    assert spec.world_size == 6 and spec.device == "cpu" and spec.dtype == "fp32"
+    assert spec.world_size == 6 and spec.device == "cpu" and spec.backend == "gloo" and spec.dtype == "fp32"
     assert [a.key for a in spec.arms] == ["full", "plain2", "loco2"] and all(a.seed == 4 for a in spec.arms)
     with pytest.raises(SystemExit):
         cli.spec_from_args(parser.parse_args(["demo", "--dim", "30", "--heads", "4"]))
