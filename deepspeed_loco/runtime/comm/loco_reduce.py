@@ -1,5 +1,4 @@
 """The LoCo reduce-scatter of a bucket of gradients: two quantized all-to-all hops with error feedback."""
-import logging
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -12,16 +11,47 @@ from deepspeed_loco.ops.loco_reference import padded_partition_size
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.comm.wire import WireLayout
 from deepspeed_loco.runtime.zero.error_feedback import ErrorFeedbackState
-
-logger = logging.getLogger("deepspeed_loco")  # configured by deepspeed_loco.utils.logging when the hook is in use
+from deepspeed_loco.utils.logging import logger
 
 
 @dataclass
 class WireStats:
-    """Bytes this rank put on each hop's wire (its own block, which stays local, not counted)."""
+    """What this rank put on each hop's wire; its own block, which stays local, is not counted.
+
+    ``intra_bytes`` / ``inter_bytes``: packed values and their fp32 scales sent on the intra-node (hop 1) and
+    inter-node (hop 2) all-to-all. ``intra_elements`` / ``inter_elements``: the gradient values those bytes carry,
+    partition padding included, so ``*_bytes_per_element`` is the hop's cost, ``bits / 8 + 4 / group_size``
+    (:func:`~deepspeed_loco.runtime.comm.wire.wire_bytes_per_element`). ``reduces``: buckets reduced.
+    """
     intra_bytes: int = 0
     inter_bytes: int = 0
     reduces: int = 0
+    intra_elements: int = 0
+    inter_elements: int = 0
+
+    @property
+    def intra_bytes_per_element(self) -> float:
+        """Bytes per element sent on the intra-node wire; 0.0 while nothing was sent on it."""
+        return _per_element(self.intra_bytes, self.intra_elements)
+
+    @property
+    def inter_bytes_per_element(self) -> float:
+        """Bytes per element sent on the inter-node wire; 0.0 while nothing was sent on it."""
+        return _per_element(self.inter_bytes, self.inter_elements)
+
+    def sent_intra(self, rows: int, layout: WireLayout) -> None:
+        """Counts ``rows`` rows of ``layout`` sent on the intra-node wire."""
+        self.intra_bytes += rows * layout.row_bytes
+        self.intra_elements += rows * layout.columns
+
+    def sent_inter(self, rows: int, layout: WireLayout) -> None:
+        """Counts ``rows`` rows of ``layout`` sent on the inter-node wire."""
+        self.inter_bytes += rows * layout.row_bytes
+        self.inter_elements += rows * layout.columns
+
+
+def _per_element(num_bytes: int, elements: int) -> float:
+    return num_bytes / elements if elements else 0.0
 
 
 class LocoReducer:
@@ -44,7 +74,7 @@ class LocoReducer:
                        grads: Optional[Sequence[torch.Tensor]] = None) -> List[torch.Tensor]:
         """``params``' gradients (``grads``, default each ``p.grad``) to this rank's mean partitions."""
         grads = [p.grad for p in params] if grads is None else list(grads)
-        topo, cfg = self.topology, self.config
+        topo = self.topology
         for param, grad in zip(params, grads):
             if grad is None:
                 raise ValueError(f"LoCo reduce: parameter {_name(param)} has no gradient to reduce")
@@ -82,7 +112,7 @@ class LocoReducer:
                               cfg.group_size, *hop1.views(send1, i, offset), hadamard=cfg.hadamard)
             recv1 = torch.empty_like(send1)
             dist.all_to_all_single(recv1, send1, group=topo.intra_group)
-            self.stats.intra_bytes += (topo.local_size - 1) * topo.num_nodes * hop1.row_bytes
+            self.stats.sent_intra((topo.local_size - 1) * topo.num_nodes, hop1)  # all but the M rows this rank keeps
             if topo.num_nodes == 1:
                 return self._final(kernels, hop1, recv1, grads)
 
@@ -99,7 +129,7 @@ class LocoReducer:
                               cfg.group_size, *out)
         recv2 = torch.empty_like(send2)
         dist.all_to_all_single(recv2, send2, group=topo.inter_group)
-        self.stats.inter_bytes += (topo.num_nodes - 1) * hop2.row_bytes
+        self.stats.sent_inter(topo.num_nodes - 1, hop2)  # all but the row this rank keeps
         return self._final(kernels, hop2, recv2, grads)
 
     def _final(self, kernels, layout: WireLayout, received: torch.Tensor,

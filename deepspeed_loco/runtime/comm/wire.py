@@ -1,4 +1,5 @@
-"""Byte layout of one bucket on the wire: per row, the packed data of all parameters, then their fp32 scales."""
+"""Byte layout of one bucket on the wire: per row, the packed data of all parameters, then their fp32 scales; and
+what one gradient element costs on a hop's wire."""
 from dataclasses import dataclass
 from typing import Sequence, Tuple
 
@@ -47,3 +48,14 @@ class WireLayout:
         scales = buffer[:, self.data_bytes:].view(torch.float32)
         first = offset // self.group_size
         return data, scales[:, first:first + width // self.group_size]
+
+
+def wire_bytes_per_element(bits: int, group_size: int) -> float:
+    """Bytes one gradient element costs on a hop's wire: ``bits / 8`` of packed value plus its share of the group's
+    fp32 scale, ``4 / group_size``. Exact for whole groups, which is all a hop ever sends."""
+    return bits / 8 + SCALE_BYTES / group_size
+
+
+def describe_hop_cost(bits: int, group_size: int) -> str:
+    """A hop's cost for the start-up line, e.g. ``"0.516 B (4-bit + fp32 scale/256)"``."""
+    return f"{wire_bytes_per_element(bits, group_size):.3f} B ({bits}-bit + fp32 scale/{group_size})"

@@ -22,7 +22,6 @@ come from a process-wide counter (``deepspeed.zero.Init.param_id``), so the same
 process (an in-process restart, a second engine) gets different ds_ids. The ds_id is saved for information only.
 """
 import inspect
-import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -30,10 +29,7 @@ import torch
 import torch.distributed as dist
 
 from deepspeed_loco.ops.loco_reference import padded_partition_size
-
-# the ``deepspeed_loco`` logger, configured by ``deepspeed_loco.utils.logging`` once the hook is imported; not
-# imported here, so that importing this module leaves the logger (and test log capture) as it is
-logger = logging.getLogger("deepspeed_loco")
+from deepspeed_loco.utils.logging import logger
 
 STATE_KEY = "deepspeed_loco"
 FORMAT = "deepspeed_loco.error_feedback"

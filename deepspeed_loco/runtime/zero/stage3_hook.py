@@ -21,6 +21,7 @@ from deepspeed_loco.ops.loco_reference import padded_partition_size
 from deepspeed_loco.ops.quantizer import SCALE_BYTES
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
+from deepspeed_loco.runtime.comm.wire import describe_hop_cost
 from deepspeed_loco.runtime.zero import checkpoint
 from deepspeed_loco.runtime.zero.error_feedback import ErrorFeedbackState
 from deepspeed_loco.utils.logging import log_rank0, logger
@@ -53,6 +54,16 @@ def resolve_local_size(config: LocoConfig, world_size: int) -> int:
         if os.environ.get(var):
             return int(os.environ[var])
     return min(get_accelerator().device_count(), world_size) or 1
+
+
+def describe_wire(config: LocoConfig, topology: LocoTopology) -> str:
+    """The start-up line's wire figures: bytes per gradient element each hop puts on the wire, scales included, or
+    ``n/a`` for a hop this layout does not have (``L == 1``: no intra-node hop; ``M == 1``: no inter-node hop)."""
+    hops = (("intra-node", topology.local_size > 1, config.intra_node_bits),
+            ("inter-node", topology.num_nodes > 1, config.inter_node_bits))
+    figures = (f"{name} {describe_hop_cost(bits, config.group_size) if present else 'n/a'}"
+               for name, present, bits in hops)
+    return "wire per element: " + ", ".join(figures)
 
 
 class LocoHook:
@@ -106,7 +117,8 @@ class LocoHook:
         elif opt.loss_scale != scale_before:
             self.state.rescale(opt.loss_scale / scale_before)
         if self.state.on_optimizer_step():
-            logger.debug(f"LoCo: error buffers reset at optimizer step {self.state.step} (reset_T={self.config.reset_T})")
+            logger.debug(f"LoCo: error buffers reset at optimizer step {self.state.step} "
+                         f"(reset_T={self.config.reset_T})")
         return result
 
     def planned_buffer_bytes(self, params) -> int:
@@ -124,6 +136,8 @@ class LocoHook:
         return total
 
     def describe(self, params) -> str:
+        """The start-up line: mode, layout, bits, group size, hadamard, the wire cost of each hop
+        (:func:`describe_wire`), ``err_beta``/``reset_T``, this rank's error-buffer memory and the kernels."""
         topo, cfg = self.topology, self.config
         numel = sum(getattr(p, "ds_numel", p.numel()) for p in params)
         buffer_bytes = self.planned_buffer_bytes(params)
@@ -131,7 +145,8 @@ class LocoHook:
         kernels = getattr(kernels, "__name__", type(kernels).__name__).rsplit(".", 1)[-1]
         mode = "LoCo error feedback" if cfg.error_feedback else "plain qgZ (error feedback off)"
         return (f"deepspeed-loco active: {mode}; {topo.describe()}; bits intra/inter {cfg.intra_node_bits}/"
-                f"{cfg.inter_node_bits}, group {cfg.group_size}; err_beta {cfg.err_beta}, reset_T {cfg.reset_T}; "
+                f"{cfg.inter_node_bits}, group {cfg.group_size}, hadamard {'on' if cfg.hadamard else 'off'}; "
+                f"{describe_wire(cfg, topo)}; err_beta {cfg.err_beta}, reset_T {cfg.reset_T}; "
                 f"error buffers {buffer_bytes / 2**20:.2f} MiB ({buffer_bytes / max(numel, 1):.3f} B per parameter "
                 f"element, int{cfg.error_bits}) on this rank; kernels: {kernels}")
 

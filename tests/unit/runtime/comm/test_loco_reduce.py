@@ -8,6 +8,7 @@ from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.ops.quantizer import qmax
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
+from deepspeed_loco.runtime.comm.wire import wire_bytes_per_element
 
 SHAPES = [(7, ), (33, 5), (64, 64), (1000, 3)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -159,6 +160,16 @@ def check_hadamard_matches_exact_mean(local_size):
     return worst, failures
 
 
+def check_wire_stats(local_size, intra_bits, inter_bits, reduces):
+    """The reducer's telemetry after ``reduces`` reduces of the same bucket."""
+    topo = LocoTopology.build(local_size=local_size)
+    cfg = LocoConfig(group_size=GROUP, intra_node_bits=intra_bits, inter_node_bits=inter_bits)
+    reducer = LocoReducer(cfg, topo)
+    for _ in range(reduces):
+        reducer.reduce_scatter(_holders(), _grads(topo.rank, torch.float32, 5))
+    return reducer.stats
+
+
 def check_bad_layout_is_rejected(local_size):
     try:
         LocoTopology.build(local_size=local_size)
@@ -203,3 +214,21 @@ def test_error_feedback_removes_the_bias_of_repeated_quantization(process_pool, 
 def test_layout_that_does_not_tile_the_world_is_a_clear_error(process_pool, world, local):
     messages = process_pool(world).run(check_bad_layout_is_rejected, local)
     assert all(m is not None and f"local_world_size = {local}" in m and str(world) in m for m in messages)
+
+
+@pytest.mark.parametrize("nodes,local", [(2, 2), (1, 4), (4, 1)])
+def test_telemetry_counts_the_bytes_per_element_of_each_hop_scales_included(process_pool, nodes, local):
+    world, intra_bits, inter_bits, reduces = nodes * local, 8, 2, 2
+    # every parameter's partition padded to whole groups: the columns of one row on either wire
+    columns = sum(ref.padded_partition_size(torch.Size(shape).numel(), world, GROUP) for shape in SHAPES)
+    for stats in process_pool(world).run(check_wire_stats, local, intra_bits, inter_bits, reduces):
+        assert stats.reduces == reduces
+        # hop 1 sends all but the M rows a rank keeps, hop 2 all but one row
+        assert stats.intra_elements == reduces * (local - 1) * nodes * columns
+        assert stats.inter_elements == reduces * (nodes - 1) * columns
+        intra = wire_bytes_per_element(intra_bits, GROUP) if local > 1 else 0.0
+        inter = wire_bytes_per_element(inter_bits, GROUP) if nodes > 1 else 0.0
+        assert (stats.intra_bytes_per_element, stats.inter_bytes_per_element) == (intra, inter)
+        assert stats.intra_bytes == intra * stats.intra_elements and stats.inter_bytes == inter * stats.inter_elements
+    assert wire_bytes_per_element(intra_bits, GROUP) == 8 / 8 + 4 / GROUP == 1.125  # the figures, spelled out
+    assert wire_bytes_per_element(inter_bits, GROUP) == 2 / 8 + 4 / GROUP == 0.375

@@ -16,6 +16,7 @@ from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.zero import checkpoint
 from deepspeed_loco.runtime.zero.checkpoint import LocoCheckpointError, LocoCheckpointMismatch
 from deepspeed_loco.runtime.zero.error_feedback import PARAM_ATTRIBUTE, ErrorFeedbackState
+from deepspeed_loco.utils.logging import logger
 
 WORLD = 4
 K = 5  # steps before the checkpoint
@@ -135,12 +136,11 @@ class _Records(logging.Handler):
 @contextmanager
 def loco_warnings():
     handler = _Records()
-    log = logging.getLogger("deepspeed_loco")
-    log.addHandler(handler)
+    logger.addHandler(handler)
     try:
         yield handler.messages
     finally:
-        log.removeHandler(handler)
+        logger.removeHandler(handler)
 
 
 def rewrite_zero_file(engine, src, dst, edit):

@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from deepspeed_loco.config import LocoConfigError
+from deepspeed_loco.config import LocoConfig, LocoConfigError
+from deepspeed_loco.runtime.comm.topology import LocoTopology
 from tests.unit.process_pool import free_port
 
 WORLD = 4
@@ -76,7 +77,6 @@ def _buffers_state(hook):
 
 def train(arm, dtype="fp32", accum=1, steps=STEPS, loco=None, poison_step=None):
     """Trains the tiny model; returns losses, the final parameters and what the LoCo hook saw at each step."""
-    import deepspeed
     import deepspeed_loco
     if dtype == "fp16":
         _allow_fp16_on_cpu()
@@ -105,7 +105,8 @@ def train(arm, dtype="fp32", accum=1, steps=STEPS, loco=None, poison_step=None):
     torch.distributed.all_gather(everyone, params)
     spread = max(float((p - params).abs().max()) for p in everyone)
     return {"losses": losses, "params": params, "rank_spread": spread, "trace": trace,
-            "stats": hook.reducer.stats if hook else None}
+            "stats": hook.reducer.stats if hook else None,
+            "startup": hook.describe([p for p in engine.module.parameters() if p.requires_grad]) if hook else None}
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +134,26 @@ def test_quantized_arms_send_quantized_bytes_through_both_hops(arms):
     for arm in ("plain", "loco"):
         stats = arms[arm][0]["stats"]
         assert stats.reduces >= STEPS and stats.intra_bytes > 0 and stats.inter_bytes > 0
+
+
+def test_start_up_line_and_telemetry_report_the_wire_bytes_per_element_of_each_hop(arms):
+    # 4-bit values and one fp32 scale per group of 32 on both hops: 0.5 + 4/32 bytes per element
+    for arm in ("plain", "loco"):
+        result = arms[arm][0]
+        assert "; W=4 (M=2 nodes x L=2 ranks); bits intra/inter 4/4, group 32, hadamard off; wire per element: " \
+               "intra-node 0.625 B (4-bit + fp32 scale/32), inter-node 0.625 B (4-bit + fp32 scale/32); " \
+               "err_beta" in result["startup"]
+        assert result["stats"].intra_bytes_per_element == result["stats"].inter_bytes_per_element == 0.625
+
+
+@pytest.mark.parametrize("nodes,local,expected", [
+    (1, 4, "intra-node 1.125 B (8-bit + fp32 scale/32), inter-node n/a"),
+    (4, 1, "intra-node n/a, inter-node 0.375 B (2-bit + fp32 scale/32)"),
+])
+def test_start_up_line_says_n_a_for_a_hop_the_layout_does_not_have(nodes, local, expected):
+    from deepspeed_loco.runtime.zero.stage3_hook import describe_wire
+    config = LocoConfig(group_size=32, intra_node_bits=8, inter_node_bits=2)
+    assert describe_wire(config, LocoTopology(nodes * local, local, 0)) == f"wire per element: {expected}"
 
 
 def test_plain_arm_holds_no_error_buffers_and_loco_does(arms):
@@ -222,5 +243,9 @@ def test_unmodified_script_runs_with_loco_through_the_module_runner(tmp_path):
     # generous: on a fresh machine DeepSpeed first JIT-builds its CPU shared-memory op here (cached afterwards)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "deepspeed-loco active: LoCo error feedback; W=4 (M=2 nodes x L=2 ranks)" in proc.stdout + proc.stderr
+    startup = [line for line in (proc.stdout + proc.stderr).splitlines() if "deepspeed-loco active" in line]
+    assert len(startup) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # rank 0 only, printed once by default
+    assert "deepspeed-loco active: LoCo error feedback; W=4 (M=2 nodes x L=2 ranks)" in startup[0]
+    assert "hadamard off; wire per element: intra-node 0.625 B (4-bit + fp32 scale/32), inter-node 0.625 B" \
+        in startup[0]
     assert "final loss" in proc.stdout
