@@ -89,8 +89,13 @@ def _run(rank: int, spec, queue) -> None:
         torch.cuda.set_device(gpu)
         os.environ["LOCAL_RANK"] = str(gpu)  # DeepSpeed's engine puts its tensors on cuda:LOCAL_RANK
         where = f"cuda:{gpu}"
-    deepspeed.init_distributed(dist_backend=spec.backend, auto_mpi_discovery=False, verbose=False,
-                               timeout=timedelta(minutes=10))
+    timeout = timedelta(minutes=10)
+    if spec.device == "cuda" and spec.backend == "gloo":
+        # DeepSpeed binds the default group to the rank's GPU on CUDA (init_process_group(device_id=...)), which
+        # makes torch build every later group by splitting it, an operation gloo groups lack. Start the group
+        # unbound here; deepspeed.init_distributed then adopts it.
+        dist.init_process_group("gloo", timeout=timeout, rank=rank, world_size=spec.world_size)
+    deepspeed.init_distributed(dist_backend=spec.backend, auto_mpi_discovery=False, verbose=False, timeout=timeout)
     world = dist.get_world_size()
     _note(f"process group up: rank {rank} of {world} ({spec.backend}, {where})")
     if world != spec.world_size:
