@@ -152,13 +152,14 @@ def wire_bits(bits, group_size):
 def summarize(args) -> str:
     """Rebuilds ``summary.md`` and the PNGs from ``runs.jsonl``; returns the summary's text.
 
-    The summary holds the setup, one row per arm over its seeds, the plain-vs-LoCo gap per quantization, and issue 8's
+    Only runs of ``args.seeds`` count, so every arm is compared over the same seeds (extra seeds of some arms
+    stay in ``runs.jsonl``). The summary holds the setup, one row per arm over its seeds, the plain-vs-LoCo gap per quantization, and issue 8's
     bits-per-link table with its goals. Of each record it reads ``key``, ``arm.seed``, ``label``, ``setup`` and the
     measurements, so records from before the per-link arms (whose ``arm`` holds one ``bits``) are read alike.
     """
-    runs = load_runs(os.path.join(args.out, "runs.jsonl"))
+    runs = [r for r in load_runs(os.path.join(args.out, "runs.jsonl")) if r["arm"]["seed"] in args.seeds]
     if not runs:
-        raise SystemExit(f"no runs in {args.out}/runs.jsonl")
+        raise SystemExit(f"no runs of seeds {args.seeds} in {args.out}/runs.jsonl")
     by = {}
     for r in runs:
         by.setdefault(r["key"], {})[r["arm"]["seed"]] = r
