@@ -114,43 +114,30 @@ def _run_hop1(cuda, grad, world, local, error, beta, bits, group_size, seed, had
 
 
 def _hop1_cases():
-    """dtype x (W, L) x bits x error x group size; the shape cycles so that each appears with every other value."""
+    """Unrotated: dtype x (W, L) x bits x error x group size, the shape cycling. Rotated (Hadamard): dtype x bits x
+    error x group size of every team width (2 .. 256 threads), layouts and shapes cycling."""
     cases = []
     for i, (dtype, (world, local), bits, (error_bits, beta), group_size) in enumerate(
             itertools.product(DTYPES, LAYOUTS, BITS, ERRORS, GROUPS)):
-        cases.append((dtype, world, local, bits, error_bits, beta, group_size, SHAPES[(i + i // 3) % len(SHAPES)]))
-    return cases
-
-
-@pytest.mark.parametrize("dtype,world,local,bits,error_bits,beta,group_size,shape", _hop1_cases())
-def test_hop1_matches_reference(cuda, dtype, world, local, bits, error_bits, beta, group_size, shape):
-    gen, seed = _generator()
-    numel = torch.Size(shape).numel()
-    grad = _values(numel, gen).view(shape).to(dtype)
-    cols = ref.padded_partition_size(numel, world, group_size)
-    error = _error_buffer(world, cols, group_size, error_bits, gen)
-    _run_hop1(cuda, grad, world, local, error, beta, bits, group_size, seed)
-
-
-def _hop1_hadamard_cases():
-    """dtype x bits x error x group size (every team width), layouts and shapes cycling."""
-    cases = []
+        cases.append((dtype, world, local, bits, error_bits, beta, group_size, SHAPES[(i + i // 3) % len(SHAPES)],
+                      False))
     for i, (dtype, bits, (error_bits, beta), group_size) in enumerate(
             itertools.product(DTYPES, BITS, ERRORS, HADAMARD_GROUPS)):
         world, local = LAYOUTS[i % len(LAYOUTS)]
-        cases.append((dtype, world, local, bits, error_bits, beta, group_size, SHAPES[(i + i // 4) % len(SHAPES)]))
+        cases.append((dtype, world, local, bits, error_bits, beta, group_size, SHAPES[(i + i // 4) % len(SHAPES)],
+                      True))
     return cases
 
 
-@pytest.mark.parametrize("dtype,world,local,bits,error_bits,beta,group_size,shape", _hop1_hadamard_cases())
-def test_hop1_with_hadamard_matches_reference(cuda, dtype, world, local, bits, error_bits, beta, group_size, shape):
-    """The rotation fused into hop 1: same packed data, scales and error (in the rotated basis) as the reference."""
+@pytest.mark.parametrize("dtype,world,local,bits,error_bits,beta,group_size,shape,hadamard", _hop1_cases())
+def test_hop1_matches_reference(cuda, dtype, world, local, bits, error_bits, beta, group_size, shape, hadamard):
+    """Packed data, scales and error (in the rotated basis with Hadamard) identical to the reference."""
     gen, seed = _generator()
     numel = torch.Size(shape).numel()
     grad = _values(numel, gen).view(shape).to(dtype)
     cols = ref.padded_partition_size(numel, world, group_size)
     error = _error_buffer(world, cols, group_size, error_bits, gen)
-    _run_hop1(cuda, grad, world, local, error, beta, bits, group_size, seed, hadamard=True)
+    _run_hop1(cuda, grad, world, local, error, beta, bits, group_size, seed, hadamard=hadamard)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
