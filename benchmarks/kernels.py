@@ -83,6 +83,14 @@ def parse_config(text):
     return intra, inter, hadamard
 
 
+def random_error(rows, cols):
+    """A CUDA int8 error buffer ``(rows, cols)`` with random values and scales (timing on zeros can flatter a kernel)."""
+    error = ErrorBuffer.zeros(rows, cols, GROUP, 8, "cuda")
+    error.values.random_(-127, 128)
+    error.scale.uniform_(0, 1e-3)
+    return error
+
+
 def loco_cases(shape, dtype, config):
     """``(name, fn(i), sets, bytes, transient_fn)`` for the fused kernels on one gradient shape and one
     ``config`` (see :func:`parse_config`): hop 1 sends ``intra`` bits, hop 2 ``inter`` bits."""
@@ -98,12 +106,7 @@ def loco_cases(shape, dtype, config):
     hop1_set_bytes = grad_bytes + err_bytes(WORLD) + wire_bytes(WORLD, intra)
     sets = copies(hop1_set_bytes)
     grads = [torch.randn(shape, device="cuda", dtype=dtype) for _ in range(sets)]
-    errors = []
-    for _ in range(sets):
-        error = ErrorBuffer.zeros(WORLD, cols, GROUP, 8, "cuda")
-        error.values.random_(-127, 128)
-        error.scale.uniform_(0, 1e-3)
-        errors.append(error)
+    errors = [random_error(WORLD, cols) for _ in range(sets)]
     outs = [(torch.empty(WORLD, cols * intra // 8, dtype=torch.uint8, device="cuda"),
              torch.empty(WORLD, groups, device="cuda")) for _ in range(sets)]
     hop1 = lambda i: loco_cuda.hop1_(grads[i], WORLD, LOCAL, errors[i], BETA, intra, GROUP, *outs[i],
@@ -121,12 +124,7 @@ def loco_cases(shape, dtype, config):
     for i in range(sets):
         hop1(i)
     recv = outs
-    errors2 = []
-    for _ in range(sets):
-        error = ErrorBuffer.zeros(NODES, cols, GROUP, 8, "cuda")
-        error.values.random_(-127, 128)
-        error.scale.uniform_(0, 1e-3)
-        errors2.append(error)
+    errors2 = [random_error(NODES, cols) for _ in range(sets)]
     outs2 = [(torch.empty(NODES, cols * inter // 8, dtype=torch.uint8, device="cuda"),
               torch.empty(NODES, groups, device="cuda")) for _ in range(sets)]
     hop2 = lambda i: loco_cuda.hop2_(*recv[i], LOCAL, intra, errors2[i], BETA, inter, GROUP, *outs2[i])
