@@ -35,13 +35,16 @@ def _record(key, seed, val, old_format=False):
             "step_time_s": 0.1, "bytes_per_step": 1000.0, "fidelity": fidelity, "setup": SETUP}
 
 
-def _write(tmp_path, means, old_keys=()):
-    """Two seeds per arm at ``mean -+ 0.01``; arms in ``old_keys`` are written in the old record format."""
+def _write(tmp_path, means, old_keys=(), extra=()):
+    """Two seeds per arm at ``mean -+ 0.01`` (the summary's seeds, 0 and 1), plus ``extra`` records of other seeds;
+    arms in ``old_keys`` are written in the old record format."""
     with open(tmp_path / "runs.jsonl", "w") as f:
         for key, mean in means.items():
             for seed, delta in ((0, -0.01), (1, 0.01)):
                 f.write(json.dumps(_record(key, seed, mean + delta, old_format=key in old_keys)) + "\n")
-    return argparse.Namespace(out=str(tmp_path))
+        for key, seed, val in extra:
+            f.write(json.dumps(_record(key, seed, val)) + "\n")
+    return argparse.Namespace(out=str(tmp_path), seeds=[0, 1])
 
 
 def _table(text, first_header):
@@ -129,3 +132,11 @@ def test_base_spec_device_backend_dtype(convergence, gpus, count, flags, expecte
     gpus(count)
     spec = convergence.base_spec(convergence.parse_args(flags))
     assert (spec.device, spec.backend, spec.dtype) == expected
+
+
+def test_only_the_chosen_seeds_are_compared(convergence, tmp_path):
+    """A seed only some arms have (here seed 2 of full) stays out of every mean, so all arms share their seeds."""
+    means = {"full": 2.0, "plain4": 2.01, "loco4": 2.004}
+    text = convergence.summarize(_write(tmp_path, means, extra=[("full", 2, 9.0)]))
+    table = _table(text, "arm")
+    assert table["full precision"]["seeds"] == "2" and table["full precision"]["val loss mean"] == "2.0000"
