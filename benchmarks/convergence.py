@@ -35,6 +35,7 @@ from deepspeed_loco.demo.model import SIZES  # noqa: E402
 from deepspeed_loco.demo.png import Panel, Series, line_chart  # noqa: E402
 from deepspeed_loco.demo.report import arm_color, ema, gap_closed, human_bytes  # noqa: E402
 from deepspeed_loco.demo.run import describe  # noqa: E402
+from deepspeed_loco.runtime.comm.wire import wire_bytes_per_element  # noqa: E402
 
 BIT_WIDTH_ARMS = "full,plain4,loco4,plain3,loco3,plain2,loco2"  # issue 6: the same bits on both hops
 PER_LINK_ARMS = "loco8-4,plain8-2,loco8-2,plain4h,loco4h,loco8-4h,plain8-2h,loco8-2h,plain2h,loco2h"  # issue 8
@@ -43,7 +44,6 @@ GAP_REFERENCE = "plain2"  # issue 8 measures every arm against the gap between p
 GOAL_GAP_SHARE = 0.75  # issue 8 goal: LoCo with a 2-bit inter-node hop closes this share of that gap ...
 GOAL_INTER_BITS = 4.25  # ... and an arm with at most this many inter-node wire bits per element (scales included)
 GOAL_LOSS_PCT = 0.3  # ... ends within this many percent of full precision's validation loss
-SCALE_BITS = 32  # one fp32 scale per quantization group travels with the data
 
 
 def parse_args(argv=None):
@@ -142,19 +142,17 @@ def _mean_sd(values):
         return float("nan"), float("nan"), 0
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan"), len(values)
 
-
-
 def wire_bits(bits, group_size):
     """Bits per element on a hop of ``bits``-bit groups of ``group_size`` with one fp32 scale each (None if unknown)."""
-    return bits + SCALE_BITS / group_size if group_size else None
+    return 8 * wire_bytes_per_element(bits, group_size) if group_size else None
 
 
 def summarize(args) -> str:
     """Rebuilds ``summary.md`` and the PNGs from ``runs.jsonl``; returns the summary's text.
 
     Only runs of ``args.seeds`` count, so every arm is compared over the same seeds (extra seeds of some arms
-    stay in ``runs.jsonl``). The summary holds the setup, one row per arm over its seeds, the plain-vs-LoCo gap per quantization, and issue 8's
-    bits-per-link table with its goals. Of each record it reads ``key``, ``arm.seed``, ``label``, ``setup`` and the
+    stay in ``runs.jsonl``). The summary holds the setup, one row per arm over its seeds, the plain-vs-LoCo gap
+    per quantization, and issue 8's bits-per-link table with its goals. Of each record it reads ``key``, ``arm.seed``, ``label``, ``setup`` and the
     measurements, so records from before the per-link arms (whose ``arm`` holds one ``bits``) are read alike.
     """
     runs = [r for r in load_runs(os.path.join(args.out, "runs.jsonl")) if r["arm"]["seed"] in args.seeds]
