@@ -71,13 +71,14 @@ def _run(rank: int, spec, queue) -> None:
     from deepspeed.utils import logger as ds_logger
 
     from deepspeed_loco.demo.data import ByteCorpus
+    from deepspeed_loco.utils.logging import logger as loco_logger
 
     ds_logger.setLevel(logging.INFO)  # the full log goes to logs/rankN.log; the console gets LoCo's lines only
     if rank == 0:
         handler = _Forward(queue)
         ds_logger.addHandler(handler)
-        logging.getLogger("deepspeed_loco").addHandler(handler)
-        logging.getLogger("deepspeed_loco").setLevel(logging.INFO)
+        loco_logger.addHandler(handler)
+        loco_logger.setLevel(logging.INFO)
     if spec.device == "cpu":
         # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce op at start-up (a minute or more of C++
         # on a fresh 2-core machine) that only its inference all-reduce uses; the demo's collectives are gloo's.

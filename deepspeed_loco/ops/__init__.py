@@ -12,7 +12,6 @@ Environment:
     ``reference``: always the PyTorch reference (for A/B checks and debugging).
     ``cuda``: the CUDA kernels for CUDA tensors; failing to build or load them is an error.
 """
-import logging
 import os
 from types import ModuleType
 from typing import Dict, Optional, Tuple
@@ -20,8 +19,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from deepspeed_loco.ops import loco_reference
-
-logger = logging.getLogger("deepspeed_loco")
+from deepspeed_loco.utils.logging import logger
 
 ENV_VAR = "DS_LOCO_KERNELS"
 _MODES = ("auto", "reference", "cuda")

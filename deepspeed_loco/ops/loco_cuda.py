@@ -11,15 +11,13 @@ Calls the kernels do not cover run the reference instead, and each distinct reas
 storage, or a wire view without unit stride along its rows. Hadamard rotation (``hadamard=True``) runs inside
 the hop-1 and final kernels.
 """
-import logging
 from typing import Optional
 
 import torch
 
 from deepspeed_loco.ops import loco_reference
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
-
-logger = logging.getLogger("deepspeed_loco")
+from deepspeed_loco.utils.logging import logger
 
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _BITS = (2, 3, 4, 8)
