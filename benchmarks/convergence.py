@@ -35,7 +35,7 @@ from deepspeed_loco.demo.model import SIZES  # noqa: E402
 from deepspeed_loco.demo.png import Panel, Series, line_chart  # noqa: E402
 from deepspeed_loco.demo.report import arm_color, ema, gap_closed, human_bytes  # noqa: E402
 from deepspeed_loco.demo.run import describe  # noqa: E402
-from deepspeed_loco.runtime.comm.wire import wire_bytes_per_element  # noqa: E402
+from deepspeed_loco.layout.wire import wire_bytes_per_element  # noqa: E402
 
 BIT_WIDTH_ARMS = "full,plain4,loco4,plain3,loco3,plain2,loco2"  # issue 6: the same bits on both hops
 PER_LINK_ARMS = "loco8-4,plain8-2,loco8-2,plain4h,loco4h,loco8-4h,plain8-2h,loco8-2h,plain2h,loco2h"  # issue 8

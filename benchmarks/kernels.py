@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deepspeed_loco.ops import loco_cuda  # noqa: E402
 from deepspeed_loco.ops.error_buffer import ErrorBuffer  # noqa: E402
-from deepspeed_loco.ops.loco_reference import padded_partition_size, partition_size  # noqa: E402
+from deepspeed_loco.layout import padded_partition_size, partition_size  # noqa: E402
 
 SHAPES = [(4096, 4096), (8192, 8192), (16384, 16384)]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -12,6 +12,7 @@ SUPPORTED_ERROR_BITS = (8, 32)
 MIN_GROUP_SIZE = 32
 MAX_GROUP_SIZE = 4096
 ON_CORRUPT_CHECKPOINT = ("error", "reset")
+QUANT_GRIDS = ("symmetric", "midrise")
 
 
 class LocoConfigError(ValueError):
@@ -44,6 +45,7 @@ class LocoConfig:
     local_world_size: Optional[int] = None
     on_corrupt_checkpoint: str = "error"
     hadamard: bool = False
+    quant_grid: str = "symmetric"
 
     def __post_init__(self):
         _check_number("err_beta", self.err_beta, float, "a float with 0 <= err_beta < 1")
@@ -70,6 +72,8 @@ class LocoConfig:
                 _fail("local_world_size", self.local_world_size, "an integer >= 1, or null for the launcher's")
         if self.on_corrupt_checkpoint not in ON_CORRUPT_CHECKPOINT:
             _fail("on_corrupt_checkpoint", self.on_corrupt_checkpoint, "\"error\" or \"reset\"")
+        if self.quant_grid not in QUANT_GRIDS:
+            _fail("quant_grid", self.quant_grid, "\"symmetric\" or \"midrise\"")
 
     @classmethod
     def from_dict(cls, params: Optional[Mapping[str, Any]]) -> "LocoConfig":

@@ -11,10 +11,11 @@ Calls the kernels do not cover run the reference instead, and each distinct reas
 storage, or a wire view without unit stride along its rows. Hadamard rotation (``hadamard=True``) runs inside
 the hop-1 and final kernels.
 """
-from typing import Optional
+from typing import List, Optional, Sequence
 
 import torch
 
+from deepspeed_loco.layout import HopArgs, WireLayout
 from deepspeed_loco.ops import loco_reference
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 from deepspeed_loco.utils.logging import logger
@@ -118,3 +119,29 @@ def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, bits: int, gro
                                          hadamard=hadamard)
     return load().final_mean(recv_data, recv_scale, bits, group_size, world_size, numel, rank,
                              _DTYPE_CODES[out_dtype], bool(hadamard))
+
+
+# ------------------------------------------------------------------------------------------------ bucket entry points
+def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[ErrorBuffer]], args: HopArgs,
+                     wire: WireLayout, send: torch.Tensor) -> None:
+    """See :func:`deepspeed_loco.ops.loco_reference.quantize_bucket_`."""
+    for i, (grad, error, offset) in enumerate(zip(grads, errors, wire.offsets())):
+        hop1_(grad, args.world_size, args.local_size, error, args.err_beta, args.bits, args.group_size,
+              *wire.views(send, i, offset), hadamard=args.hadamard)
+
+
+def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence[Optional[ErrorBuffer]],
+                       args: HopArgs, wire: WireLayout, send: torch.Tensor) -> None:
+    """See :func:`deepspeed_loco.ops.loco_reference.requantize_bucket_`."""
+    for i, (error, offset) in enumerate(zip(errors, wire.offsets())):
+        hop2_(*in_wire.views(recv, i, offset), args.in_blocks, args.in_bits, error, args.err_beta, args.bits,
+              args.group_size, *wire.views(send, i, offset))
+
+
+def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numels: Sequence[int], rank: int,
+                      out_dtype: torch.dtype) -> List[torch.Tensor]:
+    """See :func:`deepspeed_loco.ops.loco_reference.final_mean_bucket`."""
+    return [
+        final_mean(*wire.views(recv, i, offset), args.bits, args.group_size, args.world_size, numel, rank, out_dtype,
+                   hadamard=args.hadamard) for i, (numel, offset) in enumerate(zip(numels, wire.offsets()))
+    ]

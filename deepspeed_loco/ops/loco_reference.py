@@ -7,36 +7,20 @@ error) and identical fp32 scales; this module fixes the order of every fp32 oper
 * compensation ``c = x + e``; residual ``r = c - q * scale``; update ``e' = beta * e + (1 - beta) * r`` with
   ``beta`` and ``1 - beta`` rounded to fp32 first; sums over received blocks in block order, then ``/ W``.
 
-Layout (``../shared/design/loco.md``): a gradient of ``N`` elements is split into ``W`` partitions of
+Layout (``deepspeed_loco.layout``, ``docs/design.md``): a gradient of ``N`` elements is split into ``W`` partitions of
 ``P = ceil(N / W)`` elements, each zero-padded to ``P' = roundup(P, group_size)``; partition (row) ``r = n*L + d``
 is sent from slot ``d*M + n`` so that the ``M`` rows for local peer ``d`` are contiguous.
 Outputs are written into views of the bucket's wire buffers: ``data`` uint8 ``(rows, P' * bits // 8)`` and
 ``scale`` fp32 ``(rows, P' // group_size)``, both with arbitrary row strides.
 """
-from typing import Optional
+from typing import List, Optional, Sequence
 
 import torch
 
+from deepspeed_loco.layout import HopArgs, WireLayout, padded_partition_size, partition_size, slot_to_row
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 from deepspeed_loco.ops.hadamard import rotate, unrotate
 from deepspeed_loco.ops.quantizer import dequantize_groups, pack, quantize_groups, unpack
-
-
-def partition_size(numel: int, world_size: int) -> int:
-    """ZeRO-3's partition size ``P = ceil(N / W)``."""
-    return -(-numel // world_size)
-
-
-def padded_partition_size(numel: int, world_size: int, group_size: int) -> int:
-    """``P' = roundup(ceil(N / W), group_size)``: groups never straddle partitions or parameters."""
-    return -(-partition_size(numel, world_size) // group_size) * group_size
-
-
-def slot_to_row(world_size: int, local_size: int) -> torch.Tensor:
-    """int64 ``(W,)``: entry ``d*M + n`` is the partition row ``n*L + d`` sent from that slot."""
-    nodes = world_size // local_size
-    slots = torch.arange(world_size)
-    return (slots % nodes) * local_size + slots // nodes
 
 
 def partition_rows(grad: torch.Tensor, world_size: int, group_size: int) -> torch.Tensor:
@@ -128,3 +112,31 @@ def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, bits: int, gro
     valid = max(0, min(part, numel - rank * part))
     mean[valid:] = 0
     return mean.to(out_dtype)
+
+
+# ------------------------------------------------------------------------------------------------ bucket entry points
+# The reducer calls these once per hop per bucket. ``wire.views(buffer, i, offset)`` is parameter ``i``'s slice of a
+# bucket's wire buffer (``deepspeed_loco.layout.WireLayout``); ``args`` is the hop's ``HopArgs``.
+def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[ErrorBuffer]], args: HopArgs,
+                     wire: WireLayout, send: torch.Tensor) -> None:
+    """The first hop of a bucket: :func:`hop1_` for every gradient, into ``send`` uint8 ``(W, wire.row_bytes)``."""
+    for i, (grad, error, offset) in enumerate(zip(grads, errors, wire.offsets())):
+        hop1_(grad, args.world_size, args.local_size, error, args.err_beta, args.bits, args.group_size,
+              *wire.views(send, i, offset), hadamard=args.hadamard)
+
+
+def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence[Optional[ErrorBuffer]],
+                       args: HopArgs, wire: WireLayout, send: torch.Tensor) -> None:
+    """A later hop of a bucket: :func:`hop2_` for every parameter, from the previous hop's ``recv`` into ``send``."""
+    for i, (error, offset) in enumerate(zip(errors, wire.offsets())):
+        hop2_(*in_wire.views(recv, i, offset), args.in_blocks, args.in_bits, error, args.err_beta, args.bits,
+              args.group_size, *wire.views(send, i, offset))
+
+
+def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numels: Sequence[int], rank: int,
+                      out_dtype: torch.dtype) -> List[torch.Tensor]:
+    """The last hop's received rows to this rank's mean partitions: :func:`final_mean` per parameter."""
+    return [
+        final_mean(*wire.views(recv, i, offset), args.bits, args.group_size, args.world_size, numel, rank, out_dtype,
+                   hadamard=args.hadamard) for i, (numel, offset) in enumerate(zip(numels, wire.offsets()))
+    ]

@@ -13,18 +13,12 @@ from typing import Tuple
 
 import torch
 
-SCALE_BYTES = 4  # one fp32 scale per group
+from deepspeed_loco.layout.partition import SCALE_BYTES, packed_bytes  # noqa: F401 (re-exported)
 
 
 def qmax(bits: int) -> int:
     """Largest quantized magnitude for ``bits`` (symmetric, no lopsided negative value)."""
     return (1 << (bits - 1)) - 1
-
-
-def packed_bytes(num_elements: int, bits: int) -> int:
-    """Bytes that ``num_elements`` (a multiple of 8) values of ``bits`` bits take when packed."""
-    assert num_elements % 8 == 0, num_elements
-    return num_elements * bits // 8
 
 
 def quantize_groups(c: torch.Tensor, bits: int, group_size: int) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -7,9 +7,9 @@ import torch.distributed as dist
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.ops import kernels_for
-from deepspeed_loco.ops.loco_reference import padded_partition_size
+from deepspeed_loco.layout import padded_partition_size
 from deepspeed_loco.runtime.comm.topology import LocoTopology
-from deepspeed_loco.runtime.comm.wire import WireLayout
+from deepspeed_loco.layout.wire import WireLayout
 from deepspeed_loco.runtime.zero.error_feedback import ErrorFeedbackState
 from deepspeed_loco.utils.logging import logger
 
@@ -21,7 +21,7 @@ class WireStats:
     ``intra_bytes`` / ``inter_bytes``: packed values and their fp32 scales sent on the intra-node (hop 1) and
     inter-node (hop 2) all-to-all. ``intra_elements`` / ``inter_elements``: the gradient values those bytes carry,
     partition padding included, so ``*_bytes_per_element`` is the hop's cost, ``bits / 8 + 4 / group_size``
-    (:func:`~deepspeed_loco.runtime.comm.wire.wire_bytes_per_element`). ``reduces``: buckets reduced.
+    (:func:`~deepspeed_loco.layout.wire.wire_bytes_per_element`). ``reduces``: buckets reduced.
     """
     intra_bytes: int = 0
     inter_bytes: int = 0

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from deepspeed_loco.ops.loco_reference import padded_partition_size
+from deepspeed_loco.layout import padded_partition_size
 from deepspeed_loco.utils.logging import logger
 
 STATE_KEY = "deepspeed_loco"

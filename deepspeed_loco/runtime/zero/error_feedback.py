@@ -6,7 +6,7 @@ import torch
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
-from deepspeed_loco.ops.loco_reference import padded_partition_size
+from deepspeed_loco.layout import padded_partition_size
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 
 PARAM_ATTRIBUTE = "loco_error_feedback"

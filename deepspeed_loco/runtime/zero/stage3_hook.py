@@ -17,11 +17,11 @@ from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.ops import kernels_for
-from deepspeed_loco.ops.loco_reference import padded_partition_size
+from deepspeed_loco.layout import padded_partition_size
 from deepspeed_loco.ops.quantizer import SCALE_BYTES
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
-from deepspeed_loco.runtime.comm.wire import describe_hop_cost
+from deepspeed_loco.layout.wire import describe_hop_cost
 from deepspeed_loco.runtime.zero import checkpoint
 from deepspeed_loco.runtime.zero.error_feedback import ErrorFeedbackState
 from deepspeed_loco.utils.logging import log_rank0, logger

@@ -17,7 +17,7 @@ import torch
 
 from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
-from deepspeed_loco.runtime.comm.wire import WireLayout
+from deepspeed_loco.layout.wire import WireLayout
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (fused LoCo kernels)")
 

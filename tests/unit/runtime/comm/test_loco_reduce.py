@@ -8,7 +8,7 @@ from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.ops.quantizer import qmax
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
-from deepspeed_loco.runtime.comm.wire import wire_bytes_per_element
+from deepspeed_loco.layout.wire import wire_bytes_per_element
 
 SHAPES = [(7, ), (33, 5), (64, 64), (1000, 3)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -5,7 +5,7 @@ from typing import Sequence, Tuple
 
 import torch
 
-from deepspeed_loco.ops.quantizer import SCALE_BYTES, packed_bytes
+from deepspeed_loco.layout.partition import SCALE_BYTES, packed_bytes
 
 
 @dataclass(frozen=True)
