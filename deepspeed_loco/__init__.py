@@ -9,25 +9,18 @@ Two ways in:
   does this for a script without touching it.
 """
 import copy
-import functools
 import inspect
-from typing import Optional
+from typing import Any, Optional
 
 __version__ = "0.1.0"
-
-_STOCK = {}
-
-
-def _stock_initialize():
-    import deepspeed
-    return _STOCK.get("initialize", deepspeed.initialize)
 
 
 def initialize(*args, **kwargs):
     """Same signature and return value as ``deepspeed.initialize``; runs LoCo when the config asks for it."""
+    from deepspeed_loco.runtime import deepspeed_seam
     from deepspeed_loco.runtime.zero import ds_config, stage3_hook
 
-    stock = _stock_initialize()
+    stock = deepspeed_seam.stock_initialize()
     bound = inspect.signature(stock).bind(*args, **kwargs)
     call = bound.arguments
     source = "config" if call.get("config") is not None else "config_params" if call.get(
@@ -40,7 +33,7 @@ def initialize(*args, **kwargs):
     if loaded is not None:
         loaded, loco = ds_config.split_loco_config(loaded)
     if loco is not None:
-        stage3_hook.check_deepspeed_version()
+        deepspeed_seam.check_deepspeed_version()
         if from_args:
             cli_args = copy.copy(cli_args)
             cli_args.deepspeed_config = None
@@ -59,25 +52,25 @@ def loco_hook(engine) -> Optional["LocoHook"]:  # noqa: F821
 
 
 def install() -> None:
-    """Makes stock DeepSpeed accept ``zeropp_loco_param`` and run LoCo (idempotent)."""
-    import deepspeed
-    from deepspeed.runtime import config as ds_runtime_config
+    """Makes stock DeepSpeed accept ``zeropp_loco_param`` and run LoCo (idempotent): ``deepspeed.initialize``
+    becomes :func:`initialize`, and ``DeepSpeedConfig`` (hence ``deepspeed.zero.Init``) accepts the key."""
+    from deepspeed_loco.runtime import deepspeed_seam
+    deepspeed_seam.install(initialize, _strip_loco_key)
 
+
+def uninstall() -> None:
+    """Undoes :func:`install`: stock ``deepspeed.initialize`` and ``DeepSpeedConfig`` again (engines already built
+    keep LoCo; ``loco_hook(engine).detach()`` gives one back its stock reduce)."""
+    from deepspeed_loco.runtime import deepspeed_seam
+    deepspeed_seam.uninstall()
+
+
+def _strip_loco_key(config: Any) -> Any:
+    """A DeepSpeed config (dict or JSON path) with ``zeropp_loco_param`` validated and removed; other values as
+    they are."""
     from deepspeed_loco.runtime.zero import ds_config
-
-    if "initialize" in _STOCK:
-        return
-    _STOCK["initialize"] = deepspeed.initialize
-    deepspeed.initialize = initialize
-    stock_init = ds_runtime_config.DeepSpeedConfig.__init__
-
-    @functools.wraps(stock_init)
-    def config_init(self, config, *args, **kwargs):
-        if isinstance(config, (str, dict)):
-            loaded = ds_config.load_config(config)
-            stripped, loco = ds_config.split_loco_config(loaded)
-            if loco is not None:
-                config = stripped
-        stock_init(self, config, *args, **kwargs)
-
-    ds_runtime_config.DeepSpeedConfig.__init__ = config_init
+    if isinstance(config, (str, dict)):
+        stripped, loco = ds_config.split_loco_config(ds_config.load_config(config))
+        if loco is not None:
+            return stripped
+    return config

@@ -47,7 +47,7 @@ def main():
         engine.backward(loss)
         engine.step()
         if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
-            sent = hook.reducer.stats.intra_bytes + hook.reducer.stats.inter_bytes if hook else 0
+            sent = hook.reducer.stats.total_bytes if hook else 0
             print(f"step {step:4d}  loss {loss.item():.4f}  gradient bytes sent by this rank so far {sent:,}",
                   flush=True)
     if rank == 0 and hook is not None:

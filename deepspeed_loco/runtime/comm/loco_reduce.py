@@ -1,57 +1,41 @@
-"""The LoCo reduce-scatter of a bucket of gradients: two quantized all-to-all hops with error feedback."""
-from dataclasses import dataclass
-from typing import List, Optional, Sequence
+"""The LoCo reduce-scatter of a bucket of gradients: the hop plan's quantized all-to-alls with error feedback."""
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.layout import Hop, HopPlan, WireLayout
 from deepspeed_loco.ops import kernels_for
-from deepspeed_loco.layout import padded_partition_size
-from deepspeed_loco.runtime.comm.topology import LocoTopology
-from deepspeed_loco.layout.wire import WireLayout
 from deepspeed_loco.runtime.zero.error_feedback import ErrorFeedbackState
 from deepspeed_loco.utils.logging import logger
 
 
 @dataclass
 class WireStats:
-    """What this rank put on each hop's wire; its own block, which stays local, is not counted.
+    """What this rank put on each hop's wire, keyed by hop name; its own block, which stays local, is not counted.
 
-    ``intra_bytes`` / ``inter_bytes``: packed values and their fp32 scales sent on the intra-node (hop 1) and
-    inter-node (hop 2) all-to-all. ``intra_elements`` / ``inter_elements``: the gradient values those bytes carry,
-    partition padding included, so ``*_bytes_per_element`` is the hop's cost, ``bits / 8 + 4 / group_size``
-    (:func:`~deepspeed_loco.layout.wire.wire_bytes_per_element`). ``reduces``: buckets reduced.
+    ``bytes``: packed values and their fp32 scales sent. ``elements``: the gradient values those bytes carry,
+    partition padding included, so ``bytes_per_element(name)`` is the hop's cost, ``bits / 8 + 4 / group_size``
+    (:func:`~deepspeed_loco.layout.wire_bytes_per_element`). ``reduces``: buckets reduced.
     """
-    intra_bytes: int = 0
-    inter_bytes: int = 0
+    bytes: Dict[str, int] = field(default_factory=dict)
+    elements: Dict[str, int] = field(default_factory=dict)
     reduces: int = 0
-    intra_elements: int = 0
-    inter_elements: int = 0
+
+    def sent(self, hop: Hop, wire: WireLayout) -> None:
+        """Counts the rows of ``wire`` that ``hop`` sends to other ranks."""
+        self.bytes[hop.name] = self.bytes.get(hop.name, 0) + hop.sent_rows * wire.row_bytes
+        self.elements[hop.name] = self.elements.get(hop.name, 0) + hop.sent_rows * wire.columns
+
+    def bytes_per_element(self, name: str) -> float:
+        """Bytes per element sent on hop ``name``'s wire; 0.0 while nothing was sent on it."""
+        elements = self.elements.get(name, 0)
+        return self.bytes.get(name, 0) / elements if elements else 0.0
 
     @property
-    def intra_bytes_per_element(self) -> float:
-        """Bytes per element sent on the intra-node wire; 0.0 while nothing was sent on it."""
-        return _per_element(self.intra_bytes, self.intra_elements)
-
-    @property
-    def inter_bytes_per_element(self) -> float:
-        """Bytes per element sent on the inter-node wire; 0.0 while nothing was sent on it."""
-        return _per_element(self.inter_bytes, self.inter_elements)
-
-    def sent_intra(self, rows: int, layout: WireLayout) -> None:
-        """Counts ``rows`` rows of ``layout`` sent on the intra-node wire."""
-        self.intra_bytes += rows * layout.row_bytes
-        self.intra_elements += rows * layout.columns
-
-    def sent_inter(self, rows: int, layout: WireLayout) -> None:
-        """Counts ``rows`` rows of ``layout`` sent on the inter-node wire."""
-        self.inter_bytes += rows * layout.row_bytes
-        self.inter_elements += rows * layout.columns
-
-
-def _per_element(num_bytes: int, elements: int) -> float:
-    return num_bytes / elements if elements else 0.0
+    def total_bytes(self) -> int:
+        return sum(self.bytes.values())
 
 
 class LocoReducer:
@@ -59,12 +43,14 @@ class LocoReducer:
 
     ``reduce_scatter`` returns, per parameter, ``ceil(N / W)`` elements (zero past ``N``) of the mean over the
     ``W`` ranks, in the gradient's dtype: the quantity and layout of DeepSpeed's reduce-scatter path. A bucket
-    costs one all-to-all per hop whatever its number of parameters.
+    costs one all-to-all per hop of the plan whatever its number of parameters; ``topology`` supplies the plan
+    (:meth:`~deepspeed_loco.runtime.comm.topology.LocoTopology.plan`) and this rank's index.
     """
 
-    def __init__(self, config: LocoConfig, topology: LocoTopology, state: Optional[ErrorFeedbackState] = None):
+    def __init__(self, config: LocoConfig, topology, state: Optional[ErrorFeedbackState] = None):
         self.config = config
         self.topology = topology
+        self.plan: HopPlan = topology.plan(config)
         self.state = state if state is not None else ErrorFeedbackState(config, topology)
         self.stats = WireStats()
         self._touched = False
@@ -74,14 +60,16 @@ class LocoReducer:
                        grads: Optional[Sequence[torch.Tensor]] = None) -> List[torch.Tensor]:
         """``params``' gradients (``grads``, default each ``p.grad``) to this rank's mean partitions."""
         grads = [p.grad for p in params] if grads is None else list(grads)
-        topo = self.topology
         for param, grad in zip(params, grads):
             if grad is None:
                 raise ValueError(f"LoCo reduce: parameter {_name(param)} has no gradient to reduce")
             if grad.dtype not in (torch.float32, torch.float16, torch.bfloat16):
                 raise TypeError(f"LoCo reduce: gradient of {_name(param)} is {grad.dtype}; "
                                 f"supported are float32, float16 and bfloat16")
-        if topo.world_size == 1:
+        if len({(g.dtype, g.device) for g in grads}) > 1:
+            raise TypeError("LoCo reduce: the gradients of one bucket must share one dtype and device, got "
+                            f"{sorted({f'{g.dtype} on {g.device}' for g in grads})}")
+        if not self.plan.hops:
             return [g.reshape(-1).clone() for g in grads]
         self._touched = False
         try:
@@ -90,56 +78,33 @@ class LocoReducer:
             # a bucket's buffers may be half-updated: fall back to the state a fresh run starts from
             if self._touched:
                 self.state.reset()
-                logger.warning(f"deepspeed-loco: rank {topo.rank}: {type(exc).__name__} during a LoCo reduce; all "
-                               f"error-feedback buffers of this rank were reset to zero")
+                logger.warning(f"deepspeed-loco: rank {self.topology.rank}: {type(exc).__name__} during a LoCo "
+                               f"reduce; all error-feedback buffers of this rank were reset to zero")
             raise
 
     def _reduce_scatter(self, params: Sequence[torch.Tensor], grads: List[torch.Tensor]) -> List[torch.Tensor]:
-        topo, cfg = self.topology, self.config
+        plan = self.plan
         self.stats.reduces += 1
         kernels = kernels_for(grads[0].device)
-        widths = tuple(padded_partition_size(g.numel(), topo.world_size, cfg.group_size) for g in grads)
-        errors = [self.state.for_param(p, g.numel(), g.device) for p, g in zip(params, grads)]
-        device = grads[0].device
-        beta = cfg.err_beta
-        self._touched = any(e is not None for e in errors)  # the kernels below update the buffers in place
-
-        if topo.local_size > 1:
-            hop1 = WireLayout(widths, cfg.intra_node_bits, cfg.group_size)
-            send1 = hop1.empty(topo.world_size, device)
-            for i, (grad, offset) in enumerate(zip(grads, hop1.offsets())):
-                kernels.hop1_(grad, topo.world_size, topo.local_size, errors[i] and errors[i].hop1, beta, hop1.bits,
-                              cfg.group_size, *hop1.views(send1, i, offset), hadamard=cfg.hadamard)
-            recv1 = torch.empty_like(send1)
-            dist.all_to_all_single(recv1, send1, group=topo.intra_group)
-            self.stats.sent_intra((topo.local_size - 1) * topo.num_nodes, hop1)  # all but the M rows this rank keeps
-            if topo.num_nodes == 1:
-                return self._final(kernels, hop1, recv1, grads)
-
-        hop2 = WireLayout(widths, cfg.inter_node_bits, cfg.group_size)
-        send2 = hop2.empty(topo.num_nodes, device)
-        for i, (grad, offset) in enumerate(zip(grads, hop2.offsets())):
-            error = errors[i] and errors[i].hop2
-            out = hop2.views(send2, i, offset)
-            if topo.local_size == 1:
-                kernels.hop1_(grad, topo.world_size, 1, error, beta, hop2.bits, cfg.group_size, *out,
-                              hadamard=cfg.hadamard)
+        widths = plan.widths([g.numel() for g in grads])
+        buffers = [self.state.for_param(p, g.numel(), g.device) for p, g in zip(params, grads)]
+        self._touched = any(b is not None for b in buffers)  # the kernels below update the buffers in place
+        recv = wire = None
+        for index, hop in enumerate(plan.hops):
+            errors = [b and b[hop.name] for b in buffers]
+            args, in_wire, wire = plan.args(index), wire, hop.wire(widths, plan.group_size)
+            send = wire.empty(hop.rows, grads[0].device)
+            if index == 0:
+                kernels.quantize_bucket_(grads, errors, args, wire, send)
             else:
-                kernels.hop2_(*hop1.views(recv1, i, offset), topo.local_size, hop1.bits, error, beta, hop2.bits,
-                              cfg.group_size, *out)
-        recv2 = torch.empty_like(send2)
-        dist.all_to_all_single(recv2, send2, group=topo.inter_group)
-        self.stats.sent_inter(topo.num_nodes - 1, hop2)  # all but the row this rank keeps
-        return self._final(kernels, hop2, recv2, grads)
-
-    def _final(self, kernels, layout: WireLayout, received: torch.Tensor,
-               grads: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-        topo = self.topology
-        return [
-            kernels.final_mean(*layout.views(received, i, offset), layout.bits, layout.group_size, topo.world_size,
-                               grad.numel(), topo.rank, grad.dtype, hadamard=self.config.hadamard)
-            for i, (grad, offset) in enumerate(zip(grads, layout.offsets()))
-        ]
+                kernels.requantize_bucket_(recv, in_wire, errors, args, wire, send)
+            if hop.exchange is None:
+                raise RuntimeError(f"LoCo reduce: hop {hop.name!r} has no exchange (a topology without process "
+                                   f"groups cannot reduce)")
+            recv = hop.exchange(send)
+            self.stats.sent(hop, wire)
+        return kernels.final_mean_bucket(recv, wire, plan.args(len(plan.hops) - 1), [g.numel() for g in grads],
+                                         self.topology.rank, grads[0].dtype)
 
 
 def _name(param: torch.Tensor) -> str:

@@ -1,11 +1,14 @@
-"""The two-level layout of a data-parallel group: ``W = M * L`` ranks, ``L`` per node, and its subgroups."""
+"""The two-level layout of a data-parallel group: ``W = M * L`` ranks, ``L`` per node, its subgroups, and the hop
+plan whose exchanges run over them."""
 import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch.distributed as dist
 
-from deepspeed_loco.config import LocoConfigError
+from deepspeed_loco.config import LocoConfig, LocoConfigError
+from deepspeed_loco.layout import INTER_NODE, INTRA_NODE, HopPlan, plan_hops
+from deepspeed_loco.runtime.comm.exchange import ProcessGroupExchange
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,14 @@ class LocoTopology:
     @property
     def local_rank(self) -> int:
         return self.rank % self.local_size
+
+    def plan(self, config: LocoConfig) -> HopPlan:
+        """The hops of ``config`` on this layout, each exchanging over its subgroup (None-group hops, as in a
+        topology built without process groups, get no exchange)."""
+        groups = {INTRA_NODE: self.intra_group, INTER_NODE: self.inter_group}
+        plan = plan_hops(self.world_size, self.local_size, config)
+        return plan.with_exchanges({hop.name: ProcessGroupExchange(groups[hop.name]) if groups[hop.name] is not None else None
+                                    for hop in plan.hops})
 
     def describe(self) -> str:
         return f"W={self.world_size} (M={self.num_nodes} nodes x L={self.local_size} ranks)"

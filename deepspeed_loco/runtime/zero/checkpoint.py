@@ -4,9 +4,11 @@ Saving: the ZeRO-3 optimizer's ``state_dict`` gains the key ``"deepspeed_loco"``
 rank's buffers and the reset counter land in that rank's ``zero_pp_rank_*_optim_states.pt`` next to the rest of
 its optimizer state, written and read by ``engine.save_checkpoint`` / ``engine.load_checkpoint``.
 
-Loading: the wrapped ``load_state_dict`` takes this rank's entry out of the list before DeepSpeed's own loader
-sees it, checks all of it (:func:`parse_state_dict`) before anything is loaded, agrees with the other ranks, lets
-DeepSpeed load, then restores the buffers and the step counter. The rules (``docs/checkpointing.md``):
+Loading: the wrapped ``load_state_dict`` (``runtime/deepspeed_seam.py``, which owns every touch of DeepSpeed) takes
+this rank's entry out of the list before DeepSpeed's own loader sees it, asks :func:`decide_load` (which checks all
+of it with :func:`parse_state_dict` before anything is loaded), agrees with the other ranks, lets DeepSpeed load,
+then :func:`apply_decision` restores the buffers and the step counter. This module is the serializer: it reads and
+writes the error state's named buffers (``{parameter name: {hop name: buffer}}``) and never touches DeepSpeed. The rules (``docs/checkpointing.md``):
 
 * no LoCo entry (a checkpoint of stock DeepSpeed, or of the removed upstream LoCo, which never saved its buffers),
   a universal checkpoint, or ``load_optimizer_states=False``: buffers start from zero, with a WARNING saying why;
@@ -21,19 +23,19 @@ Parameters are identified by their name in ``engine.module.named_parameters()``,
 come from a process-wide counter (``deepspeed.zero.Init.param_id``), so the same model built a second time in one
 process (an in-process restart, a second engine) gets different ds_ids. The ds_id is saved for information only.
 """
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 
-from deepspeed_loco.layout import padded_partition_size
+from deepspeed_loco.layout import INTER_NODE, INTRA_NODE
 from deepspeed_loco.utils.logging import logger
 
 STATE_KEY = "deepspeed_loco"
 FORMAT = "deepspeed_loco.error_feedback"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: buffers keyed by hop name; 1 (read too): fixed keys "hop1" (intra-node), "hop2" (inter-node)
+READ_VERSIONS = (1, 2)
+V1_HOP_NAMES = {"hop1": INTRA_NODE, "hop2": INTER_NODE}
 # signature entries whose difference makes the saved buffers meaningless here (layout, storage or basis)
 RESET_KEYS = ("world_size", "local_size", "group_size", "error_bits", "hadamard", "error_feedback")
 # recorded and compared for information only: the buffers hold not-yet-sent gradient in gradient units, which
@@ -58,14 +60,14 @@ class LocoCheckpointMismatch(Exception):
 # ----------------------------------------------------------------------------------------------------- saving
 def signature(state) -> Dict[str, Any]:
     """What the buffers' layout and meaning depend on, for an :class:`ErrorFeedbackState`."""
-    cfg, topo = state.config, state.topology
+    cfg, plan = state.config, state.plan
     return {
-        "world_size": int(topo.world_size),
-        "local_size": int(topo.local_size),
-        "group_size": int(cfg.group_size),
-        "error_bits": int(cfg.error_bits),
-        "hadamard": bool(getattr(cfg, "hadamard", False)),
-        "error_feedback": bool(cfg.error_feedback),
+        "world_size": int(plan.world_size),
+        "local_size": int(plan.local_size),
+        "group_size": int(plan.group_size),
+        "error_bits": int(plan.error_bits),
+        "hadamard": bool(plan.hadamard),
+        "error_feedback": bool(plan.error_feedback),
         "intra_node_bits": int(cfg.intra_node_bits),
         "inter_node_bits": int(cfg.inter_node_bits),
     }
@@ -74,33 +76,22 @@ def signature(state) -> Dict[str, Any]:
 def state_dict(state, named_params: Mapping[str, torch.Tensor]) -> Dict[str, Any]:
     """The state of ``state`` (an :class:`ErrorFeedbackState`) as plain types and CPU tensor copies.
 
-    ``{"format", "version", "signature", "step", "params": {name: {"ds_id", "numel", "hop1", "hop2"}}}`` where a
-    hop is None or ``{"values": int8|fp32 (rows, P'), "scale": fp32 (rows, P'/group) | None}``.
+    ``{"format", "version", "signature", "step", "params": {name: {"ds_id", "numel", "buffers": {hop name:
+    {"values": int8|fp32 (rows, P'), "scale": fp32 (rows, P'/group) | None}}}}}``, one buffer per hop of the plan.
     """
-    from deepspeed_loco.runtime.zero.error_feedback import PARAM_ATTRIBUTE
     names = {id(p): n for n, p in named_params.items()}
     params = {}
-    for param in state.params:
+    for param, hop, buffer in state.named_buffers():
         name = names.get(id(param))
         if name is None:
             raise RuntimeError(f"deepspeed-loco: parameter ds_id={getattr(param, 'ds_id', None)} has error-feedback "
                                f"buffers but is not a parameter of the model being checkpointed")
-        feedback = getattr(param, PARAM_ATTRIBUTE)
-        params[name] = {
-            "ds_id": getattr(param, "ds_id", None),
-            "numel": _numel(param),
-            "hop1": _buffer_state(feedback.hop1),
-            "hop2": _buffer_state(feedback.hop2),
-        }
+        entry = params.setdefault(name, {"ds_id": getattr(param, "ds_id", None), "numel": _numel(param),
+                                         "buffers": {}})
+        copy = lambda t: None if t is None else t.detach().to("cpu", copy=True)
+        entry["buffers"][hop] = {"values": copy(buffer.values), "scale": copy(buffer.scale)}
     return {"format": FORMAT, "version": FORMAT_VERSION, "signature": signature(state), "step": int(state.step),
             "params": params}
-
-
-def _buffer_state(buffer) -> Optional[Dict[str, Optional[torch.Tensor]]]:
-    if buffer is None:
-        return None
-    copy = lambda t: None if t is None else t.detach().to("cpu", copy=True)
-    return {"values": copy(buffer.values), "scale": copy(buffer.scale)}
 
 
 def _numel(param: torch.Tensor) -> int:
@@ -110,13 +101,20 @@ def _numel(param: torch.Tensor) -> int:
 # ---------------------------------------------------------------------------------------------------- loading
 @dataclass
 class LoadPlan:
-    """A checked LoCo entry, ready to be applied: the step and, per parameter, the saved hop tensors."""
+    """A checked LoCo entry, ready to be applied: the step and, per parameter, the saved ``{hop name: (values,
+    scale)}``."""
     step: int
-    entries: List[Tuple[torch.Tensor, int, Optional[tuple], Optional[tuple]]] = field(default_factory=list)
+    entries: List[Tuple[torch.Tensor, int, Dict[str, tuple]]] = field(default_factory=list)
+
+
+def load_state_dict(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -> None:
+    """Restores a :func:`state_dict` into ``state``: checks all of it first (``LocoCheckpointError`` if corrupt,
+    ``LocoCheckpointMismatch`` if saved with another layout), then sets the buffers and the step counter."""
+    apply_plan(state, parse_state_dict(state, sd, named_params))
 
 
 def parse_state_dict(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -> LoadPlan:
-    """Checks a saved entry against ``state`` (config, topology) and the model; touches nothing.
+    """Checks a saved entry against ``state`` (config, hop plan) and the model; touches nothing.
 
     Raises :class:`LocoCheckpointError` for a corrupt or truncated entry and :class:`LocoCheckpointMismatch` for a
     valid entry saved with another layout.
@@ -142,9 +140,9 @@ def _parse(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -> LoadPlan
     version = sd["version"]
     if not _is_int(version) or version < 1:
         _corrupt(f"{where}: version is {version!r}, expected a positive integer")
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         _corrupt(f"{where}: format version {version} was written by another deepspeed-loco release; this one reads "
-                 f"version {FORMAT_VERSION}")
+                 f"versions {list(READ_VERSIONS)}")
     step = sd["step"]
     if not _is_int(step) or step < 0:
         _corrupt(f"{where}: step is {step!r}, expected an integer >= 0")
@@ -170,41 +168,48 @@ def _parse(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -> LoadPlan
             f"{_describe(current)} ({diff}), so they do not fit", int(step))
 
     plan = LoadPlan(step=int(step))
-    topo, cfg = state.topology, state.config
-    has_buffers = cfg.error_feedback and topo.world_size > 1
-    if params and not has_buffers:
+    rows = state.plan.error_rows()
+    if params and not rows:
         _corrupt(f"{where} holds buffers for {len(params)} parameter(s) but its signature says there are none")
     for name, entry in params.items():
         if not isinstance(name, str) or name not in named_params:
             _corrupt(f"{where}: buffers for parameter {name!r}, which this model does not have")
         param = named_params[name]
         at = f"{where}, parameter {name!r}"
-        if not isinstance(entry, Mapping) or any(k not in entry for k in ("numel", "hop1", "hop2")):
-            _corrupt(f"{at}: expected a dict with 'numel', 'hop1' and 'hop2', got {_brief(entry)}")
+        buffers = _entry_buffers(at, entry, version)
         numel = _numel(param)
         if not _is_int(entry["numel"]) or entry["numel"] != numel:
             _corrupt(f"{at}: saved for {entry['numel']!r} elements, the model's parameter has {numel}")
-        cols = padded_partition_size(numel, topo.world_size, cfg.group_size)
-        hop1 = _check_buffer(f"{at}, hop1", entry["hop1"], topo.world_size if topo.local_size > 1 else None, cols,
-                             cfg)
-        hop2 = _check_buffer(f"{at}, hop2", entry["hop2"], topo.num_nodes if topo.num_nodes > 1 else None, cols,
-                             cfg)
-        plan.entries.append((param, numel, hop1, hop2))
+        extra = sorted(set(buffers) - set(rows))
+        if extra:
+            _corrupt(f"{at}: buffers for hop(s) {extra}, which this layout does not have (hops: {list(rows)})")
+        cols = state.plan.widths([numel])[0]
+        plan.entries.append((param, numel, {hop: _check_buffer(f"{at}, {hop}", buffers.get(hop), count, cols,
+                                                               state.plan) for hop, count in rows.items()}))
     return plan
 
 
-def _check_buffer(at: str, saved: Any, rows: Optional[int], cols: int, cfg) -> Optional[tuple]:
-    if rows is None:
-        if saved is not None:
-            _corrupt(f"{at}: saved, but this layout has no such hop")
-        return None
+def _entry_buffers(at: str, entry: Any, version: int) -> Mapping[str, Any]:
+    """A parameter entry's ``{hop name: saved buffer}``; version 1 named the hops ``hop1`` and ``hop2``."""
+    fields_ = ("numel", "buffers") if version >= 2 else ("numel", ) + tuple(V1_HOP_NAMES)
+    if not isinstance(entry, Mapping) or any(k not in entry for k in fields_):
+        _corrupt(f"{at}: expected a dict with {', '.join(repr(k) for k in fields_[:-1])} and {fields_[-1]!r}, "
+                 f"got {_brief(entry)}")
+    if version == 1:
+        return {hop: entry[old] for old, hop in V1_HOP_NAMES.items() if entry[old] is not None}
+    if not isinstance(entry["buffers"], Mapping):
+        _corrupt(f"{at}: buffers is {_brief(entry['buffers'])}, expected a dict keyed by hop name")
+    return entry["buffers"]
+
+
+def _check_buffer(at: str, saved: Any, rows: int, cols: int, plan) -> tuple:
     if not isinstance(saved, Mapping) or "values" not in saved or "scale" not in saved:
         _corrupt(f"{at}: expected a dict with 'values' and 'scale', got {_brief(saved)}")
     values, scale = saved["values"], saved["scale"]
-    int8 = cfg.error_bits == 8
+    int8 = plan.error_bits == 8
     _check_tensor(f"{at}, values", values, torch.int8 if int8 else torch.float32, (rows, cols))
     if int8:
-        _check_tensor(f"{at}, scale", scale, torch.float32, (rows, cols // cfg.group_size))
+        _check_tensor(f"{at}, scale", scale, torch.float32, (rows, cols // plan.group_size))
     elif scale is not None:
         _corrupt(f"{at}: scale must be None for error_bits 32, got {_brief(scale)}")
     return values, scale
@@ -225,13 +230,12 @@ def _check_tensor(at: str, value: Any, dtype: torch.dtype, shape: tuple) -> None
 def apply_plan(state, plan: LoadPlan) -> None:
     """Makes ``state`` exactly the checked entry: every buffer zeroed, the saved ones copied in, the step set."""
     state.reset()
-    for param, numel, hop1, hop2 in plan.entries:
-        feedback = state.for_param(param, numel, _device(param))
-        for buffer, saved in ((feedback.hop1, hop1), (feedback.hop2, hop2)):
-            if buffer is not None:
-                buffer.values.copy_(saved[0])
-                if buffer.scale is not None:
-                    buffer.scale.copy_(saved[1])
+    for param, numel, saved in plan.entries:
+        buffers = state.for_param(param, numel, _device(param))
+        for hop, (values, scale) in saved.items():
+            buffers[hop].values.copy_(values)
+            if buffers[hop].scale is not None:
+                buffers[hop].scale.copy_(scale)
     state.step = plan.step
 
 
@@ -261,118 +265,58 @@ def _corrupt(message: str):
     raise LocoCheckpointError(f"deepspeed-loco: {message}")
 
 
-# ------------------------------------------------------------------------------------- the optimizer wrapping
-_MISSING = object()
-
-
+# ------------------------------------------------------------------------------------------- what a load does
 @dataclass
-class _Decision:
-    kind: str  # "load", "reset" or "error"
+class LoadDecision:
+    """What loading a checkpoint does to the LoCo state: ``kind`` is "load" (``plan``, None when there is nothing
+    to restore), "reset" (zero the buffers, restore ``step`` unless None; ``why`` is logged) or "error" (raise)."""
+    kind: str
     why: str = ""
     plan: Optional[LoadPlan] = None
-    step: Optional[int] = None  # for "reset": the step counter to restore, None keeps the current one
+    step: Optional[int] = None
 
 
-class CheckpointHooks:
-    """Wraps one ZeRO-3 optimizer's ``state_dict`` and ``load_state_dict`` to carry ``hook.state``."""
-
-    def __init__(self, hook, named_params: Mapping[str, torch.Tensor]):
-        self.hook = hook
-        self.named_params = dict(named_params)
-        optimizer = hook.optimizer
-        self._original_state_dict = optimizer.state_dict
-        self._original_load_state_dict = optimizer.load_state_dict
-        self._load_signature = inspect.signature(self._original_load_state_dict)
-        optimizer.state_dict = self.state_dict
-        optimizer.load_state_dict = self.load_state_dict
-
-    def state_dict(self, *args, **kwargs):
-        sd = self._original_state_dict(*args, **kwargs)
-        sd[STATE_KEY] = self.hook.state.state_dict(self.named_params)
-        return sd
-
-    def load_state_dict(self, *args, **kwargs):
-        bound = self._load_signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        call = bound.arguments
-        decision = self._decide(call.get("state_dict_list"), call.get("checkpoint_folder"),
-                                call.get("load_optimizer_states", True))
-        if call.get("load_serial") is None:  # serial loading runs the ranks one after another: no collective
-            decision = self._agree(decision)
-        if decision.kind == "error":
-            raise LocoCheckpointError(decision.why)
-        result = self._original_load_state_dict(*args, **kwargs)
-        self._apply(decision)
-        return result
-
-    def _rank(self) -> int:
-        group = self.hook.optimizer.dp_process_group
-        return dist.get_rank(group=group) if dist.is_initialized() else 0
-
-    def _decide(self, state_dict_list, checkpoint_folder, load_optimizer_states) -> _Decision:
-        state = self.hook.state
-        entry = _MISSING
-        if not checkpoint_folder and state_dict_list is not None:
-            mine = state_dict_list[self._rank()]
-            if isinstance(mine, dict):
-                entry = mine.pop(STATE_KEY, _MISSING)  # DeepSpeed's loader never sees it
-        if checkpoint_folder:
-            return _Decision("reset", "a universal checkpoint carries no LoCo error-feedback state")
-        if not load_optimizer_states:
-            return _Decision("reset", "load_optimizer_states=False: LoCo's buffers are optimizer state")
-        if entry is _MISSING:
-            if not (state.config.error_feedback and state.topology.world_size > 1):
-                return _Decision("load", plan=None)
-            return _Decision("reset", f"the checkpoint has no {STATE_KEY!r} entry (saved without deepspeed-loco, or "
-                             f"by the removed upstream LoCo, which never saved its buffers)")
-        try:
-            return _Decision("load", plan=parse_state_dict(state, entry, self.named_params))
-        except LocoCheckpointMismatch as mismatch:
-            return _Decision("reset", str(mismatch), step=mismatch.step)
-        except LocoCheckpointError as err:
-            if getattr(state.config, "on_corrupt_checkpoint", "error") == "reset":
-                return _Decision("reset", f"{err} (zeropp_loco_param.on_corrupt_checkpoint is 'reset')")
-            return _Decision("error", f"{err}; the ZeRO-3 optimizer state and LoCo state were not loaded. Set "
-                             f"zeropp_loco_param.on_corrupt_checkpoint to 'reset' to start the error buffers from "
-                             f"zero instead")
-
-    def _agree(self, decision: _Decision) -> _Decision:
-        """Every rank raises if one does, so that no rank goes on into a collective the others never reach."""
-        group = self.hook.optimizer.dp_process_group
-        if not dist.is_initialized() or dist.get_world_size(group=group) == 1:
-            return decision
-        from deepspeed.accelerator import get_accelerator
-        flag = torch.tensor([1 if decision.kind == "error" else 0], dtype=torch.int32,
-                            device=get_accelerator().current_device_name())
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        if int(flag.item()) and decision.kind != "error":
-            return _Decision("error", "deepspeed-loco: the LoCo state in another rank's checkpoint file is corrupt "
-                             "(that rank's LocoCheckpointError says what); the ZeRO-3 optimizer state and LoCo "
-                             "state were not loaded")
-        return decision
-
-    def _apply(self, decision: _Decision) -> None:
-        state = self.hook.state
-        if decision.kind == "load":
-            if decision.plan is not None:
-                apply_plan(state, decision.plan)
-                if self._rank() == 0:
-                    logger.info(f"deepspeed-loco: restored error-feedback state ({len(decision.plan.entries)} "
-                                f"parameters, optimizer step {state.step})")
-            return
-        state.reset()
-        if decision.step is not None:
-            state.step = decision.step
-        logger.warning(f"deepspeed-loco: rank {self._rank()}: error-feedback buffers start from zero: {decision.why}")
+def decide_load(state, entry: Any, named_params: Mapping[str, torch.Tensor], universal: bool,
+                load_optimizer_states: bool) -> LoadDecision:
+    """The rules of ``docs/checkpointing.md`` for this rank's saved ``entry`` (``MISSING`` when the file has none)."""
+    if universal:
+        return LoadDecision("reset", "a universal checkpoint carries no LoCo error-feedback state")
+    if not load_optimizer_states:
+        return LoadDecision("reset", "load_optimizer_states=False: LoCo's buffers are optimizer state")
+    if entry is MISSING:
+        if not state.plan.error_rows():
+            return LoadDecision("load")
+        return LoadDecision("reset", f"the checkpoint has no {STATE_KEY!r} entry (saved without deepspeed-loco, or "
+                            f"by the removed upstream LoCo, which never saved its buffers)")
+    try:
+        return LoadDecision("load", plan=parse_state_dict(state, entry, named_params))
+    except LocoCheckpointMismatch as mismatch:
+        return LoadDecision("reset", str(mismatch), step=mismatch.step)
+    except LocoCheckpointError as err:
+        if state.config.on_corrupt_checkpoint == "reset":
+            return LoadDecision("reset", f"{err} (zeropp_loco_param.on_corrupt_checkpoint is 'reset')")
+        return LoadDecision("error", f"{err}; the ZeRO-3 optimizer state and LoCo state were not loaded. Set "
+                            f"zeropp_loco_param.on_corrupt_checkpoint to 'reset' to start the error buffers from "
+                            f"zero instead")
 
 
-def install(hook, named_params: Optional[Mapping[str, torch.Tensor]] = None) -> CheckpointHooks:
-    """Makes ``hook.optimizer``'s checkpoints carry ``hook.state``; ``named_params`` default: the optimizer's
-    ``param_names`` (DeepSpeed's ``{param: name}`` of the engine's module)."""
-    if named_params is None:
-        named_params = {name: p for p, name in getattr(hook.optimizer, "param_names", {}).items()}
-    return CheckpointHooks(hook, named_params)
+def apply_decision(state, decision: LoadDecision, rank: int) -> None:
+    """Carries out a "load" or "reset" decision on ``state`` and logs it (rank ``rank``)."""
+    if decision.kind == "load":
+        if decision.plan is not None:
+            apply_plan(state, decision.plan)
+            if rank == 0:
+                logger.info(f"deepspeed-loco: restored error-feedback state ({len(decision.plan.entries)} "
+                            f"parameters, optimizer step {state.step})")
+        return
+    state.reset()
+    if decision.step is not None:
+        state.step = decision.step
+    logger.warning(f"deepspeed-loco: rank {rank}: error-feedback buffers start from zero: {decision.why}")
 
 
-__all__ = ["LocoCheckpointError", "STATE_KEY", "FORMAT_VERSION", "state_dict", "parse_state_dict", "apply_plan",
-           "install", "ON_CORRUPT_CHOICES"]
+MISSING = object()  # a checkpoint file without a LoCo entry
+
+__all__ = ["LocoCheckpointError", "LocoCheckpointMismatch", "STATE_KEY", "FORMAT_VERSION", "state_dict",
+           "load_state_dict", "parse_state_dict", "apply_plan", "LoadDecision", "decide_load", "apply_decision",
+           "MISSING", "ON_CORRUPT_CHOICES"]

@@ -224,11 +224,12 @@ def test_telemetry_counts_the_bytes_per_element_of_each_hop_scales_included(proc
     for stats in process_pool(world).run(check_wire_stats, local, intra_bits, inter_bits, reduces):
         assert stats.reduces == reduces
         # hop 1 sends all but the M rows a rank keeps, hop 2 all but one row
-        assert stats.intra_elements == reduces * (local - 1) * nodes * columns
-        assert stats.inter_elements == reduces * (nodes - 1) * columns
+        assert stats.elements.get("intra_node", 0) == reduces * (local - 1) * nodes * columns
+        assert stats.elements.get("inter_node", 0) == reduces * (nodes - 1) * columns
         intra = wire_bytes_per_element(intra_bits, GROUP) if local > 1 else 0.0
         inter = wire_bytes_per_element(inter_bits, GROUP) if nodes > 1 else 0.0
-        assert (stats.intra_bytes_per_element, stats.inter_bytes_per_element) == (intra, inter)
-        assert stats.intra_bytes == intra * stats.intra_elements and stats.inter_bytes == inter * stats.inter_elements
+        assert (stats.bytes_per_element("intra_node"), stats.bytes_per_element("inter_node")) == (intra, inter)
+        for hop in stats.bytes:
+            assert stats.bytes[hop] == {"intra_node": intra, "inter_node": inter}[hop] * stats.elements[hop]
     assert wire_bytes_per_element(intra_bits, GROUP) == 8 / 8 + 4 / GROUP == 1.125  # the figures, spelled out
     assert wire_bytes_per_element(inter_bits, GROUP) == 2 / 8 + 4 / GROUP == 0.375

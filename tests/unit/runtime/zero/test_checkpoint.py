@@ -13,7 +13,7 @@ import torch
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.runtime.comm.topology import LocoTopology
-from deepspeed_loco.runtime.zero import checkpoint
+from deepspeed_loco.runtime.zero import checkpoint, stage3_hook
 from deepspeed_loco.runtime.zero.checkpoint import LocoCheckpointError, LocoCheckpointMismatch
 from deepspeed_loco.runtime.zero.error_feedback import PARAM_ATTRIBUTE, ErrorFeedbackState
 from deepspeed_loco.utils.logging import logger
@@ -98,7 +98,7 @@ def named(engine):
 
 
 def snapshot(hook, engine):
-    return hook.state.state_dict(named(engine))
+    return checkpoint.state_dict(hook.state, named(engine))
 
 
 def same_state(a, b):
@@ -107,12 +107,11 @@ def same_state(a, b):
     if a["step"] != b["step"] or a["signature"] != b["signature"] or set(a["params"]) != set(b["params"]):
         return [f"step/signature/params differ: {a['step']} {b['step']} {sorted(a['params'])} {sorted(b['params'])}"]
     for name, entry in a["params"].items():
-        for hop in ("hop1", "hop2"):
-            x, y = entry[hop], b["params"][name][hop]
-            if x is None or y is None:
-                if (x is None) != (y is None):
-                    diffs.append(f"{name} {hop}")
-                continue
+        if set(entry["buffers"]) != set(b["params"][name]["buffers"]):
+            diffs.append(f"{name} hops {sorted(entry['buffers'])} {sorted(b['params'][name]['buffers'])}")
+            continue
+        for hop, x in entry["buffers"].items():
+            y = b["params"][name]["buffers"][hop]
             for key in ("values", "scale"):
                 if (x[key] is None) != (y[key] is None) or (x[key] is not None and not torch.equal(x[key], y[key])):
                     diffs.append(f"{name} {hop} {key}")
@@ -165,8 +164,8 @@ DELETE = object()
 
 def truncate_on_rank_2(entry):
     if torch.distributed.get_rank() == 2:
-        hop1 = entry["params"]["a.weight"]["hop1"]
-        hop1["values"] = hop1["values"][:, :-GROUP].clone()
+        intra = entry["params"]["a.weight"]["buffers"]["intra_node"]
+        intra["values"] = intra["values"][:, :-GROUP].clone()
     return entry
 
 
@@ -306,7 +305,7 @@ def test_corrupt_entry_on_one_rank_is_a_clear_error_on_every_rank(scenario):
         message = r["corrupt_error"]
         assert message is not None and r["corrupt_step"] == 0
         if r["rank"] == 2:
-            assert "parameter 'a.weight', hop1, values: shape (4, 96), expected (4, 128) (truncated?)" in message
+            assert "parameter 'a.weight', intra_node, values: shape (4, 96), expected (4, 128) (truncated?)" in message
             assert "on_corrupt_checkpoint" in message
         else:
             assert "another rank's checkpoint file is corrupt" in message
@@ -335,7 +334,7 @@ def filled_state(world=4, local=2, seed=0, **cfg):
     gen = torch.Generator().manual_seed(seed)
     for param in params.values():
         feedback = state.for_param(param, param.numel(), "cpu")
-        for buffer in (feedback.buffers() if feedback else ()):
+        for buffer in (feedback.values() if feedback else ()):
             buffer.store_(torch.randn(buffer.shape, generator=gen))
     state.step = 7
     return state, params
@@ -344,29 +343,45 @@ def filled_state(world=4, local=2, seed=0, **cfg):
 @pytest.mark.parametrize("world,local,error_bits", [(4, 2, 8), (4, 2, 32), (4, 1, 8), (4, 4, 8), (8, 2, 32)])
 def test_state_dict_round_trips_through_torch_save(world, local, error_bits, tmp_path):
     state, params = filled_state(world, local, error_bits=error_bits)
-    torch.save(state.state_dict(params), tmp_path / "loco.pt")
+    torch.save(checkpoint.state_dict(state, params), tmp_path / "loco.pt")
     loaded = torch.load(tmp_path / "loco.pt", weights_only=True)  # plain types and tensors only
     fresh, fresh_params = filled_state(world, local, seed=1, error_bits=error_bits)
-    fresh.load_state_dict(loaded, fresh_params)
+    checkpoint.load_state_dict(fresh, loaded, fresh_params)
     assert fresh.step == 7
-    assert same_state(state.state_dict(params), fresh.state_dict(fresh_params)) == []
+    assert same_state(checkpoint.state_dict(state, params), checkpoint.state_dict(fresh, fresh_params)) == []
+
+
+@pytest.mark.parametrize("world,local", [(4, 2), (4, 1), (4, 4)])
+def test_version_1_files_load_with_their_hop1_hop2_keys(world, local):
+    """Format 1 (before hop names) stored the intra-node buffer as "hop1" and the inter-node one as "hop2"."""
+    state, params = filled_state(world, local)
+    sd = checkpoint.state_dict(state, params)
+    v1 = dict(sd, version=1, params={
+        name: {"ds_id": e["ds_id"], "numel": e["numel"], "hop1": e["buffers"].get("intra_node"),
+               "hop2": e["buffers"].get("inter_node")} for name, e in sd["params"].items()})
+    fresh, fresh_params = filled_state(world, local, seed=1)
+    checkpoint.load_state_dict(fresh, v1, fresh_params)
+    assert same_state(sd, checkpoint.state_dict(fresh, fresh_params)) == []
+    del v1["params"]["w"]["hop2"]
+    with pytest.raises(LocoCheckpointError, match="parameter 'w': expected a dict with 'numel', 'hop1' and 'hop2'"):
+        checkpoint.load_state_dict(fresh, v1, fresh_params)
 
 
 def test_load_allocates_buffers_on_parameters_that_have_none_yet():
     state, params = filled_state()
-    fresh = ErrorFeedbackState(state.config, state.topology)
+    fresh = ErrorFeedbackState(state.config, LocoTopology(4, 2, 0))
     new_params = {name: torch.nn.Parameter(torch.zeros(shape)) for name, shape in NAMES.items()}
-    fresh.load_state_dict(state.state_dict(params), new_params)
+    checkpoint.load_state_dict(fresh, checkpoint.state_dict(state, params), new_params)
     assert all(hasattr(p, PARAM_ATTRIBUTE) for p in new_params.values()) and len(fresh.params) == 3
-    assert same_state(state.state_dict(params), fresh.state_dict(new_params)) == []
+    assert same_state(checkpoint.state_dict(state, params), checkpoint.state_dict(fresh, new_params)) == []
 
 
 def test_a_state_with_no_buffers_saves_and_loads():
     state = ErrorFeedbackState(LocoConfig(error_feedback=False), LocoTopology(4, 2, 0))
     state.step = 3
-    sd = state.state_dict({})
+    sd = checkpoint.state_dict(state, {})
     fresh = ErrorFeedbackState(LocoConfig(error_feedback=False), LocoTopology(4, 2, 0))
-    fresh.load_state_dict(sd, {})
+    checkpoint.load_state_dict(fresh, sd, {})
     assert sd["params"] == {} and fresh.step == 3
 
 
@@ -389,50 +404,61 @@ CORRUPTIONS = [
     (lambda sd: [sd], "is a list, expected a dict"),
     (_set(["params"], DELETE), "lacks field(s) ['params'] (truncated"),
     (_set(["format"], "something"), "format is 'something'"),
-    (_set(["version"], 2), "format version 2 was written by another deepspeed-loco release"),
+    (_set(["version"], 3), "format version 3 was written by another deepspeed-loco release"),
     (_set(["step"], -1), "step is -1"),
     (_set(["step"], 2.5), "step is 2.5"),
     (_set(["signature", "group_size"], DELETE), "signature lacks 'group_size'"),
     (_set(["signature", "world_size"], "4"), "signature['world_size'] is '4', of the wrong type"),
     (_set(["params"], [1, 2]), "params is a list"),
-    (_set(["params", "nope"], {"numel": 1, "hop1": None, "hop2": None}),
+    (_set(["params", "nope"], {"numel": 1, "buffers": {}}),
      "buffers for parameter 'nope', which this model does not have"),
     (_set(["params", "w", "numel"], 999), "parameter 'w': saved for 999 elements, the model's parameter has 700"),
     (_set(["params", "w", "numel"], torch.tensor([700, 700])), "parameter 'w': saved for tensor([700, 700]) elements"),
     (_set(["signature"], {k: 1 for k in checkpoint.SIGNATURE_KEYS}), "signature['hadamard'] is 1, of the wrong type"),
-    (_set(["params", "w", "hop1"], DELETE), "parameter 'w': expected a dict with 'numel', 'hop1' and 'hop2'"),
-    (_set(["params", "w", "hop2"], None),
-     "parameter 'w', hop2: expected a dict with 'values' and 'scale', got NoneType"),
-    (_set(["params", "w", "hop1", "scale"], DELETE), "hop1: expected a dict with 'values' and 'scale'"),
-    (_set(["params", "w", "hop1", "values"], lambda t: t[:, :-GROUP]),
-     "parameter 'w', hop1, values: shape (4, 160), expected (4, 192) (truncated?)"),
-    (_set(["params", "w", "hop1", "values"], lambda t: t[:2]), "hop1, values: shape (2, 192), expected (4, 192)"),
-    (_set(["params", "w", "hop2", "scale"], lambda t: t.reshape(-1)), "hop2, scale: shape (12,), expected (2, 6)"),
-    (_set(["params", "w", "hop1", "values"], lambda t: t.float()), "values: dtype torch.float32, expected torch.int8"),
-    (_set(["params", "w", "hop1", "values"], lambda t: t.tolist()), "values: expected a torch.int8 tensor, got list"),
-    (_set(["params", "bias", "hop1", "scale"], lambda t: t.index_fill(1, torch.tensor([0]), float("nan"))),
-     "parameter 'bias', hop1, scale: 4 non-finite value(s)"),
-    (_set(["params", "tiny", "hop2", "scale"], lambda t: t.fill_(float("inf"))), "2 non-finite value(s)"),
+    (_set(["params", "w", "buffers"], DELETE), "parameter 'w': expected a dict with 'numel' and 'buffers'"),
+    (_set(["params", "w", "buffers"], [1]), "parameter 'w': buffers is list [1], expected a dict keyed by hop name"),
+    (_set(["params", "w", "buffers", "inter_node"], None),
+     "parameter 'w', inter_node: expected a dict with 'values' and 'scale', got NoneType"),
+    (_set(["params", "w", "buffers", "inter_node"], DELETE),
+     "parameter 'w', inter_node: expected a dict with 'values' and 'scale', got NoneType"),
+    (_set(["params", "w", "buffers", "rack"], {}), "parameter 'w': buffers for hop(s) ['rack'], which this layout"),
+    (_set(["params", "w", "buffers", "intra_node", "scale"], DELETE),
+     "intra_node: expected a dict with 'values' and 'scale'"),
+    (_set(["params", "w", "buffers", "intra_node", "values"], lambda t: t[:, :-GROUP]),
+     "parameter 'w', intra_node, values: shape (4, 160), expected (4, 192) (truncated?)"),
+    (_set(["params", "w", "buffers", "intra_node", "values"], lambda t: t[:2]),
+     "intra_node, values: shape (2, 192), expected (4, 192)"),
+    (_set(["params", "w", "buffers", "inter_node", "scale"], lambda t: t.reshape(-1)),
+     "inter_node, scale: shape (12,), expected (2, 6)"),
+    (_set(["params", "w", "buffers", "intra_node", "values"], lambda t: t.float()),
+     "values: dtype torch.float32, expected torch.int8"),
+    (_set(["params", "w", "buffers", "intra_node", "values"], lambda t: t.tolist()),
+     "values: expected a torch.int8 tensor, got list"),
+    (_set(["params", "bias", "buffers", "intra_node", "scale"],
+          lambda t: t.index_fill(1, torch.tensor([0]), float("nan"))),
+     "parameter 'bias', intra_node, scale: 4 non-finite value(s)"),
+    (_set(["params", "tiny", "buffers", "inter_node", "scale"], lambda t: t.fill_(float("inf"))),
+     "2 non-finite value(s)"),
 ]
 
 
 @pytest.mark.parametrize("corrupt,expected", CORRUPTIONS)
 def test_corrupt_entry_raises_naming_the_problem_and_touches_nothing(corrupt, expected):
     state, params = filled_state()
-    before = state.state_dict(params)
-    bad = corrupt(state.state_dict(params))
+    before = checkpoint.state_dict(state, params)
+    bad = corrupt(checkpoint.state_dict(state, params))
     with pytest.raises(LocoCheckpointError) as err:
-        state.load_state_dict(bad, params)
+        checkpoint.load_state_dict(state, bad, params)
     assert expected in str(err.value)
-    assert same_state(before, state.state_dict(params)) == []  # validated before anything was touched
+    assert same_state(before, checkpoint.state_dict(state, params)) == []  # validated before anything was touched
 
 
 def test_non_finite_values_in_fp32_buffers_are_corrupt():
     state, params = filled_state(error_bits=32)
-    sd = state.state_dict(params)
-    sd["params"]["w"]["hop2"]["values"][1, 3] = float("nan")
-    with pytest.raises(LocoCheckpointError, match=r"parameter 'w', hop2, values: 1 non-finite value\(s\)"):
-        state.load_state_dict(sd, params)
+    sd = checkpoint.state_dict(state, params)
+    sd["params"]["w"]["buffers"]["inter_node"]["values"][1, 3] = float("nan")
+    with pytest.raises(LocoCheckpointError, match=r"parameter 'w', inter_node, values: 1 non-finite value\(s\)"):
+        checkpoint.load_state_dict(state, sd, params)
 
 
 @pytest.mark.parametrize("change,text", [
@@ -450,15 +476,15 @@ def test_another_layout_is_a_mismatch_naming_old_and_new(change, text):
     old.step = 11
     state, params = filled_state()
     with pytest.raises(LocoCheckpointMismatch) as err:
-        state.load_state_dict(old.state_dict({}), params)
+        checkpoint.load_state_dict(state, checkpoint.state_dict(old, {}), params)
     assert text in str(err.value) and err.value.step == 11
 
 
 def test_other_wire_bits_keep_the_buffers():
     state, params = filled_state(intra_node_bits=8, inter_node_bits=2)
     fresh, fresh_params = filled_state(seed=3)
-    fresh.load_state_dict(state.state_dict(params), fresh_params)
-    assert same_state(state.state_dict(params), fresh.state_dict(fresh_params))[0].startswith("step/signature")
+    checkpoint.load_state_dict(fresh, checkpoint.state_dict(state, params), fresh_params)
+    assert same_state(checkpoint.state_dict(state, params), checkpoint.state_dict(fresh, fresh_params))[0].startswith("step/signature")
     assert all(torch.equal(a.dequantize(), b.dequantize()) for a, b in zip(state.buffers(), fresh.buffers()))
 
 
@@ -468,6 +494,9 @@ class _StubOptimizer:
 
     def __init__(self):
         self.loaded = []
+
+    def step(self):
+        raise AssertionError("not stepped in these tests")
 
     def state_dict(self):
         return {"ds": 1}
@@ -487,7 +516,7 @@ class _StubHook:
 def _hooked(**cfg):
     state, params = filled_state(**cfg)
     hook = _StubHook(state)
-    checkpoint.install(hook, params)
+    stage3_hook.patch_optimizer(hook.optimizer, state, params, reduce=None, after_step=None)
     hook.params = params
     return hook
 
@@ -524,13 +553,13 @@ def test_states_without_loco_entry_reset_with_a_warning(kwargs, why):
 def test_corrupt_entry_is_an_error_before_deepspeed_loads_anything():
     hook = _hooked()
     sd = hook.optimizer.state_dict()
-    sd[checkpoint.STATE_KEY]["params"]["w"]["hop1"]["values"] = sd[checkpoint.STATE_KEY]["params"]["w"]["hop1"][
-        "values"][:, :7]
-    before = hook.state.state_dict(hook.params)
+    intra = sd[checkpoint.STATE_KEY]["params"]["w"]["buffers"]["intra_node"]
+    intra["values"] = intra["values"][:, :7]
+    before = checkpoint.state_dict(hook.state, hook.params)
     with pytest.raises(LocoCheckpointError, match=r"shape \(4, 7\).*on_corrupt_checkpoint"):
         hook.optimizer.load_state_dict([sd])
     assert hook.optimizer.loaded == []
-    assert same_state(before, hook.state.state_dict(hook.params)) == []
+    assert same_state(before, checkpoint.state_dict(hook.state, hook.params)) == []
 
 
 def test_reset_policy_turns_a_corrupt_entry_into_a_warning():
@@ -549,6 +578,6 @@ def test_layout_mismatch_keeps_the_saved_step():
     state.step = 42
     hook = _hooked()
     with loco_warnings() as warned:
-        hook.optimizer.load_state_dict([{checkpoint.STATE_KEY: state.state_dict({})}])
+        hook.optimizer.load_state_dict([{checkpoint.STATE_KEY: checkpoint.state_dict(state, {})}])
     assert len(warned) == 1 and "error_bits 32 -> 8" in warned[0]
     assert hook.state.step == 42 and not any(bool(b.dequantize().any()) for b in hook.state.buffers())

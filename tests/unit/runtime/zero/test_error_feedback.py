@@ -56,7 +56,7 @@ def test_no_buffers_without_error_feedback_or_in_a_world_of_one():
 def test_rescale_multiplies_the_stored_error():
     state = ErrorFeedbackState(LocoConfig(group_size=GROUP), LocoTopology(4, 2, 0))
     buffers = state.for_param(torch.zeros(1), 4 * GROUP, "cpu")
-    buffers.hop1.store_(torch.randn(4, GROUP))
-    before = buffers.hop1.dequantize().clone()
+    buffers["intra_node"].store_(torch.randn(4, GROUP))
+    before = buffers["intra_node"].dequantize().clone()
     state.rescale(0.5)
-    assert torch.equal(buffers.hop1.dequantize(), before * 0.5)
+    assert torch.equal(buffers["intra_node"].dequantize(), before * 0.5)

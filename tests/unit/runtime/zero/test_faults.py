@@ -205,7 +205,7 @@ def train_with_a_poisoned_step(dtype, steps=5, poison_step=2):
 
     def layer_nonzero(prefix):
         return any(bool(b.dequantize().any()) for n, p in named.items() if n.startswith(prefix)
-                   for b in getattr(p, PARAM_ATTRIBUTE).buffers())
+                   for b in getattr(p, PARAM_ATTRIBUTE).values())
 
     trace = []
     for step in range(steps):

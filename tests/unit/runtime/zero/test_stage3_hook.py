@@ -133,17 +133,17 @@ def test_loco_trains_like_full_precision(arms):
 def test_quantized_arms_send_quantized_bytes_through_both_hops(arms):
     for arm in ("plain", "loco"):
         stats = arms[arm][0]["stats"]
-        assert stats.reduces >= STEPS and stats.intra_bytes > 0 and stats.inter_bytes > 0
+        assert stats.reduces >= STEPS and stats.bytes["intra_node"] > 0 and stats.bytes["inter_node"] > 0
 
 
 def test_start_up_line_and_telemetry_report_the_wire_bytes_per_element_of_each_hop(arms):
     # 4-bit values and one fp32 scale per group of 32 on both hops: 0.5 + 4/32 bytes per element
     for arm in ("plain", "loco"):
         result = arms[arm][0]
-        assert "; W=4 (M=2 nodes x L=2 ranks); bits intra/inter 4/4, group 32, hadamard off; wire per element: " \
+        assert "; W=4 (M=2 nodes x L=2 ranks); bits intra/inter 4/4, group 32, grid symmetric, hadamard off; wire per element: " \
                "intra-node 0.625 B (4-bit + fp32 scale/32), inter-node 0.625 B (4-bit + fp32 scale/32); " \
                "err_beta" in result["startup"]
-        assert result["stats"].intra_bytes_per_element == result["stats"].inter_bytes_per_element == 0.625
+        assert result["stats"].bytes_per_element("intra_node") == result["stats"].bytes_per_element("inter_node") == 0.625
 
 
 @pytest.mark.parametrize("nodes,local,expected", [
@@ -221,10 +221,10 @@ def test_config_errors_are_clear_on_every_rank(process_pool, update, expected):
 def test_old_deepspeed_is_refused_at_start_up(monkeypatch):
     import deepspeed
 
-    from deepspeed_loco.runtime.zero import stage3_hook
+    from deepspeed_loco.runtime import deepspeed_seam
     monkeypatch.setattr(deepspeed, "__version__", "0.19.7")
     with pytest.raises(RuntimeError, match="needs DeepSpeed >= 0.19.8"):
-        stage3_hook.check_deepspeed_version()
+        deepspeed_seam.check_deepspeed_version()
 
 
 def test_unmodified_script_runs_with_loco_through_the_module_runner(tmp_path):

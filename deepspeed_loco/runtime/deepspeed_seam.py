@@ -1,0 +1,237 @@
+"""Every place deepspeed-loco touches DeepSpeed's internals, in one module.
+
+What is patched, and how it is undone:
+
+* ``deepspeed.initialize`` and ``DeepSpeedConfig.__init__`` (process-wide, by :func:`install`, undone by
+  :func:`uninstall`): the config key ``zero_optimization.zeropp_loco_param``, which DeepSpeed >= 0.19.8 rejects,
+  is validated and taken out before DeepSpeed parses the config.
+* On one ``DeepSpeedZeroOptimizer_Stage3`` instance (by :class:`OptimizerPatch`, undone by its ``restore``): the
+  bucket reduce ``__avg_scatter_grads`` (name-mangled, :data:`REDUCE_METHOD`), ``step``, ``state_dict`` and
+  ``load_state_dict``.
+* Read, never written: the optimizer's ``dp_process_group``, ``dtype``, ``gradient_accumulation_dtype``,
+  ``loss_scale``, ``overflow``, ``param_names`` and its partition-group helpers.
+
+:data:`TESTED_DEEPSPEED` lists the DeepSpeed releases this module was tested with; others start with a warning,
+releases without the hooked method or older than :data:`MIN_DEEPSPEED` fail at start-up.
+"""
+import functools
+import inspect
+import logging
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+from packaging import version
+
+from deepspeed_loco.runtime.zero.checkpoint import LoadDecision, LocoCheckpointError
+from deepspeed_loco.utils.logging import log_rank0
+
+MIN_DEEPSPEED = "0.19.8"
+TESTED_DEEPSPEED = ("0.19.8", )
+REDUCE_METHOD = "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads"
+
+_STOCK: Dict[str, Any] = {}  # what install() replaced: {"initialize": fn, "config_init": fn}
+
+
+# ------------------------------------------------------------------------------------------------ versions
+def check_deepspeed_version() -> None:
+    """Fails unless the installed DeepSpeed has the stage-3 reduce :class:`OptimizerPatch` replaces."""
+    import deepspeed
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    installed = deepspeed.__version__
+    if version.parse(installed) < version.parse(MIN_DEEPSPEED):
+        raise RuntimeError(f"deepspeed-loco needs DeepSpeed >= {MIN_DEEPSPEED}, found {installed}; DeepSpeed "
+                           f"0.16.2-0.19.7 ship their own zeropp_loco_param (use that, or upgrade DeepSpeed)")
+    if not callable(getattr(DeepSpeedZeroOptimizer_Stage3, REDUCE_METHOD, None)):
+        raise RuntimeError(f"deepspeed-loco cannot hook DeepSpeed {installed}: its ZeRO-3 optimizer has no "
+                           f"__avg_scatter_grads (tested with {', '.join(TESTED_DEEPSPEED)}); pin one of those")
+    if installed not in TESTED_DEEPSPEED:
+        log_rank0(f"deepspeed-loco: DeepSpeed {installed} is untested (tested: {', '.join(TESTED_DEEPSPEED)})",
+                  logging.WARNING)
+
+
+def is_stage3_optimizer(optimizer) -> bool:
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    return isinstance(optimizer, DeepSpeedZeroOptimizer_Stage3)
+
+
+# --------------------------------------------------------------------------------------- process-wide patch
+def stock_initialize() -> Callable:
+    """``deepspeed.initialize`` as DeepSpeed shipped it, whether or not :func:`install` replaced it."""
+    import deepspeed
+    return _STOCK.get("initialize", deepspeed.initialize)
+
+
+def install(initialize: Callable, strip_config: Callable[[Any], Any]) -> None:
+    """Replaces ``deepspeed.initialize`` by ``initialize`` and makes ``DeepSpeedConfig`` take its config through
+    ``strip_config`` (a dict or JSON path to the config DeepSpeed may see). Idempotent."""
+    import deepspeed
+    from deepspeed.runtime import config as ds_runtime_config
+
+    if _STOCK:
+        return
+    stock_init = ds_runtime_config.DeepSpeedConfig.__init__
+
+    @functools.wraps(stock_init)
+    def config_init(self, config, *args, **kwargs):
+        stock_init(self, strip_config(config), *args, **kwargs)
+
+    _STOCK.update(initialize=deepspeed.initialize, config_init=stock_init)
+    deepspeed.initialize = initialize
+    ds_runtime_config.DeepSpeedConfig.__init__ = config_init
+
+
+def uninstall() -> None:
+    """Restores the stock ``deepspeed.initialize`` and ``DeepSpeedConfig.__init__`` (a no-op if not installed).
+    Engines already built keep LoCo."""
+    import deepspeed
+    from deepspeed.runtime import config as ds_runtime_config
+
+    if not _STOCK:
+        return
+    deepspeed.initialize = _STOCK["initialize"]
+    ds_runtime_config.DeepSpeedConfig.__init__ = _STOCK["config_init"]
+    _STOCK.clear()
+
+
+def installed() -> bool:
+    return bool(_STOCK)
+
+
+# ------------------------------------------------------------------------------------ per-optimizer patch
+class OptimizerPatch:
+    """Routes one ZeRO-3 optimizer's bucket reduce, ``step`` and checkpoint methods through LoCo.
+
+    ``reduce(params, grads) -> partitions``: the mean partitions of a bucket (``grads`` already in the
+    communication dtype); DeepSpeed's contract around it (dtype casts, the averaging world size of expert groups)
+    is kept here. ``after_step(overflow, scale_ratio)`` runs after every optimizer step (``scale_ratio``: new
+    over old fp16 loss scale). ``save() -> entry`` adds LoCo's entry to the optimizer state; ``decide(entry,
+    universal, load_optimizer_states) -> LoadDecision`` and ``apply(decision)`` carry it through a load.
+    """
+
+    def __init__(self, optimizer, reduce: Callable, after_step: Callable, save: Callable, decide: Callable,
+                 apply: Callable, state_key: str, missing: Any):
+        self.optimizer = optimizer
+        self._reduce, self._after_step = reduce, after_step
+        self._save, self._decide, self._apply = save, decide, apply
+        self._state_key, self._missing = state_key, missing
+        self._group_ranks: Optional[List[int]] = None  # the data-parallel ranks, read at the first reduce
+        self._checked_groups = set()
+        self._stock = {name: getattr(optimizer, name) for name in ("step", "state_dict", "load_state_dict")}
+        self._load_signature = inspect.signature(self._stock["load_state_dict"])
+        setattr(optimizer, REDUCE_METHOD, self._avg_scatter_grads)
+        optimizer.step = self._step
+        optimizer.state_dict = self._state_dict
+        optimizer.load_state_dict = self._load_state_dict
+
+    def restore(self) -> None:
+        """Gives the optimizer back its own methods (LoCo's state is left as it is)."""
+        delattr(self.optimizer, REDUCE_METHOD)  # the class's method shows through again
+        for name, method in self._stock.items():
+            setattr(self.optimizer, name, method)
+
+    @property
+    def group_ranks(self) -> List[int]:
+        if self._group_ranks is None:
+            self._group_ranks = dist.get_process_group_ranks(self.optimizer.dp_process_group)
+        return self._group_ranks
+
+    @property
+    def world_size(self) -> int:
+        return len(self.group_ranks)
+
+    def rank(self) -> int:
+        group = self.optimizer.dp_process_group
+        return dist.get_rank(group=group) if dist.is_initialized() else 0
+
+    def _avg_scatter_grads(self, params: List[torch.nn.Parameter],
+                           communication_data_type: torch.dtype) -> List[torch.Tensor]:
+        """Mean partitions of a bucket, in the optimizer's gradient-accumulation dtype (DeepSpeed's contract)."""
+        opt = self.optimizer
+        opt._assert_same_partition_group(params)
+        self._check_partition_group(opt._get_param_partition_group(params[0]))
+        grads = [p.grad if communication_data_type == opt.dtype else p.grad.to(communication_data_type) for p in params]
+        partitions = self._reduce(params, grads)
+        averaging = opt._gradient_averaging_world_size(params, self.world_size)
+        if averaging != self.world_size:
+            partitions = [p.mul(self.world_size / float(averaging)) for p in partitions]
+        if communication_data_type != opt.gradient_accumulation_dtype:
+            partitions = [p.to(opt.gradient_accumulation_dtype) for p in partitions]
+        return partitions
+
+    def _check_partition_group(self, group) -> None:
+        """LoCo's subgroups were built for the data-parallel ranks; a bucket over other ranks is an error."""
+        if id(group) in self._checked_groups:
+            return
+        if dist.get_process_group_ranks(group) != self.group_ranks:
+            raise RuntimeError("deepspeed-loco: a ZeRO-3 bucket is partitioned over a process group other than the "
+                               "data-parallel group LoCo was set up for (MiCS/expert groups are not supported)")
+        self._checked_groups.add(id(group))
+
+    def _step(self, *args, **kwargs):
+        opt = self.optimizer
+        scale_before = opt.loss_scale
+        result = self._stock["step"](*args, **kwargs)
+        self._after_step(bool(opt.overflow), opt.loss_scale / scale_before)
+        return result
+
+    def _state_dict(self, *args, **kwargs):
+        sd = self._stock["state_dict"](*args, **kwargs)
+        sd[self._state_key] = self._save()
+        return sd
+
+    def _load_state_dict(self, *args, **kwargs):
+        bound = self._load_signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        call = bound.arguments
+        state_dict_list, folder = call.get("state_dict_list"), call.get("checkpoint_folder")
+        entry = self._missing
+        if not folder and state_dict_list is not None:
+            mine = state_dict_list[self.rank()]
+            if isinstance(mine, dict):
+                entry = mine.pop(self._state_key, self._missing)  # DeepSpeed's loader never sees it
+        decision = self._decide(entry, bool(folder), call.get("load_optimizer_states", True))
+        if call.get("load_serial") is None:  # serial loading runs the ranks one after another: no collective
+            decision = self._agree(decision)
+        if decision.kind == "error":
+            raise LocoCheckpointError(decision.why)
+        result = self._stock["load_state_dict"](*args, **kwargs)
+        self._apply(decision)
+        return result
+
+    def _agree(self, decision):
+        """Every rank raises if one does, so that no rank goes on into a collective the others never reach."""
+        from deepspeed.accelerator import get_accelerator
+
+        group = self.optimizer.dp_process_group
+        if not dist.is_initialized() or dist.get_world_size(group=group) == 1:
+            return decision
+        flag = torch.tensor([1 if decision.kind == "error" else 0], dtype=torch.int32,
+                            device=get_accelerator().current_device_name())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        if int(flag.item()) and decision.kind != "error":
+            return LoadDecision("error", "deepspeed-loco: the LoCo state in another rank's checkpoint file is corrupt "
+                                "(that rank's LocoCheckpointError says what); the ZeRO-3 optimizer state and LoCo "
+                                "state were not loaded")
+        return decision
+
+
+def param_names(optimizer) -> Mapping[str, torch.Tensor]:
+    """``{name: parameter}`` from the optimizer's ``param_names`` (DeepSpeed's ``{parameter: name}``)."""
+    return {name: p for p, name in getattr(optimizer, "param_names", {}).items()}
+
+
+def local_device_count() -> int:
+    from deepspeed.accelerator import get_accelerator
+    return get_accelerator().device_count()
+
+
+def current_device() -> torch.device:
+    from deepspeed.accelerator import get_accelerator
+    return torch.device(get_accelerator().current_device_name())
+
+
+__all__ = ["MIN_DEEPSPEED", "TESTED_DEEPSPEED", "REDUCE_METHOD", "check_deepspeed_version", "is_stage3_optimizer",
+           "stock_initialize", "install", "uninstall", "installed", "OptimizerPatch", "param_names",
+           "local_device_count", "current_device"]
