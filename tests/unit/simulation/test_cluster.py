@@ -1,0 +1,95 @@
+"""The simulated cluster against the real thing: the same gradients through ``W`` gloo processes and through
+``W`` virtual ranks in one process give bit-identical partitions and error buffers, step after step."""
+import pytest
+import torch
+
+from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
+from deepspeed_loco.runtime.comm.topology import LocoTopology
+from deepspeed_loco.simulation import SimulatedCluster
+
+SHAPES = [(7, ), (33, 5), (64, 64), (1000, 3)]
+GROUP = 32
+STEPS = 3
+VARIANTS = [(bits, hadamard) for bits in ((4, 4), (8, 2), (2, 2)) for hadamard in (False, True)]
+LAYOUTS = [(2, 2), (3, 2), (1, 4), (4, 1)]  # (M, L)
+
+
+def _config(local, bits, hadamard):
+    return LocoConfig(group_size=GROUP, intra_node_bits=bits[0], inter_node_bits=bits[1], hadamard=hadamard,
+                      local_world_size=local)
+
+
+def _grads(rank, step):
+    gen = torch.Generator().manual_seed(7919 * step + rank)
+    return [torch.randn(shape, generator=gen) * 10**(i - 1) for i, shape in enumerate(SHAPES)]
+
+
+def _snapshot(state):
+    return [(b.values.clone(), None if b.scale is None else b.scale.clone()) for b in state.buffers()]
+
+
+def reduce_on_real_ranks(local):
+    """Every variant, ``STEPS`` reduces each through real gloo all-to-alls: ``{variant: [(partitions, buffers)]}``."""
+    topo = LocoTopology.build(local_size=local)
+    results = {}
+    for bits, hadamard in VARIANTS:
+        reducer = LocoReducer(_config(local, bits, hadamard), topo)
+        holders = [torch.zeros(1) for _ in SHAPES]
+        results[bits, hadamard] = [(reducer.reduce_scatter(holders, _grads(topo.rank, step)),
+                                    _snapshot(reducer.state)) for step in range(STEPS)]
+    return results
+
+
+@pytest.mark.parametrize("nodes,local", LAYOUTS)
+def test_simulation_is_bit_identical_to_real_processes(process_pool, nodes, local):
+    world = nodes * local
+    real = process_pool(world).run(reduce_on_real_ranks, local)
+    for bits, hadamard in VARIANTS:
+        cluster = SimulatedCluster(_config(local, bits, hadamard), nodes, local)
+        try:
+            for step in range(STEPS):
+                simulated = cluster.reduce_scatter([_grads(rank, step) for rank in range(world)])
+                for rank in range(world):
+                    partitions, buffers = real[rank][bits, hadamard][step]
+                    assert all(torch.equal(a, b) for a, b in zip(partitions, simulated[rank])), (bits, hadamard, rank)
+                    mine = _snapshot(cluster.states[rank])
+                    assert len(mine) == len(buffers) > 0
+                    for (values, scale), (values_sim, scale_sim) in zip(buffers, mine):
+                        assert torch.equal(values, values_sim) and torch.equal(scale, scale_sim)
+        finally:
+            cluster.close()
+
+
+def test_mean_gradients_gathers_the_partitions_into_full_gradients():
+    cluster = SimulatedCluster(LocoConfig(group_size=GROUP, error_feedback=False), 2, 2)
+    grads = [_grads(rank, 0) for rank in range(4)]
+    means = cluster.mean_gradients(grads)
+    partitions = cluster.reduce_scatter(grads)
+    for i, (mean, shape) in enumerate(zip(means, SHAPES)):
+        assert mean.shape == shape
+        flat = torch.cat([partitions[r][i] for r in range(4)])
+        assert torch.equal(mean.reshape(-1), flat[:mean.numel()])
+        exact = sum(g[i] for g in grads) / 4
+        # two 4-bit hops: at most half a step each of the largest group absmax (a loose, quantizer-derived bound)
+        step = max(g[i].abs().max() for g in grads) / 7
+        assert (mean - exact).abs().max() <= step
+    cluster.close()
+
+
+def test_a_failing_rank_releases_its_peers_and_raises():
+    cluster = SimulatedCluster(LocoConfig(group_size=GROUP), 2, 2)
+    grads = [_grads(rank, 0) for rank in range(4)]
+    grads[3] = [g.to(torch.int32) for g in grads[3]]  # rank 3 refuses before its first exchange
+    with pytest.raises(TypeError, match="int32"):
+        cluster.reduce_scatter(grads)
+    cluster.close()
+
+
+def test_reset_T_counts_steps_on_every_virtual_rank():
+    cluster = SimulatedCluster(LocoConfig(group_size=GROUP, reset_T=2), 2, 2)
+    cluster.reduce_scatter([_grads(rank, 0) for rank in range(4)])
+    assert all(any(bool(b.values.any()) for b in s.buffers()) for s in cluster.states)
+    assert cluster.on_optimizer_step() is False and cluster.on_optimizer_step() is True
+    assert all(not any(bool(b.values.any()) for b in s.buffers()) for s in cluster.states)
+    cluster.close()
