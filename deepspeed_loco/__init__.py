@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 def initialize(*args, **kwargs):
     """Same signature and return value as ``deepspeed.initialize``; runs LoCo when the config asks for it."""
-    from deepspeed_loco.runtime import deepspeed_seam
+    from deepspeed_loco.runtime.zero import deepspeed_seam
     from deepspeed_loco.runtime.zero import ds_config, stage3_hook
 
     stock = deepspeed_seam.stock_initialize()
@@ -54,14 +54,14 @@ def loco_hook(engine) -> Optional["LocoHook"]:  # noqa: F821
 def install() -> None:
     """Makes stock DeepSpeed accept ``zeropp_loco_param`` and run LoCo (idempotent): ``deepspeed.initialize``
     becomes :func:`initialize`, and ``DeepSpeedConfig`` (hence ``deepspeed.zero.Init``) accepts the key."""
-    from deepspeed_loco.runtime import deepspeed_seam
+    from deepspeed_loco.runtime.zero import deepspeed_seam
     deepspeed_seam.install(initialize, _strip_loco_key)
 
 
 def uninstall() -> None:
     """Undoes :func:`install`: stock ``deepspeed.initialize`` and ``DeepSpeedConfig`` again (engines already built
     keep LoCo; ``loco_hook(engine).detach()`` gives one back its stock reduce)."""
-    from deepspeed_loco.runtime import deepspeed_seam
+    from deepspeed_loco.runtime.zero import deepspeed_seam
     deepspeed_seam.uninstall()
 
 

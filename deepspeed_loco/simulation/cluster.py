@@ -17,7 +17,7 @@ from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import INTER_NODE, INTRA_NODE, HopPlan, plan_hops
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import check_layout
-from deepspeed_loco.runtime.zero.error_feedback import ErrorFeedbackState
+from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
 from deepspeed_loco.simulation.exchange import InProcessAllToAll
 
 

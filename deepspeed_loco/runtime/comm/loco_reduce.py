@@ -7,7 +7,7 @@ import torch
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import Hop, HopPlan, WireLayout
 from deepspeed_loco.ops import kernels_for
-from deepspeed_loco.runtime.zero.error_feedback import ErrorFeedbackState
+from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
 from deepspeed_loco.utils.logging import logger
 
 

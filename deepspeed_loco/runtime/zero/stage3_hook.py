@@ -1,7 +1,7 @@
 """LoCo attached to one DeepSpeed ZeRO-3 optimizer: topology, hop plan, error-feedback state, reducer, and the
 step rules (reset every ``reset_T`` optimizer steps, rescale on an fp16 loss-scale change, clear on overflow).
 
-Every touch of DeepSpeed itself goes through :mod:`deepspeed_loco.runtime.deepspeed_seam`.
+Every touch of DeepSpeed itself goes through :mod:`deepspeed_loco.runtime.zero.deepspeed_seam`.
 """
 import logging
 import os
@@ -12,11 +12,11 @@ import torch
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import describe_hop_cost
 from deepspeed_loco.ops import kernels_for
-from deepspeed_loco.runtime import deepspeed_seam
+from deepspeed_loco.runtime.zero import deepspeed_seam
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.zero import checkpoint
-from deepspeed_loco.runtime.zero.error_feedback import ErrorFeedbackState
+from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
 from deepspeed_loco.utils.logging import log_rank0, logger
 
 ENGINE_ATTRIBUTE = "loco_hook"

@@ -15,7 +15,7 @@ from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.zero import checkpoint, stage3_hook
 from deepspeed_loco.runtime.zero.checkpoint import LocoCheckpointError, LocoCheckpointMismatch
-from deepspeed_loco.runtime.zero.error_feedback import PARAM_ATTRIBUTE, ErrorFeedbackState
+from deepspeed_loco.runtime.comm.error_feedback import PARAM_ATTRIBUTE, ErrorFeedbackState
 from deepspeed_loco.utils.logging import logger
 
 WORLD = 4

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
-from deepspeed_loco.runtime.zero.error_feedback import PARAM_ATTRIBUTE
+from deepspeed_loco.runtime.comm.error_feedback import PARAM_ATTRIBUTE
 from tests.unit.runtime.zero.test_checkpoint import Net, batch, ds_config, gathered, loco_warnings
 
 WORLD = 4

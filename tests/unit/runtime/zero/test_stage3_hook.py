@@ -221,7 +221,7 @@ def test_config_errors_are_clear_on_every_rank(process_pool, update, expected):
 def test_old_deepspeed_is_refused_at_start_up(monkeypatch):
     import deepspeed
 
-    from deepspeed_loco.runtime import deepspeed_seam
+    from deepspeed_loco.runtime.zero import deepspeed_seam
     monkeypatch.setattr(deepspeed, "__version__", "0.19.7")
     with pytest.raises(RuntimeError, match="needs DeepSpeed >= 0.19.8"):
         deepspeed_seam.check_deepspeed_version()

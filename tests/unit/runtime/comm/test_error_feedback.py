@@ -4,7 +4,7 @@ import torch
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
-from deepspeed_loco.runtime.zero.error_feedback import PARAM_ATTRIBUTE, ErrorFeedbackState
+from deepspeed_loco.runtime.comm.error_feedback import PARAM_ATTRIBUTE, ErrorFeedbackState
 
 GROUP = 32
 
