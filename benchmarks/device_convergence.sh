@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the convergence benchmark on one GPU shared by the 4 simulated ranks (gloo carries the
 # collectives, the fused CUDA kernels do LoCo's arithmetic), one process group per seed running side by side.
-# Usage (repository root, wheelhouse .whl/ from ../shared/device/wheels.sh):
+# Usage (repository root, wheelhouse .whl/ from benchmarks/device_wheelhouse.sh):
 #   SEEDS="0 1 2 3 4" BUDGET_S=420 bash benchmarks/device_convergence.sh [extra convergence.py flags]
 #   STREAMS="0:loco8-2,loco2 1:loco8-2,loco2" PROBE=0 bash benchmarks/device_convergence.sh   # chosen arms per seed
 # Each stream's runs go to $OUT/sN_K/runs.jsonl as they finish; all of them are concatenated into $OUT/runs.jsonl.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install the carried wheelhouse, JIT-build the LoCo kernels, run every kernel-vs-reference test
 # and the CUDA reduce test, then time the kernels. Logs and JSON go to $OUT (default ./device_out).
-# Usage (repository root, wheelhouse .whl/ from ../shared/device/wheels.sh): bash benchmarks/device_kernels.sh
+# Usage (repository root, wheelhouse .whl/ from benchmarks/device_wheelhouse.sh): bash benchmarks/device_kernels.sh
 set -uo pipefail
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
