@@ -11,7 +11,8 @@ setup(
     package_data={"deepspeed_loco": ["csrc/**/*", "data/*"]},
     include_package_data=True,
     python_requires=">=3.9",
-    install_requires=["torch>=2.1", "deepspeed>=0.19.8", "ninja", "numpy", "tqdm"],
+    install_requires=["torch>=2.1", "deepspeed>=0.19.8", "ninja", "numpy", "tqdm",
+                      "pydantic>=2"],
     extras_require={"test": ["pytest"]},
     entry_points={"console_scripts": ["deepspeed-loco=deepspeed_loco.cli:main"]},
 )

@@ -1,10 +1,13 @@
 """The validated ``zero_optimization.zeropp_loco_param`` block.
 
 ``err_beta`` and ``reset_T`` keep the meaning they had in DeepSpeed 0.16.2-0.19.7; every other key is
-new, has a default, and is documented in ``docs/config.md``.
+new, has a default, and is documented in ``docs/config.md``. Validation is pydantic's (strict types: ``"0.8"``
+is not a float, ``true`` is not an integer); every failure is a :class:`LocoConfigError` whose message names
+``zeropp_loco_param.<key>``, the bad value and what is valid.
 """
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping, Optional
+from typing import Annotated, Any, Literal, Mapping, Optional
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 CONFIG_KEY = "zeropp_loco_param"
 SUPPORTED_GRAD_BITS = (2, 3, 4, 8)
@@ -19,9 +22,19 @@ class LocoConfigError(ValueError):
     """A ``zeropp_loco_param`` value is invalid; the message names the key and what is valid."""
 
 
-@dataclass(frozen=True)
-class LocoConfig:
-    """LoCo settings for one reduce.
+def _power_of_two(value: int) -> int:
+    if value & (value - 1):
+        raise ValueError("not a power of two")
+    return value
+
+
+def _rule(text: str, **constraints) -> Any:
+    """A field's pydantic constraints; ``text`` says what is valid and ends the error message."""
+    return Field(description=text, **constraints)
+
+
+class LocoConfig(BaseModel):
+    """LoCo settings for one reduce (immutable; build with keywords or :meth:`from_dict`).
 
     err_beta: moving-average weight of the old error, ``0 <= err_beta < 1`` (0 is classic error feedback).
     reset_T: all error buffers are zeroed every ``reset_T`` optimizer steps.
@@ -34,73 +47,54 @@ class LocoConfig:
         ``LocoCheckpointError``) or "reset" (start the error buffers from zero with a WARNING).
     hadamard: rotate every quantization group by a randomized Hadamard transform before quantizing (and back
         after the final sum); the same fixed signs on every rank.
+    quant_grid: the gradient quantization grid of ``b`` bits with group scale ``s``. "symmetric": levels ``k*s``,
+        ``k`` in ``[-qmax, qmax]``, ``qmax = 2^(b-1) - 1``, ``s = absmax / qmax``. "midrise": levels ``(k + 0.5)*s``,
+        ``k`` in ``[-2^(b-1), 2^(b-1) - 1]``, ``s = absmax / (2^(b-1) - 0.5)``: every code is used.
     """
-    err_beta: float = 0.8
-    reset_T: int = 1024
-    intra_node_bits: int = 4
-    inter_node_bits: int = 4
-    group_size: int = 256
-    error_bits: int = 8
-    error_feedback: bool = True
-    local_world_size: Optional[int] = None
-    on_corrupt_checkpoint: str = "error"
-    hadamard: bool = False
-    quant_grid: str = "symmetric"
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, validate_default=True)
 
-    def __post_init__(self):
-        _check_number("err_beta", self.err_beta, float, "a float with 0 <= err_beta < 1")
-        if not 0.0 <= self.err_beta < 1.0:
-            _fail("err_beta", self.err_beta, "a float with 0 <= err_beta < 1")
-        _check_number("reset_T", self.reset_T, int, "an integer >= 1 (optimizer steps)")
-        if self.reset_T < 1:
-            _fail("reset_T", self.reset_T, "an integer >= 1 (optimizer steps)")
-        for key in ("intra_node_bits", "inter_node_bits"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or value not in SUPPORTED_GRAD_BITS:
-                _fail(key, value, f"one of {SUPPORTED_GRAD_BITS}")
-        _check_number("group_size", self.group_size, int, _group_size_rule())
-        if not (MIN_GROUP_SIZE <= self.group_size <= MAX_GROUP_SIZE and self.group_size & (self.group_size - 1) == 0):
-            _fail("group_size", self.group_size, _group_size_rule())
-        if isinstance(self.error_bits, bool) or self.error_bits not in SUPPORTED_ERROR_BITS:
-            _fail("error_bits", self.error_bits, f"one of {SUPPORTED_ERROR_BITS}")
-        for key in ("error_feedback", "hadamard"):
-            if not isinstance(getattr(self, key), bool):
-                _fail(key, getattr(self, key), "true or false")
-        if self.local_world_size is not None:
-            _check_number("local_world_size", self.local_world_size, int, "an integer >= 1, or null for the launcher's")
-            if self.local_world_size < 1:
-                _fail("local_world_size", self.local_world_size, "an integer >= 1, or null for the launcher's")
-        if self.on_corrupt_checkpoint not in ON_CORRUPT_CHECKPOINT:
-            _fail("on_corrupt_checkpoint", self.on_corrupt_checkpoint, "\"error\" or \"reset\"")
-        if self.quant_grid not in QUANT_GRIDS:
-            _fail("quant_grid", self.quant_grid, "\"symmetric\" or \"midrise\"")
+    err_beta: Annotated[float, _rule("a float with 0 <= err_beta < 1", ge=0.0, lt=1.0)] = 0.8
+    reset_T: Annotated[int, _rule("an integer >= 1 (optimizer steps)", ge=1)] = 1024
+    intra_node_bits: Annotated[Literal[SUPPORTED_GRAD_BITS], _rule(f"one of {SUPPORTED_GRAD_BITS}")] = 4
+    inter_node_bits: Annotated[Literal[SUPPORTED_GRAD_BITS], _rule(f"one of {SUPPORTED_GRAD_BITS}")] = 4
+    group_size: Annotated[int, _rule(f"a power of two from {MIN_GROUP_SIZE} to {MAX_GROUP_SIZE}", ge=MIN_GROUP_SIZE,
+                                     le=MAX_GROUP_SIZE), AfterValidator(_power_of_two)] = 256
+    error_bits: Annotated[Literal[SUPPORTED_ERROR_BITS], _rule(f"one of {SUPPORTED_ERROR_BITS}")] = 8
+    error_feedback: Annotated[bool, _rule("true or false")] = True
+    local_world_size: Annotated[Optional[int], _rule("an integer >= 1, or null for the launcher's", ge=1)] = None
+    on_corrupt_checkpoint: Annotated[Literal[ON_CORRUPT_CHECKPOINT], _rule('"error" or "reset"')] = "error"
+    hadamard: Annotated[bool, _rule("true or false")] = False
+    quant_grid: Annotated[Literal[QUANT_GRIDS], _rule('"symmetric" or "midrise"')] = "symmetric"
+
+    def __init__(self, **values: Any):
+        """Validates ``values``; raises :class:`LocoConfigError` naming every bad or unknown key."""
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            raise LocoConfigError(_describe(type(self), err)) from None
 
     @classmethod
     def from_dict(cls, params: Optional[Mapping[str, Any]]) -> "LocoConfig":
-        """Builds the config from a ``zeropp_loco_param`` mapping; unknown keys are an error."""
+        """Builds the config from a ``zeropp_loco_param`` mapping (None: all defaults); unknown keys are an error."""
         if params is None:
             return cls()
         if not isinstance(params, Mapping):
             raise LocoConfigError(f"{CONFIG_KEY} must be a JSON object (dict), got {type(params).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise LocoConfigError(f"{CONFIG_KEY}: unknown key(s) {unknown}; valid keys are {sorted(known)}")
         return cls(**params)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every key with its value, as :meth:`from_dict` takes it."""
+        return self.model_dump()
 
 
-def _group_size_rule() -> str:
-    return f"a power of two from {MIN_GROUP_SIZE} to {MAX_GROUP_SIZE}"
-
-
-def _check_number(key: str, value: Any, kind: type, rule: str) -> None:
-    ok = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
-    if isinstance(value, bool) or not ok:
-        _fail(key, value, rule)
-
-
-def _fail(key: str, value: Any, rule: str) -> None:
-    raise LocoConfigError(f"{CONFIG_KEY}.{key} = {value!r} is invalid: it must be {rule}")
+def _describe(model: type, err: ValidationError) -> str:
+    """One message for a failed validation: the unknown keys with the valid ones, then each bad value's rule."""
+    problems = err.errors()
+    unknown = sorted(str(p["loc"][0]) for p in problems if p["type"] == "extra_forbidden")
+    messages = [f"{CONFIG_KEY}: unknown key(s) {unknown}; valid keys are {sorted(model.model_fields)}"] if unknown else []
+    for problem in problems:
+        if problem["type"] != "extra_forbidden":
+            key = str(problem["loc"][0])
+            messages.append(f"{CONFIG_KEY}.{key} = {problem['input']!r} is invalid: it must be "
+                            f"{model.model_fields[key].description}")
+    return "; ".join(messages)

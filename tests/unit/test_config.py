@@ -51,3 +51,39 @@ def test_non_mapping_is_an_error():
 def test_on_corrupt_checkpoint_defaults_to_error_and_accepts_reset():
     assert LocoConfig.from_dict({}).on_corrupt_checkpoint == "error"
     assert LocoConfig.from_dict({"on_corrupt_checkpoint": "reset"}).on_corrupt_checkpoint == "reset"
+
+
+@pytest.mark.parametrize("value", ["symmetric", "midrise"])
+def test_quant_grid_accepts_both_grids_and_defaults_to_symmetric(value):
+    assert LocoConfig.from_dict({}).quant_grid == "symmetric"
+    assert LocoConfig.from_dict({"quant_grid": value}).quant_grid == value
+
+
+@pytest.mark.parametrize("value", ["asymmetric", None, 1])
+def test_quant_grid_rejects_anything_else(value):
+    with pytest.raises(LocoConfigError) as err:
+        LocoConfig.from_dict({"quant_grid": value})
+    assert f'zeropp_loco_param.quant_grid = {value!r} is invalid: it must be "symmetric" or "midrise"' in str(err.value)
+
+
+def test_every_bad_key_is_named_in_one_error():
+    with pytest.raises(LocoConfigError) as err:
+        LocoConfig.from_dict({"err_beta": 2, "group_size": 100, "reset_t": 5})
+    message = str(err.value)
+    assert "unknown key(s) ['reset_t']" in message
+    assert "zeropp_loco_param.err_beta = 2" in message and "zeropp_loco_param.group_size = 100" in message
+
+
+def test_keyword_construction_validates_too_and_the_config_is_immutable():
+    with pytest.raises(LocoConfigError, match=r"zeropp_loco_param\.error_bits = 16"):
+        LocoConfig(error_bits=16)
+    cfg = LocoConfig(group_size=64)
+    with pytest.raises(Exception):
+        cfg.group_size = 128
+    assert cfg.group_size == 64 and hash(cfg) == hash(LocoConfig(group_size=64))
+
+
+def test_to_dict_round_trips_every_key():
+    cfg = LocoConfig.from_dict({"err_beta": 0.5, "local_world_size": 2, "quant_grid": "midrise", "hadamard": True})
+    assert LocoConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.to_dict()["local_world_size"] == 2 and cfg.to_dict()["err_beta"] == 0.5
