@@ -8,7 +8,7 @@ setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["deepspeed_loco", "deepspeed_loco.*"]),
-    package_data={"deepspeed_loco": ["csrc/**/*", "data/*"]},
+    package_data={"deepspeed_loco": ["csrc/quantization/*", "data/*"]},
     include_package_data=True,
     python_requires=">=3.9",
     install_requires=["torch>=2.1", "deepspeed>=0.19.8", "ninja", "numpy", "tqdm",

@@ -1,6 +1,6 @@
 """The fused CUDA implementation of ``hop1_``, ``hop2_`` and ``final_mean`` (signatures of ``loco_reference``).
 
-Each call runs one kernel from ``csrc/quantization/loco_kernels.cu`` (built by
+Each call runs one kernel from ``deepspeed_loco/csrc/quantization/loco_kernels.cu`` (built by
 :class:`deepspeed_loco.ops.op_builder.LocoBuilder`) on the current CUDA stream, writing into the given views of the
 wire buffers and updating the error buffer in place, with no temporary in device memory. Outputs are
 bit-identical to the reference evaluated on the CPU (the reference fixes the fp32 operation order).

@@ -1,6 +1,6 @@
 """Pure-PyTorch reference of the symmetric group quantizer and its bit packing.
 
-These functions are the contract the CUDA kernels in ``csrc/quantization`` match bit for bit:
+These functions are the contract the CUDA kernels in ``deepspeed_loco/csrc/quantization`` match bit for bit:
 
 * ``qmax = 2**(bits-1) - 1``; per group of ``group_size`` elements ``scale = absmax / qmax`` (fp32) and
   ``q = clamp(round_half_even(c / scale), -qmax, qmax)``; an all-zero group has ``scale = 0`` and ``q = 0``.

@@ -1,4 +1,5 @@
-"""DeepSpeed op builder of LoCo's fused CUDA kernels (``csrc/quantization/loco_kernels.cu`` + ``loco_binding.cpp``).
+"""DeepSpeed op builder of LoCo's fused CUDA kernels (``deepspeed_loco/csrc/quantization/``: ``loco_kernels.cu`` +
+``loco_binding.cpp``).
 
 ``LocoBuilder().load()`` JIT-compiles the op with ninja through DeepSpeed's ``CUDAOpBuilder`` (so it honours
 ``TORCH_CUDA_ARCH_LIST``, ``DS_NVCC_THREADS`` and DeepSpeed's build cache) and returns the extension module
@@ -12,18 +13,19 @@ from typing import List
 from deepspeed.ops.op_builder.builder import CUDAOpBuilder
 
 _SOURCES = ("loco_kernels.cu", "loco_binding.cpp")
+_HEADERS = ("loco_kernels.cuh", )
 _IEEE_NVCC_FLAGS = ["-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
 
 
 def csrc_dir() -> Path:
-    """``csrc/quantization`` holding the sources: the source checkout's (repository root) or the installed package's
-    (``deepspeed_loco/csrc/quantization``, shipped as package data)."""
-    package = Path(__file__).resolve().parents[2]  # .../deepspeed_loco
-    candidates = [package.parent / "csrc" / "quantization", package / "csrc" / "quantization"]
-    for candidate in candidates:
-        if all((candidate / name).is_file() for name in _SOURCES):
-            return candidate
-    raise FileNotFoundError(f"LoCo kernel sources {list(_SOURCES)} not found in any of {[str(c) for c in candidates]}")
+    """``deepspeed_loco/csrc/quantization``: the kernel sources and header, package data of the installed package
+    (wheel, sdist, editable or source checkout alike)."""
+    root = Path(__file__).resolve().parents[2] / "csrc" / "quantization"
+    missing = [name for name in _SOURCES + _HEADERS if not (root / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"LoCo kernel sources {missing} not found in {root} (an install without its package "
+                                f"data?)")
+    return root
 
 
 class LocoBuilder(CUDAOpBuilder):
