@@ -15,7 +15,7 @@ from deepspeed_loco.ops import kernels_for
 from deepspeed_loco.runtime.zero import deepspeed_seam
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
-from deepspeed_loco.runtime.zero import checkpoint
+from deepspeed_loco.runtime.zero import checkpoint, telemetry
 from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
 from deepspeed_loco.utils.logging import log_rank0, logger
 
@@ -53,17 +53,26 @@ class LocoHook:
         self.topology = LocoTopology.build(group, resolve_local_size(config, world_size))
         self.state = ErrorFeedbackState(config, self.topology)
         self.reducer = LocoReducer(config, self.topology, self.state)
-        self.patch = patch_optimizer(optimizer, self.state, named_params, self.reducer.reduce_scatter,
-                                     self._after_step)
+        self.telemetry: Optional[telemetry.LocoTelemetry] = None  # set by attach() when a DeepSpeed monitor is on
+        self.patch = patch_optimizer(optimizer, self.state, named_params, self._reduce, self._after_step)
+
+    def _reduce(self, params, grads):
+        partitions = self.reducer.reduce_scatter(params, grads)
+        if self.telemetry:
+            self.telemetry.on_reduce(params, grads)
+        return partitions
 
     def _after_step(self, overflow: bool, scale_ratio: float) -> None:
         if overflow:
             self.state.reset()
         elif scale_ratio != 1.0:
             self.state.rescale(scale_ratio)
-        if self.state.on_optimizer_step():
+        reset = self.state.on_optimizer_step()
+        if reset:
             logger.debug(f"LoCo: error buffers reset at optimizer step {self.state.step} "
                          f"(reset_T={self.config.reset_T})")
+        if self.telemetry:
+            self.telemetry.on_step(self.state.step, reset or overflow)
 
     def detach(self) -> None:
         """Gives the optimizer back its stock reduce, step and checkpoint methods."""
@@ -116,5 +125,6 @@ def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
                   "communicated, so LoCo does nothing in this run", logging.WARNING)
     else:
         log_rank0(hook.describe(params))
+    hook.telemetry = telemetry.for_engine(engine, hook)
     setattr(engine, ENGINE_ATTRIBUTE, hook)
     return hook

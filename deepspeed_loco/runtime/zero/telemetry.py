@@ -1,0 +1,84 @@
+"""LoCo's per-step telemetry, written through DeepSpeed's own monitor (``engine.monitor``).
+
+When the ds_config enables a DeepSpeed monitor (``tensorboard``, ``wandb``, ``csv_monitor``, ``comet``), global
+rank 0 writes after every optimizer step, with the optimizer step (1-based, the count ``reset_T`` uses) as x:
+
+* ``LoCo/<hop>_bytes`` (``intra_node``, ``inter_node``: the hops the layout has): bytes this rank put on that
+  hop's all-to-all during the step (all micro-steps), values and fp32 scales;
+* ``LoCo/bytes_vs_full_precision``: those bytes over what a full-precision reduce-scatter of the same gradients
+  sends per rank, ``(W - 1) / W * N * element bytes`` (``N``: gradient elements reduced, unpadded);
+* ``LoCo/error_rel_norm`` (error feedback on): ``||e|| / ||g||``, ``e`` the error buffers of the reduced
+  parameters right after each reduce (int8 buffers dequantized), ``g`` the gradients this rank fed into those
+  reduces; sums of squares over all reduces of the step;
+* ``LoCo/reset``: 1.0 on a step that cleared the error buffers (every ``reset_T`` steps, or an fp16 overflow),
+  else 0.0.
+
+Without an enabled monitor, and on every other rank, no telemetry object exists: the hook's calls cost one test.
+"""
+from typing import Dict, Iterable, Optional, Sequence
+
+import torch
+
+from deepspeed_loco.runtime.comm.error_feedback import PARAM_ATTRIBUTE
+
+PREFIX = "LoCo/"
+
+
+def hop_bytes(reducer) -> Dict[str, int]:
+    """Bytes this rank has sent on each hop of the reducer's plan since start-up, keyed by hop name: the one reader
+    of the reducer's counters."""
+    return {hop.name: reducer.stats.bytes.get(hop.name, 0) for hop in reducer.plan.hops}
+
+
+def error_buffers(param: torch.Tensor) -> Iterable:
+    """``param``'s error buffers (:class:`~deepspeed_loco.ops.error_buffer.ErrorBuffer`), none before its first
+    reduce or without error feedback: the one reader of the per-parameter error state."""
+    buffers = getattr(param, PARAM_ATTRIBUTE, None)
+    return () if buffers is None else buffers.values()
+
+
+class LocoTelemetry:
+    """Accumulates one optimizer step's figures from the reduces, and writes them to ``monitor`` at the step."""
+
+    def __init__(self, monitor, reducer, world_size: int, error_feedback: bool):
+        self.monitor = monitor
+        self.reducer = reducer
+        self.world_size = world_size
+        self.error_feedback = error_feedback
+        self._sent_before = hop_bytes(reducer)
+        self._full_precision_bytes = 0.0
+        self._grad_sq = 0.0
+        self._error_sq = 0.0
+
+    @torch.no_grad()
+    def on_reduce(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+        """Counts one reduced bucket (call after the reduce, so that the buffers hold its error)."""
+        self._full_precision_bytes += (self.world_size - 1) / self.world_size * sum(
+            g.numel() * g.element_size() for g in grads)
+        if self.error_feedback:
+            self._grad_sq += sum(float(g.float().pow(2).sum()) for g in grads)
+            self._error_sq += sum(float(b.dequantize().pow(2).sum()) for p in params for b in error_buffers(p))
+
+    def on_step(self, step: int, reset: bool) -> None:
+        """Writes the events of optimizer step ``step`` and starts the next step's counts."""
+        sent_now = hop_bytes(self.reducer)
+        sent = {hop: sent_now[hop] - self._sent_before.get(hop, 0) for hop in sent_now}
+        events = [(f"{PREFIX}{hop}_bytes", float(count), step) for hop, count in sent.items()]
+        ratio = sum(sent.values()) / self._full_precision_bytes if self._full_precision_bytes else 0.0
+        events.append((f"{PREFIX}bytes_vs_full_precision", ratio, step))
+        if self.error_feedback:
+            rel = (self._error_sq / self._grad_sq)**0.5 if self._grad_sq else 0.0
+            events.append((f"{PREFIX}error_rel_norm", rel, step))
+        events.append((f"{PREFIX}reset", 1.0 if reset else 0.0, step))
+        self.monitor.write_events(events)
+        self._sent_before = sent_now
+        self._full_precision_bytes = self._grad_sq = self._error_sq = 0.0
+
+
+def for_engine(engine, hook) -> Optional[LocoTelemetry]:
+    """A :class:`LocoTelemetry` writing to ``engine.monitor`` on global rank 0 when a DeepSpeed monitor is enabled;
+    None otherwise."""
+    monitor = getattr(engine, "monitor", None)
+    if monitor is None or not monitor.enabled or torch.distributed.get_rank() != 0:
+        return None
+    return LocoTelemetry(monitor, hook.reducer, hook.topology.world_size, hook.config.error_feedback)

@@ -1,0 +1,93 @@
+"""LoCo's telemetry through DeepSpeed's own ``csv_monitor``: 4 gloo processes, 2 nodes x 2 ranks, 3 steps."""
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+WORLD, LOCAL, GROUP, STEPS, RESET_T = 4, 2, 32, 3, 2
+BITS = {"intra_node": 8, "inter_node": 4}
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(13, 33), torch.nn.Tanh(), torch.nn.Linear(33, 5))
+
+
+def train(out_dir, error_feedback=True, monitor=True):
+    """Three optimizer steps; returns whether this rank holds a telemetry object."""
+    import deepspeed_loco
+    cfg = {
+        "train_micro_batch_size_per_gpu": 8,
+        "optimizer": {"type": "Adam", "params": {"lr": 5e-3, "torch_adam": True}},
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": 10_000, "zero_quantized_gradients": True,
+                              "zeropp_loco_param": {"group_size": GROUP, "reset_T": RESET_T,
+                                                    "intra_node_bits": BITS["intra_node"],
+                                                    "inter_node_bits": BITS["inter_node"],
+                                                    "error_feedback": error_feedback}},
+    }
+    if monitor:
+        cfg["csv_monitor"] = {"enabled": True, "output_path": str(out_dir), "job_name": "job"}
+    model = _model()
+    engine, _, _, _ = deepspeed_loco.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    gen = torch.Generator().manual_seed(torch.distributed.get_rank())
+    for _ in range(STEPS):
+        engine.backward(engine(torch.randn(8, 13, generator=gen)).pow(2).mean())
+        engine.step()
+    return deepspeed_loco.loco_hook(engine).telemetry is not None
+
+
+def _read(folder: Path, name: str):
+    with open(folder / f"LoCo_{name}.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["step", name]
+    return [(int(step), float(value)) for step, value in rows[1:]]
+
+
+def _wire_bytes_per_step(bits: int, rows: int) -> float:
+    """The wire formula: per parameter ``roundup(ceil(N / W), group)`` columns at ``bits/8 + 4/group`` bytes each."""
+    numels = [p.numel() for p in _model().parameters()]
+    columns = sum(math.ceil(math.ceil(n / WORLD) / GROUP) * GROUP for n in numels)
+    return rows * columns * (bits / 8 + 4 / GROUP)
+
+
+@pytest.fixture(scope="module")
+def csv_dir(process_pool, tmp_path_factory):
+    out = tmp_path_factory.mktemp("monitor")
+    has_telemetry = process_pool(WORLD).run(train, out)
+    assert has_telemetry == [True, False, False, False]  # rank 0 only
+    return out / "job"
+
+
+def test_bytes_per_hop_are_what_the_wire_formula_gives(csv_dir):
+    nodes = WORLD // LOCAL
+    expected = {"intra_node": _wire_bytes_per_step(BITS["intra_node"], (LOCAL - 1) * nodes),
+                "inter_node": _wire_bytes_per_step(BITS["inter_node"], nodes - 1)}
+    for hop, value in expected.items():
+        assert _read(csv_dir, f"{hop}_bytes") == [(step, value) for step in range(1, STEPS + 1)]
+    full_precision = (WORLD - 1) / WORLD * sum(p.numel() for p in _model().parameters()) * 4  # fp32 gradients
+    ratio = sum(expected.values()) / full_precision
+    assert [s for s, _ in _read(csv_dir, "bytes_vs_full_precision")] == list(range(1, STEPS + 1))
+    assert all(v == pytest.approx(ratio, rel=1e-12) for _, v in _read(csv_dir, "bytes_vs_full_precision"))
+
+
+def test_loco_writes_through_deepspeeds_own_monitor(csv_dir):
+    assert (csv_dir / "Train_Samples_lr.csv").is_file()  # DeepSpeed's own events, same folder, same writer
+
+
+def test_resets_appear_at_the_reset_T_steps(csv_dir):
+    assert _read(csv_dir, "reset") == [(step, float(step % RESET_T == 0)) for step in range(1, STEPS + 1)]
+
+
+def test_error_norm_is_a_small_positive_fraction_of_the_gradient(csv_dir):
+    values = [v for _, v in _read(csv_dir, "error_rel_norm")]
+    assert len(values) == STEPS and all(0.0 < v < 0.5 for v in values)  # 8-/4-bit errors of a fresh gradient
+
+
+def test_without_a_monitor_no_rank_holds_telemetry_and_without_error_feedback_no_error_norm(process_pool, tmp_path):
+    assert process_pool(WORLD).run(train, tmp_path, True, False) == [False] * WORLD
+    assert process_pool(WORLD).run(train, tmp_path / "plain", False) == [True, False, False, False]
+    written = sorted(p.name for p in (tmp_path / "plain" / "job").glob("LoCo_*"))
+    assert written == ["LoCo_bytes_vs_full_precision.csv", "LoCo_inter_node_bytes.csv", "LoCo_intra_node_bytes.csv",
+                       "LoCo_reset.csv"]
