@@ -13,6 +13,6 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch>=2.1", "deepspeed>=0.19.8", "ninja", "numpy", "tqdm",
                       "pydantic>=2"],
-    extras_require={"test": ["pytest"]},
+    extras_require={"test": ["pytest"], "hf": ["transformers", "accelerate"]},
     entry_points={"console_scripts": ["deepspeed-loco=deepspeed_loco.cli:main"]},
 )
