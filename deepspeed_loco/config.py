@@ -91,7 +91,9 @@ def _describe(model: type, err: ValidationError) -> str:
     """One message for a failed validation: the unknown keys with the valid ones, then each bad value's rule."""
     problems = err.errors()
     unknown = sorted(str(p["loc"][0]) for p in problems if p["type"] == "extra_forbidden")
-    messages = [f"{CONFIG_KEY}: unknown key(s) {unknown}; valid keys are {sorted(model.model_fields)}"] if unknown else []
+    messages = []
+    if unknown:
+        messages.append(f"{CONFIG_KEY}: unknown key(s) {unknown}; valid keys are {sorted(model.model_fields)}")
     for problem in problems:
         if problem["type"] != "extra_forbidden":
             key = str(problem["loc"][0])
