@@ -1,4 +1,7 @@
-"""deepspeed-loco: LoCo error-feedback low-bit gradient communication for DeepSpeed ZeRO++ stage 3."""
+"""deepspeed-loco: LoCo error-feedback low-bit gradient communication for DeepSpeed ZeRO++ stage 3.
+
+The distribution is the library (``deepspeed_loco``); the demo app (``loco_lab``), the benchmarks and the
+examples run from a checkout of the repository and are not installed."""
 from setuptools import find_packages, setup
 
 setup(
@@ -8,11 +11,14 @@ setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["deepspeed_loco", "deepspeed_loco.*"]),
-    package_data={"deepspeed_loco": ["csrc/quantization/*", "data/*"]},
+    package_data={"deepspeed_loco": ["csrc/quantization/*"]},
     include_package_data=True,
     python_requires=">=3.9",
-    install_requires=["torch>=2.1", "deepspeed>=0.19.8", "ninja", "numpy", "tqdm",
-                      "pydantic>=2"],
-    extras_require={"test": ["pytest"], "hf": ["transformers", "accelerate"]},
-    entry_points={"console_scripts": ["deepspeed-loco=deepspeed_loco.cli:main"]},
+    # what the library imports (ninja: the op builder's JIT build of the CUDA kernels; hjson: HJSON DeepSpeed configs)
+    install_requires=["torch>=2.1", "deepspeed>=0.19.8", "pydantic>=2", "packaging", "hjson", "ninja"],
+    extras_require={
+        "demo": ["tqdm", "matplotlib"],  # loco_lab (the demo) and the benchmark drivers, run from a checkout
+        "test": ["pytest", "tqdm", "matplotlib"],
+        "hf": ["transformers", "accelerate"],
+    },
 )

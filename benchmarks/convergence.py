@@ -29,12 +29,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
 
-from deepspeed_loco.demo.arms import Arm, RunSpec, parse_arms, record_arm  # noqa: E402
-from deepspeed_loco.demo.launcher import gpu_count, launch  # noqa: E402
-from deepspeed_loco.demo.model import SIZES  # noqa: E402
-from deepspeed_loco.demo.png import Panel, Series, line_chart  # noqa: E402
-from deepspeed_loco.demo.report import arm_color, ema, gap_closed, human_bytes  # noqa: E402
-from deepspeed_loco.demo.run import describe  # noqa: E402
+from loco_lab.arms import Arm, RunSpec, parse_arms, record_arm  # noqa: E402
+from loco_lab.launcher import gpu_count, launch  # noqa: E402
+from loco_lab.model import SIZES  # noqa: E402
+from loco_lab.plots import Panel, Series, line_chart  # noqa: E402
+from loco_lab.report import arm_color, ema, gap_closed, human_bytes  # noqa: E402
+from loco_lab.run import describe  # noqa: E402
 from deepspeed_loco.layout.wire import wire_bytes_per_element  # noqa: E402
 
 BIT_WIDTH_ARMS = "full,plain4,loco4,plain3,loco3,plain2,loco2"  # issue 6: the same bits on both hops
@@ -79,7 +79,7 @@ def parse_args(argv=None):
 
 def base_spec(args) -> RunSpec:
     """The run's ``RunSpec`` without arms; ``--device``, ``--backend`` and ``--dtype`` resolved on this host."""
-    from deepspeed_loco.cli import resolve_backend, resolve_device
+    from loco_lab.cli import resolve_backend, resolve_device
     world = args.nodes * args.local
     device = resolve_device(args.device, world)
     backend = resolve_backend(args.backend, device, world)
@@ -387,9 +387,9 @@ def _plot(by, keys, arms, title, key_labels=False, panel_size=(560, 400)) -> byt
             err.append(Series(label, [(i + 1, statistics.fmean(s[i] for s in sums)) for i in range(k)], color))
     skip = max(len(s.points) for s in train) // 5
     tail = [y for s in train for x, y in s.points if x > skip]
-    vtail = [y for s in val for x, y in s.points if x > 0]
-    panels = [Panel("train loss (seed mean, EMA)", "step", train, (min(tail), max(tail)) if tail else None),
-              Panel("validation loss (seed mean)", "step", val, (min(vtail), max(vtail)) if vtail else None)]
+    panels = [Panel("train loss (seed mean, EMA, zoomed past the first drop)", "step", train,
+                    (min(tail), max(tail)) if tail else None),
+              Panel("validation loss (seed mean, every point)", "step", val)]
     if err:
         top = max(y for s in err for _, y in s.points)
         panels.append(Panel("running-sum grad rel. error", "step", err, (0.0, top)))

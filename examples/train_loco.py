@@ -1,6 +1,7 @@
 """Minimal training script with LoCo: ``deepspeed_loco.initialize`` in place of ``deepspeed.initialize``.
 
-Trains the demo's small byte-level Llama-style model on the bundled plays with the config in
+Trains the demo's small byte-level Llama-style model on the bundled plays (both from ``loco_lab``, the demo app
+of this repository: run it from a checkout) with the config in
 ``ds_config_loco.json`` (ZeRO-3, 4-bit qgZ gradients with LoCo error feedback). Launch it like any DeepSpeed
 script; for example 4 ranks on one CPU-only machine, pretending to be 2 nodes of 2 (``local_world_size: 2``
 in the config):
@@ -13,13 +14,16 @@ real multi-node job: LoCo then takes the launcher's ranks per node).
 """
 import argparse
 import os
+import sys
 
 import torch
 
 import deepspeed
 import deepspeed_loco
-from deepspeed_loco.demo.data import ByteCorpus
-from deepspeed_loco.demo.model import SIZES, ByteLlama
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # loco_lab, from the checkout
+from loco_lab.data import ByteCorpus  # noqa: E402
+from loco_lab.model import SIZES, ByteLlama  # noqa: E402
 
 
 def main():

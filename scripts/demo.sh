@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The demo command: sets up the environment if needed, then trains a small byte-level LM on bundled Shakespeare
 # with 4 simulated ranks (2 nodes x 2) three ways: full precision, plain 4-bit qgZ, 4-bit qgZ + LoCo.
-# Flags are passed through (python3 -m deepspeed_loco.cli demo --help); output goes to ./loco_demo_out.
+# Flags are passed through (python3 -m loco_lab.cli demo --help); output goes to ./loco_demo_out.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/ensure_env.sh"
-exec python3 -m deepspeed_loco.cli demo "$@"
+# loco_lab (the demo app) runs from the checkout, not installed; its output goes under the caller's directory
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+exec python3 -m loco_lab.cli demo "$@"

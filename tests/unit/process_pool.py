@@ -3,25 +3,22 @@
 ``ProcessPool(W).run(fn, *args)`` calls the module-level function ``fn(*args)`` on every rank and returns
 the per-rank results; an exception on any rank fails the caller with that rank's traceback.
 """
-import multiprocessing as mp
 import os
 import queue
-import socket
 import traceback
 from datetime import timedelta
 from typing import Any, Callable, Dict, List
+
+import torch.multiprocessing
+from torch.distributed.elastic.utils.distributed import get_free_port
 
 TASK_TIMEOUT_S = 600
 COLLECTIVE_TIMEOUT_S = 120
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _worker(rank: int, world_size: int, env: Dict[str, str], tasks, results) -> None:
+    """Rank ``rank``'s loop: joins the gloo world, then runs each task from ``tasks[rank]`` until ``None``."""
+    tasks = tasks[rank]
     os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank % int(env["LOCAL_WORLD_SIZE"])))
     import torch
@@ -51,10 +48,10 @@ class ProcessPool:
 
     def __init__(self, world_size: int, local: int = 2, extra_env: Dict[str, str] = None):
         self.world_size = world_size
-        ctx = mp.get_context("spawn")
+        ctx = torch.multiprocessing.get_context("spawn")
         env = {
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
+            "MASTER_PORT": str(get_free_port()),
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(min(local, world_size)),
             "LOCAL_SIZE": str(min(local, world_size)),
@@ -64,12 +61,10 @@ class ProcessPool:
         }
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(world_size)]
-        self._procs = [
-            ctx.Process(target=_worker, args=(rank, world_size, env, self._tasks[rank], self._results), daemon=True)
-            for rank in range(world_size)
-        ]
-        for proc in self._procs:
-            proc.start()
+        self._workers = torch.multiprocessing.start_processes(_worker, args=(world_size, env, self._tasks,
+                                                                             self._results),
+                                                              nprocs=world_size, join=False, daemon=True)
+        self._procs = self._workers.processes
 
     def run(self, fn: Callable, *args: Any) -> List[Any]:
         """Runs ``fn(*args)`` on every rank; returns the results in rank order."""

@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import pytest
+from torch.distributed.elastic.utils.distributed import get_free_port
 
 from deepspeed_loco.run import split_argv
-from tests.unit.process_pool import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "tests", "unit", "megatron_style_train.py")
@@ -50,7 +50,7 @@ def test_deepspeed_launcher_runs_an_unmodified_megatron_style_script(tmp_path, a
     env.pop("LOCAL_SIZE", None)
     target = ["-m", "tests.unit.megatron_style_train"] if as_module else [SCRIPT]
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_nodes", "1", "--num_gpus", "2",
-           "--master_port", str(free_port()), *(["--no_local_rank"] if no_local_rank else []),
+           "--master_port", str(get_free_port()), *(["--no_local_rank"] if no_local_rank else []),
            "--module", "deepspeed_loco.run", *target,
            "--deepspeed_config", str(tmp_path / "ds.json"), "--steps", "3", "--out", str(out)]
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)

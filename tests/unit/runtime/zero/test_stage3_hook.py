@@ -6,10 +6,10 @@ import sys
 
 import pytest
 import torch
+from torch.distributed.elastic.utils.distributed import get_free_port
 
 from deepspeed_loco.config import LocoConfig, LocoConfigError
 from deepspeed_loco.runtime.comm.topology import LocoTopology
-from tests.unit.process_pool import free_port
 
 WORLD = 4
 STEPS = 24
@@ -237,7 +237,8 @@ def test_unmodified_script_runs_with_loco_through_the_module_runner(tmp_path):
         "import deepspeed.ops\ndeepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False\n")
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", LOCAL_SIZE="4",
                PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", str(free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port",
+           str(get_free_port()),
            "-m", "deepspeed_loco.run", os.path.join(REPO, "tests", "unit", "runtime", "zero", "unmodified_train.py"),
            "--deepspeed_config", str(tmp_path / "ds.json"), "--steps", "3"]
     # generous: on a fresh machine DeepSpeed first JIT-builds its CPU shared-memory op here (cached afterwards)

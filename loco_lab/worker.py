@@ -70,7 +70,7 @@ def _run(rank: int, spec, queue) -> None:
     import torch.distributed as dist
     from deepspeed.utils import logger as ds_logger
 
-    from deepspeed_loco.demo.data import ByteCorpus
+    from loco_lab.data import ByteCorpus
     from deepspeed_loco.utils.logging import logger as loco_logger
 
     ds_logger.setLevel(logging.INFO)  # the full log goes to logs/rankN.log; the console gets LoCo's lines only
@@ -119,9 +119,9 @@ def train_arm(spec, arm, index, corpus, rank, world, queue) -> dict:
     import torch.distributed as dist
 
     import deepspeed_loco
-    from deepspeed_loco.demo.arms import ds_config
-    from deepspeed_loco.demo.fidelity import GradientFidelity
-    from deepspeed_loco.demo.model import ByteLlama, count_parameters
+    from loco_lab.arms import ds_config
+    from loco_lab.fidelity import GradientFidelity
+    from loco_lab.model import ByteLlama, count_parameters
 
     device = torch.device("cuda", torch.cuda.current_device()) if spec.device == "cuda" else torch.device("cpu")
     torch.manual_seed(arm.seed)  # the same initial weights on every rank and in every arm of a seed
@@ -233,8 +233,7 @@ def evaluate(engine, corpus, spec, rank, world, device) -> float:
 def _wire_bytes(hook) -> int:
     if hook is None:
         return 0
-    stats = hook.reducer.stats
-    return stats.intra_bytes + stats.inter_bytes
+    return hook.reducer.stats.total_bytes
 
 
 def _sync(device) -> None:

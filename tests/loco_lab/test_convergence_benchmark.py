@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from deepspeed_loco.demo.arms import parse_arm
+from loco_lab.arms import parse_arm
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SETUP = {"steps": 4, "model": {"layers": 2, "dim": 32, "seq_len": 16}, "nodes": 2, "local": 2, "device": "cpu",
          "dtype": "fp32", "micro_batch": 2, "lr": 0.003, "group_size": 256, "err_beta": 0.8}
 

@@ -17,7 +17,7 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
-REDUCE_METHOD = "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads"
+from deepspeed_loco.runtime.zero.deepspeed_seam import REDUCE_METHOD
 
 
 class GradientFidelity:

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from deepspeed_loco.demo.model import SIZES, VOCAB, ByteLlama, ModelConfig, apply_rotary, count_parameters, rotary_tables
+from loco_lab.model import SIZES, VOCAB, ByteLlama, ModelConfig, apply_rotary, count_parameters, rotary_tables
 
 TINY = ModelConfig(layers=2, dim=32, heads=2, seq_len=16)
 

@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from deepspeed_loco import cli
+from loco_lab import cli
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.demo.arms import GRAMMAR, Arm, RunSpec, ds_config, parse_arm, parse_arms, record_arm
-from deepspeed_loco.demo.launcher import gpu_sharing_line
-from deepspeed_loco.demo.model import SIZES
-from deepspeed_loco.demo.run import describe
+from loco_lab.arms import GRAMMAR, Arm, RunSpec, ds_config, parse_arm, parse_arms, record_arm
+from loco_lab.launcher import gpu_sharing_line
+from loco_lab.model import SIZES
+from loco_lab.run import describe
 
 ISSUE6 = "full,plain4,loco4,plain3,loco3,plain2,loco2"
 ISSUE8 = "loco8-4,plain8-2,loco8-2,plain4h,loco4h,loco8-4h,plain8-2h,loco8-2h,plain2h,loco2h"

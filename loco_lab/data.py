@@ -8,16 +8,17 @@ from typing import Dict, Sequence, Tuple
 
 import torch
 
-DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+PLAYS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plays")
 TRAIN_PLAYS = ("hamlet", "julius_caesar", "much_ado_about_nothing", "othello")
 VALIDATION_PLAYS = ("macbeth", "midsummer_nights_dream")
 SEPARATOR = b"\n\n\n"
 
 
 def read_play(name: str) -> bytes:
-    path = os.path.join(DATA_DIR, f"{name}.txt")
+    path = os.path.join(PLAYS_DIR, f"{name}.txt")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"bundled play {path} is missing: reinstall deepspeed-loco (package data data/*)")
+        raise FileNotFoundError(f"bundled play {path} is missing: run from a complete checkout of the repository "
+                                f"(loco_lab/plays/)")
     with open(path, "rb") as f:
         return f.read()
 

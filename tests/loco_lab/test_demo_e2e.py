@@ -2,7 +2,7 @@
 import json
 import os
 
-from deepspeed_loco import cli
+from loco_lab import cli
 
 
 def test_demo_end_to_end(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""``deepspeed-loco`` command line (also ``python -m deepspeed_loco.cli``).
+"""``deepspeed-loco`` command line (also ``python -m loco_lab.cli``).
 
 ``deepspeed-loco demo``: trains a small Llama-style byte-level model on bundled Shakespeare on 4 simulated
 ranks (2 nodes x 2) three ways: full-precision reduce-scatter, plain 4-bit qgZ and 4-bit qgZ + LoCo; prints
@@ -15,7 +15,7 @@ DEFAULT_OUT = "loco_demo_out"
 
 
 def _demo_parser(sub) -> argparse.ArgumentParser:
-    from deepspeed_loco.demo.model import SIZES
+    from loco_lab.model import SIZES
     p = sub.add_parser("demo", help="train a small LM three ways and compare (full / plain qgZ / qgZ + LoCo)",
                        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimizer steps per arm")
@@ -61,7 +61,7 @@ def resolve_device(requested: str, world_size: int) -> str:
 
     With fewer GPUs than ranks, ``--device cuda`` puts several ranks on one GPU (see ``resolve_backend``).
     """
-    from deepspeed_loco.demo.launcher import gpu_count
+    from loco_lab.launcher import gpu_count
     gpus = gpu_count()
     if requested == "cuda" and gpus == 0:
         raise SystemExit("--device cuda: no CUDA GPU on this host (use --device cpu)")
@@ -72,7 +72,7 @@ def resolve_device(requested: str, world_size: int) -> str:
 
 def resolve_backend(requested: str, device: str, world_size: int) -> str:
     """``--backend``: auto is nccl on cuda with a GPU per rank, else gloo; nccl needs cuda and a GPU per rank."""
-    from deepspeed_loco.demo.launcher import gpu_count
+    from loco_lab.launcher import gpu_count
     if device == "cpu":
         if requested == "nccl":
             raise SystemExit("--backend nccl needs CUDA tensors: use --device cuda, or --backend gloo/auto")
@@ -87,8 +87,8 @@ def resolve_backend(requested: str, device: str, world_size: int) -> str:
 
 
 def spec_from_args(args) -> "RunSpec":  # noqa: F821
-    from deepspeed_loco.demo.arms import RunSpec, parse_arms
-    from deepspeed_loco.demo.model import SIZES
+    from loco_lab.arms import RunSpec, parse_arms
+    from loco_lab.model import SIZES
     model = SIZES[args.model_size]
     overrides = {k: getattr(args, a) for k, a in (("layers", "layers"), ("dim", "dim"), ("heads", "heads"),
                                                   ("seq_len", "seq_len")) if getattr(args, a) is not None}
@@ -122,8 +122,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return 2
     if args.command == "demo":
-        from deepspeed_loco.demo.launcher import LaunchError
-        from deepspeed_loco.demo.run import run_demo
+        from loco_lab.launcher import LaunchError
+        from loco_lab.run import run_demo
         spec = spec_from_args(args)
         try:
             run_demo(spec, progress=not args.no_progress)

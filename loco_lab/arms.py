@@ -4,7 +4,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Optional, Tuple
 
 from deepspeed_loco.config import SUPPORTED_GRAD_BITS
-from deepspeed_loco.demo.model import ModelConfig
+from loco_lab.model import ModelConfig
 
 KINDS = ("full", "plain", "loco")
 DEVICES = ("cpu", "cuda")

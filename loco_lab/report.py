@@ -4,8 +4,8 @@ import statistics
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
-from deepspeed_loco.demo.arms import Arm, record_arm
-from deepspeed_loco.demo.png import Color, Panel, Series, line_chart
+from loco_lab.arms import Arm, record_arm
+from loco_lab.plots import Color, Panel, Series, line_chart
 
 FULL_COLOR = (20, 20, 20)
 UNIFORM_COLORS = {  # (kind, bits) with equal bits on both hops: plain qgZ warm, LoCo cool, darker for fewer bits
@@ -146,10 +146,8 @@ def plot(results: Sequence[dict], title: str = "") -> bytes:
     early = [y for s in train for x, y in s.points if x == max(1, (len(s.points) * 3) // 10)]
     if ylim and early:  # show the part where the arms can differ, not the first drop from ln(256)
         ylim = (ylim[0], min(ylim[1], max(early)))
-    vtail = [y for s in val for x, y in s.points[2:]] or [y for s in val for x, y in s.points if x > 0]
-    vlim = (min(vtail), max(vtail)) if len(vtail) > 1 else None
-    panels = [Panel("train loss (EMA 0.9)", "step", train, ylim), Panel("validation loss, held-out plays", "step", val,
-                                                                       vlim)]
+    panels = [Panel("train loss (EMA 0.9, zoomed past the first drop)", "step", train, ylim),
+              Panel("validation loss, held-out plays (every point)", "step", val)]
     if err:
         panels.append(Panel("running-sum grad rel. error", "step", err))
     return line_chart(panels, title=title)

@@ -1,13 +1,13 @@
 """Starts ``W = nodes x local`` worker processes on this machine (simulated nodes) and collects their reports."""
-import contextlib
-import multiprocessing as mp
 import os
 import queue as queue_module
-import socket
 import time
 from typing import Callable, Dict, List, Optional
 
-from deepspeed_loco.demo.arms import RunSpec
+import torch.multiprocessing
+from torch.distributed.elastic.utils.distributed import get_free_port
+
+from loco_lab.arms import RunSpec
 
 POLL_S = 0.5
 
@@ -30,12 +30,6 @@ def gpu_sharing_line(spec: RunSpec, gpus: int) -> Optional[str]:
     return (f"GPU sharing: {spec.world_size} ranks on {gpus} GPU{'s' if gpus > 1 else ''}, rank r on GPU r % {gpus} "
             f"(up to {most} per GPU); collectives through {spec.backend} (NCCL refuses two ranks on one GPU), so step "
             f"times include the sharing")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def worker_env(spec: RunSpec, rank: int, port: int) -> Dict[str, str]:
@@ -62,19 +56,12 @@ def worker_env(spec: RunSpec, rank: int, port: int) -> Dict[str, str]:
     return env
 
 
-@contextlib.contextmanager
-def _environ(env: Dict[str, str]):
-    """Sets ``env`` in this process while a child is started (spawned children copy it), then restores it."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+def _rank_main(rank: int, spec: RunSpec, queue, port: int) -> None:
+    """Entry point of worker ``rank`` (spawned by ``torch.multiprocessing``): its launcher variables, then the
+    worker."""
+    from loco_lab import worker
+    os.environ.update(worker_env(spec, rank, port))
+    worker.main(rank, spec, queue)
 
 
 def launch(spec: RunSpec, on_message: Optional[Callable] = None, timeout_s: float = 3600) -> List[dict]:
@@ -83,26 +70,19 @@ def launch(spec: RunSpec, on_message: Optional[Callable] = None, timeout_s: floa
     ``on_message(message)`` sees every queue message (progress bar, log lines). Raises ``LaunchError`` if a
     worker fails or nothing is heard for ``timeout_s`` seconds.
     """
-    from deepspeed_loco.demo import worker
     os.makedirs(os.path.join(spec.out_dir, "logs"), exist_ok=True)
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = []
+    queue = torch.multiprocessing.get_context("spawn").Queue()
+    workers = torch.multiprocessing.start_processes(_rank_main, args=(spec, queue, get_free_port()),
+                                                    nprocs=spec.world_size, join=False, start_method="spawn")
     try:
-        for rank in range(spec.world_size):
-            proc = ctx.Process(target=worker.main, args=(rank, spec, queue), daemon=False, name=f"loco-rank{rank}")
-            with _environ(worker_env(spec, rank, port)):
-                proc.start()
-            procs.append(proc)
         results: Dict[int, dict] = {}
         done = set()
         last_heard = time.monotonic()
-        while len(done) < len(procs):
+        while len(done) < spec.world_size:
             try:
                 message = queue.get(timeout=POLL_S)
             except queue_module.Empty:
-                for rank, proc in enumerate(procs):
+                for rank, proc in enumerate(workers.processes):
                     if rank not in done and proc.exitcode not in (None, 0):
                         reported = _reported_error(queue)
                         raise LaunchError(reported or f"rank {rank} exited with code {proc.exitcode}\n"
@@ -120,14 +100,13 @@ def launch(spec: RunSpec, on_message: Optional[Callable] = None, timeout_s: floa
                 results[message[1]] = message[2]
             if on_message is not None:
                 on_message(message)
-        for proc in procs:
-            proc.join(timeout=60)
+        workers.join(timeout=60)
         return [results[i] for i in sorted(results)]
     finally:
-        for proc in procs:
+        for proc in workers.processes:
             if proc.is_alive():
                 proc.terminate()
-        for proc in procs:
+        for proc in workers.processes:
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()

@@ -5,11 +5,11 @@ import sys
 import time
 from typing import List, Optional
 
-from deepspeed_loco.demo.arms import RunSpec
-from deepspeed_loco.demo.data import TRAIN_PLAYS, VALIDATION_PLAYS
-from deepspeed_loco.demo.launcher import gpu_count, gpu_sharing_line, launch
-from deepspeed_loco.demo.model import ByteLlama, count_parameters
-from deepspeed_loco.demo.report import format_table, plot, summary_lines, table_rows
+from loco_lab.arms import RunSpec
+from loco_lab.data import TRAIN_PLAYS, VALIDATION_PLAYS
+from loco_lab.launcher import gpu_count, gpu_sharing_line, launch
+from loco_lab.model import ByteLlama, count_parameters
+from loco_lab.report import format_table, plot, summary_lines, table_rows
 
 
 def describe(spec: RunSpec) -> str:

@@ -1,8 +1,8 @@
 """The bundled plays: present, split by whole play, held-out text absent from training, deterministic batches."""
 import torch
 
-from deepspeed_loco.demo import data
-from deepspeed_loco.demo.data import TRAIN_PLAYS, VALIDATION_PLAYS, ByteCorpus
+from loco_lab import data
+from loco_lab.data import TRAIN_PLAYS, VALIDATION_PLAYS, ByteCorpus
 
 
 def test_bundled_plays_present_and_split_by_play():

@@ -1,10 +1,10 @@
 """Table, gap arithmetic, arm parsing and CLI flags (no processes)."""
 import pytest
 
-from deepspeed_loco import cli
-from deepspeed_loco.demo.arms import RunSpec, ds_config, parse_arm, parse_arms
-from deepspeed_loco.demo.model import SIZES
-from deepspeed_loco.demo.report import (UNIFORM_COLORS, arm_color, format_table, gap_closed, human_bytes,
+from loco_lab import cli
+from loco_lab.arms import RunSpec, ds_config, parse_arm, parse_arms
+from loco_lab.model import SIZES
+from loco_lab.report import (UNIFORM_COLORS, arm_color, format_table, gap_closed, human_bytes,
                                         summary_lines, table_rows)
 
 

@@ -1,0 +1,59 @@
+"""Line charts for the demo and the benchmarks, drawn with matplotlib (Agg, no display needed)."""
+import io
+import math
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+Color = Tuple[int, int, int]  # RGB, 0-255
+
+
+@dataclass
+class Series:
+    """One curve: ``points`` ``(x, y)`` (non-finite y are left out), an RGB ``color``, optional markers."""
+    label: str
+    points: Sequence[Tuple[float, float]]
+    color: Color
+    width: float = 1.6
+    markers: bool = False
+
+
+@dataclass
+class Panel:
+    """One plot: its curves; ``ylim`` ``(low, high)`` zooms the y axis, None shows every point of every curve."""
+    title: str
+    xlabel: str
+    series: List[Series] = field(default_factory=list)
+    ylim: Optional[Tuple[float, float]] = None
+
+
+def line_chart(panels: Sequence[Panel], title: str = "", panel_size: Tuple[int, int] = (560, 400)) -> bytes:
+    """PNG bytes of ``panels`` side by side (``panel_size`` in pixels each, at 100 dpi), one legend per panel."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    width, height = panel_size
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(width * len(panels) / 100, height / 100), dpi=100,
+                             squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for s in panel.series:
+            finite = [(x, y) for x, y in s.points if y is not None and math.isfinite(y)]
+            if not finite:
+                continue
+            xs, ys = zip(*finite)
+            ax.plot(xs, ys, label=s.label, color=tuple(c / 255 for c in s.color), linewidth=s.width,
+                    marker="o" if s.markers else None, markersize=3)
+        if panel.ylim is not None and panel.ylim[0] < panel.ylim[1]:
+            ax.set_ylim(*panel.ylim)
+        ax.set_title(panel.title, fontsize=10)
+        ax.set_xlabel(panel.xlabel)
+        ax.grid(True, color="0.9")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    plt.close(fig)
+    return out.getvalue()

@@ -1,0 +1,42 @@
+"""The matplotlib line charts: a valid PNG of the requested size, each curve drawn in its colour."""
+import io
+import math
+
+import pytest
+
+from loco_lab.plots import Panel, Series, line_chart
+
+image = pytest.importorskip("matplotlib.image", reason="matplotlib is the demo's plotting library (extra 'demo')")
+
+
+def _pixels(png: bytes):
+    return (image.imread(io.BytesIO(png))[..., :3] * 255).round().astype(int)
+
+
+def _colours(png: bytes):
+    pixels = _pixels(png)
+    return pixels.shape, {tuple(p) for p in pixels.reshape(-1, 3).tolist()}
+
+
+def _count(png: bytes, colour) -> int:
+    return int((_pixels(png) == colour).all(axis=-1).sum())
+
+
+def test_line_chart_draws_every_curve_in_its_colour():
+    series = [Series("A", [(i, math.exp(-i / 20)) for i in range(100)], (200, 0, 0)),
+              Series("B", [(0, float("nan")), (50, 0.5), (99, 0.1)], (0, 0, 200), markers=True)]
+    png = line_chart([Panel("loss", "step", series), Panel("empty", "step", [])], title="test", panel_size=(400, 300))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    shape, colours = _colours(png)
+    assert shape[:2] == (300, 800)
+    assert (200, 0, 0) in colours and (0, 0, 200) in colours
+
+
+def test_a_zoomed_panel_hides_what_is_outside_and_an_unzoomed_one_shows_it():
+    """ylim cuts curves off; the demo's validation panel passes None so that every curve stays in view."""
+    outlier = Series("far", [(0, 50.0), (1, 60.0)], (0, 160, 0))
+    near = Series("near", [(0, 1.0), (1, 1.1)], (0, 0, 0))
+    green = (0, 160, 0)
+    zoomed = _count(line_chart([Panel("v", "step", [near, outlier], ylim=(0.9, 1.2))]), green)
+    whole = _count(line_chart([Panel("v", "step", [near, outlier])]), green)
+    assert whole > 3 * zoomed  # in the zoomed panel only the legend's swatch is left of the outlier
