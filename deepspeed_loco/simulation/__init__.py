@@ -1,7 +1,15 @@
 """A simulated cluster on one device: what qgZ / LoCo with given bits, group size, ``err_beta``, Hadamard and node
-layout does to training, before paying for cluster time (``SimulatedCluster``; the training loop is in
-:mod:`deepspeed_loco.simulation.train`)."""
+layout would do to training, before paying for cluster time.
+
+``SimulatedCluster``: ``W = M x L`` virtual ranks running the library's own reducer, error state and kernels, the
+all-to-alls done in process. ``simulate(...)``: a training run per arm on top of it (``train.py``).
+"""
+from deepspeed_loco.simulation.arms import GRAMMAR, Arm, parse_arm, parse_arms, zeropp_loco_param
 from deepspeed_loco.simulation.cluster import SimulatedCluster, SimulatedTopology
 from deepspeed_loco.simulation.exchange import InProcessAllToAll
+from deepspeed_loco.simulation.train import ArmResult, default_loss, simulate
 
-__all__ = ["SimulatedCluster", "SimulatedTopology", "InProcessAllToAll"]
+__all__ = [
+    "GRAMMAR", "Arm", "parse_arm", "parse_arms", "zeropp_loco_param", "SimulatedCluster", "SimulatedTopology",
+    "InProcessAllToAll", "ArmResult", "default_loss", "simulate"
+]
