@@ -72,9 +72,10 @@ def launch(spec: RunSpec, on_message: Optional[Callable] = None, timeout_s: floa
     """
     os.makedirs(os.path.join(spec.out_dir, "logs"), exist_ok=True)
     queue = torch.multiprocessing.get_context("spawn").Queue()
-    workers = torch.multiprocessing.start_processes(_rank_main, args=(spec, queue, get_free_port()),
-                                                    nprocs=spec.world_size, join=False, start_method="spawn")
+    workers = None
     try:
+        workers = torch.multiprocessing.start_processes(_rank_main, args=(spec, queue, get_free_port()),
+                                                        nprocs=spec.world_size, join=False, start_method="spawn")
         results: Dict[int, dict] = {}
         done = set()
         last_heard = time.monotonic()
@@ -103,10 +104,11 @@ def launch(spec: RunSpec, on_message: Optional[Callable] = None, timeout_s: floa
         workers.join(timeout=60)
         return [results[i] for i in sorted(results)]
     finally:
-        for proc in workers.processes:
+        started = workers.processes if workers is not None else []
+        for proc in started:
             if proc.is_alive():
                 proc.terminate()
-        for proc in workers.processes:
+        for proc in started:
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()

@@ -28,13 +28,13 @@ class Panel:
 
 def line_chart(panels: Sequence[Panel], title: str = "", panel_size: Tuple[int, int] = (560, 400)) -> bytes:
     """PNG bytes of ``panels`` side by side (``panel_size`` in pixels each, at 100 dpi), one legend per panel."""
-    import matplotlib
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     width, height = panel_size
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(width * len(panels) / 100, height / 100), dpi=100,
-                             squeeze=False)
+    fig = Figure(figsize=(width * max(1, len(panels)) / 100, height / 100), dpi=100)
+    FigureCanvasAgg(fig)  # draws with Agg without touching pyplot's global backend
+    axes = fig.subplots(1, max(1, len(panels)), squeeze=False)
     for ax, panel in zip(axes[0], panels):
         for s in panel.series:
             finite = [(x, y) for x, y in s.points if y is not None and math.isfinite(y)]
@@ -55,5 +55,4 @@ def line_chart(panels: Sequence[Panel], title: str = "", panel_size: Tuple[int, 
     fig.tight_layout()
     out = io.BytesIO()
     fig.savefig(out, format="png")
-    plt.close(fig)
     return out.getvalue()

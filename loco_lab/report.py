@@ -148,6 +148,10 @@ def plot(results: Sequence[dict], title: str = "") -> bytes:
         ylim = (ylim[0], min(ylim[1], max(early)))
     panels = [Panel("train loss (EMA 0.9, zoomed past the first drop)", "step", train, ylim),
               Panel("validation loss, held-out plays (every point)", "step", val)]
+    last = max((x for series in val for x, _ in series.points), default=0)
+    late = [y for series in val for x, y in series.points if x >= last / 2]
+    if len(late) > 1:  # the same curves again, zoomed on the second half where the arms differ
+        panels.append(Panel("validation loss, second half (zoom)", "step", val, (min(late), max(late))))
     if err:
         panels.append(Panel("running-sum grad rel. error", "step", err))
     return line_chart(panels, title=title)
