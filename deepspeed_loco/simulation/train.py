@@ -26,7 +26,8 @@ class ArmResult:
     ``eval_fn``; ``grad_rel_errors[t]``: ``||g_comm - g_exact|| / ||g_exact||`` at step ``t + 1``;
     ``sum_rel_errors[t]``: the same for the running sums of both up to step ``t + 1`` (where error feedback shows);
     ``bytes_per_step``: what one rank sends per step on all hops (0 for ``full``), against
-    ``full_precision_bytes_per_step``, a fp32 reduce-scatter's ``(W - 1) / W * N * 4``."""
+    ``full_precision_bytes_per_step``, a fp32 reduce-scatter's ``(W - 1) / W * N * 4``; ``wall_s``: training
+    time, evaluation excluded."""
     key: str
     label: str
     seed: int
@@ -106,7 +107,7 @@ def _train_arm(arm: Arm, cluster: Optional[SimulatedCluster], world: int, model_
     sums = {"comm": [torch.zeros_like(p, dtype=torch.float64) for _, p in named],
             "exact": [torch.zeros_like(p, dtype=torch.float64) for _, p in named]}
     data: Iterator[Batch] = iter(data_fn())
-    started = time.monotonic()
+    started, evaluating = time.monotonic(), 0.0
     for step in range(1, steps + 1):
         micro_batches = _split(next(data), world, device)
         grads, losses = [], []
@@ -132,13 +133,15 @@ def _train_arm(arm: Arm, cluster: Optional[SimulatedCluster], world: int, model_
             cluster.on_optimizer_step()
         result.train_losses.append(sum(losses) / len(losses))
         if eval_fn is not None and ((eval_every and step % eval_every == 0) or step == steps):
+            eval_start = time.monotonic()
             model.eval()
             with torch.no_grad():
                 result.validation.append((step, float(eval_fn(model))))
             model.train()
+            evaluating += time.monotonic() - eval_start
         if on_step is not None:
             on_step(result, step, result.train_losses[-1])
-    result.wall_s = time.monotonic() - started
+    result.wall_s = time.monotonic() - started - evaluating
     if cluster is not None:
         result.bytes_per_step = sum(r.stats.total_bytes for r in cluster.reducers) / world / steps
     return result
