@@ -52,7 +52,7 @@ def _demo_parser(sub) -> argparse.ArgumentParser:
                    help="seeds (model initialisation and data order, the same in every arm); claims need 2 or more")
     p.add_argument("--engine", choices=("simulated", "deepspeed"), default="simulated",
                    help="simulated: every rank in this process; deepspeed: real ZeRO-3 worker processes")
-    p.add_argument("--eval-every", type=int, default=20, help="steps between validation passes")
+    p.add_argument("--eval-every", type=int, default=10, help="steps between validation passes")
     p.add_argument("--eval-windows", type=int, default=128, help="held-out windows per validation pass")
     p.add_argument("--no-fidelity", action="store_true",
                    help="do not measure the communicated gradient against the exact mean (an extra all-reduce)")
