@@ -21,7 +21,6 @@ from deepspeed_loco.simulation.cluster import SimulatedCluster
 
 Batch = Union[torch.Tensor, Tuple[torch.Tensor, ...]]
 GRAD_MODES = ("vmap", "loop")
-BURST_STEP = 2.0  # an optimizer step larger than this many learning rates on one coordinate counts as a burst
 
 
 @dataclass
@@ -32,9 +31,8 @@ class ArmResult:
     ``grad_rel_errors[t]``: ``||g_comm - g_exact|| / ||g_exact||`` at step ``t + 1``; ``sum_rel_errors[t]``: the
     same for the running sums of both up to step ``t + 1`` (where error feedback shows). ``nonzero_fractions``:
     share of coordinates whose communicated mean is nonzero. ``update_rms``: root mean square of the parameter
-    change divided by the step's learning rate (first param group); ``burst_fractions``: share of coordinates that
-    moved by more than ``BURST_STEP`` learning rates (AdamW moves a coordinate with a steady gradient by about one;
-    a value far above its recent magnitude, e.g. after many zero steps, moves it by up to ~3).
+    change divided by the step's learning rate (first param group): how far the optimizer moved the replica
+    (AdamW moves a coordinate with a steady gradient by about one learning rate, one that gets zeros by less).
     ``released_fractions`` (``diagnostics`` only, LoCo arms; empty otherwise): share of coordinates whose
     communicated mean is nonzero while plain qgZ with the same bits would have sent zero for the same gradients,
     i.e. nonzero only because of the remembered error. ``bytes_per_step``: what one rank sends per step on all
@@ -51,7 +49,6 @@ class ArmResult:
     sum_rel_errors: List[float] = field(default_factory=list)
     nonzero_fractions: List[float] = field(default_factory=list)
     update_rms: List[float] = field(default_factory=list)
-    burst_fractions: List[float] = field(default_factory=list)
     released_fractions: List[float] = field(default_factory=list)
     bytes_per_step: float = 0.0
     full_precision_bytes_per_step: float = 0.0
@@ -252,15 +249,14 @@ class _ArmRun:
         stats = torch.stack([
             (comm_flat.double() - exact_flat.double()).pow(2).sum(), exact_flat.double().pow(2).sum(),
             (sums[0] - sums[1]).pow(2).sum(), sums[1].pow(2).sum(), nonzero.double().mean(),
-            moved.double().pow(2).mean().sqrt(), (moved.abs() > BURST_STEP).double().mean(), released.double()
+            moved.double().pow(2).mean().sqrt(), released.double()
         ]).tolist()
         result.grad_rel_errors.append(_ratio(stats[0], stats[1]))
         result.sum_rel_errors.append(_ratio(stats[2], stats[3]))
         result.nonzero_fractions.append(stats[4])
         result.update_rms.append(stats[5])
-        result.burst_fractions.append(stats[6])
         if shadow is not None:
-            result.released_fractions.append(stats[7])
+            result.released_fractions.append(stats[6])
 
 
 def _ratio(num_sq: float, den_sq: float) -> float:
