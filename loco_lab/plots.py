@@ -19,7 +19,8 @@ class Series:
 
 @dataclass
 class Panel:
-    """One plot: its curves; ``ylim`` ``(low, high)`` zooms the y axis, None shows every point of every curve."""
+    """One plot: its curves; ``ylim`` ``(low, high)`` zooms the y axis (plus 5% margins), None shows every point
+    of every curve."""
     title: str
     xlabel: str
     series: List[Series] = field(default_factory=list)
@@ -44,7 +45,9 @@ def line_chart(panels: Sequence[Panel], title: str = "", panel_size: Tuple[int, 
             ax.plot(xs, ys, label=s.label, color=tuple(c / 255 for c in s.color), linewidth=s.width,
                     marker="o" if s.markers else None, markersize=3)
         if panel.ylim is not None and panel.ylim[0] < panel.ylim[1]:
-            ax.set_ylim(*panel.ylim)
+            low, high = panel.ylim
+            pad = 0.05 * (high - low)  # the zoom's own extremes stay inside the frame
+            ax.set_ylim(low - pad, high + pad)
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel(panel.xlabel)
         ax.grid(True, color="0.9")

@@ -38,24 +38,74 @@ def _fmt_err(value: Optional[float]) -> str:
     return f"{value:.1e}" if value < 1e-3 else f"{value:.4f}"
 
 
-def table_rows(results: Sequence[dict]) -> List[List[str]]:
-    header = ["arm", "train loss", "val loss", "step time", "grad bytes/step/rank", "vs full", "error buffers/rank",
-              "grad rel. err", "running-sum rel. err"]
-    rows = [header]
+COLUMNS = {  # every column of the demo's table, explained (printed under it)
+    "arm": "how gradients were reduced: full precision, plain qgZ (quantized, no error feedback) or qgZ + LoCo",
+    "val loss": "next-byte cross-entropy on the held-out plays after the last step: mean +- sd over seeds",
+    "train loss": "training loss over the last 10% of steps: mean +- sd over seeds",
+    "bytes/step/rank": "gradient bytes one rank sends per optimizer step, both hops, values and scales",
+    "vs full": "those bytes over what a full-precision (fp32) reduce-scatter sends",
+    "error buffers/rank": "memory of LoCo's int8 error buffers on each rank (0 without LoCo)",
+    "grad rel. err": "||communicated mean - exact mean|| / ||exact mean||, averaged over steps",
+    "running-sum rel. err": "the same for the sums of all communicated and all exact gradients so far, after the "
+                            "last step: the bias error feedback removes",
+    "step time": "wall time per optimizer step of the whole simulated cluster on this machine",
+}
+
+
+def _by_arm(results: Sequence[dict]) -> Dict[str, List[dict]]:
+    """Records grouped by arm key, in first-seen order."""
+    groups: Dict[str, List[dict]] = {}
     for r in results:
-        fid = r.get("fidelity") or {}
+        groups.setdefault(r["key"], []).append(r)
+    return groups
+
+
+def _mean_sd(values: Sequence[float], digits: int = 4) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.fmean(values):.{digits}f} +- {statistics.stdev(values):.{digits}f}"
+
+
+def table_rows(results: Sequence[dict]) -> List[List[str]]:
+    """One row per arm, each figure over that arm's seeds (see ``COLUMNS``)."""
+    rows = [list(COLUMNS)]
+    for key, runs in _by_arm(results).items():
+        fid = [r.get("fidelity") or {} for r in runs]
+        first = runs[0]
         rows.append([
-            r["label"],
-            f"{r['train_loss']:.4f}",
-            f"{r['val_loss']:.4f}",
-            f"{r['step_time_s'] * 1000:.0f} ms",
-            human_bytes(r["bytes_per_step"]),
-            f"{r['bytes_per_step'] / r['full_precision_bytes_per_step']:.3f}x",
-            human_bytes(r["error_buffer_bytes"]),
-            _fmt_err(fid.get("grad_rel_error_mean")),
-            _fmt_err(fid.get("sum_rel_error_final")),
+            first["label"],
+            _mean_sd([r["val_loss"] for r in runs]),
+            _mean_sd([r["train_loss"] for r in runs]),
+            human_bytes(statistics.fmean(r["bytes_per_step"] for r in runs)),
+            f"{first['bytes_per_step'] / first['full_precision_bytes_per_step']:.3f}x",
+            human_bytes(first["error_buffer_bytes"]),
+            _fmt_err(_mean([f.get("grad_rel_error_mean") for f in fid])),
+            _fmt_err(_mean([f.get("sum_rel_error_final") for f in fid])),
+            f"{statistics.median(r['step_time_s'] for r in runs) * 1000:.0f} ms",
         ])
     return rows
+
+
+def column_notes() -> List[str]:
+    return [f"  {name}: {meaning}" for name, meaning in COLUMNS.items()]
+
+
+def _mean(values) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+# two-sided 95% Student t quantiles by degrees of freedom (1-10); normal beyond
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def paired_interval(diffs: Sequence[float]) -> Optional[tuple]:
+    """``(mean, low, high)``: the mean of paired differences and its 95% t-interval; None below 2 pairs."""
+    if len(diffs) < 2:
+        return None
+    mean = statistics.fmean(diffs)
+    half = _T95.get(len(diffs) - 1, 1.96) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return mean, mean - half, mean + half
 
 
 def format_table(rows: List[List[str]], markdown: bool = False) -> str:
@@ -78,35 +128,49 @@ def gap_closed(full: Optional[float], plain: Optional[float], loco: Optional[flo
 
 
 def summary_lines(results: Sequence[dict]) -> List[str]:
-    """What the numbers say, per LoCo arm whose plain twin ran, in words (single run: no claim below seed noise)."""
-    by_key: Dict[str, dict] = {r["key"]: r for r in results}
-    full = by_key.get("full")
+    """What the numbers say, per LoCo arm whose plain twin ran: claims only where the 95% interval over the
+    seeds both arms share excludes zero; otherwise "no measurable difference"."""
+    groups = _by_arm(results)
+    full = {r["arm"]["seed"]: r for r in groups.get("full", [])}
     lines = []
-    for loco in results:
-        arm = record_arm(loco)
-        plain = by_key.get(replace(arm, kind="plain").key) if arm.kind == "loco" else None
-        if plain is None:
+    for key, runs in groups.items():
+        arm = record_arm(runs[0])
+        twin = groups.get(replace(arm, kind="plain").key) if arm.kind == "loco" else None
+        if not twin:
             continue
-        diff = plain["val_loss"] - loco["val_loss"]
-        text = (f"{arm.variant}: validation loss plain {plain['val_loss']:.4f}, LoCo {loco['val_loss']:.4f} "
-                f"(LoCo {'lower' if diff > 0 else 'higher'} by {abs(diff):.4f})")
-        if full is not None:
-            share = gap_closed(full["val_loss"], plain["val_loss"], loco["val_loss"])
-            gap = plain["val_loss"] - full["val_loss"]
-            text += f"; plain - full = {gap:+.4f}"
-            if gap <= 0:
-                text += " (plain qgZ is not worse than full precision here: there is no gap for LoCo to close)"
-            elif share is not None:
-                text += f", share of that gap LoCo closes: {share:+.0%}"
-        lines.append(text)
-        pf, lf = plain.get("fidelity") or {}, loco.get("fidelity") or {}
-        if pf.get("sum_rel_error_final") is not None and lf.get("sum_rel_error_final") is not None:
-            lines.append(f"  running sum of communicated gradients vs exact: plain {pf['sum_rel_error_final']:.4f}, "
-                         f"LoCo {lf['sum_rel_error_final']:.4f} (relative error after the last step)")
-    if lines:
-        lines.append("One seed, a short run: validation-loss differences of about 0.01-0.02 are within seed noise. "
-                     "`benchmarks/convergence.py` repeats this over seeds and bit widths.")
+        plain = {r["arm"]["seed"]: r for r in twin}
+        loco = {r["arm"]["seed"]: r for r in runs}
+        seeds = sorted(set(plain) & set(loco))
+        diffs = [loco[s]["val_loss"] - plain[s]["val_loss"] for s in seeds]
+        lines.append(f"{arm.variant}, LoCo vs plain qgZ, validation loss over {len(seeds)} seed(s): "
+                     + _verdict(diffs, "LoCo"))
+        gaps = [plain[s]["val_loss"] - full[s]["val_loss"] for s in seeds if s in full]
+        if gaps:
+            lines.append("  plain qgZ vs full precision: " + _verdict(gaps, "plain qgZ"))
+        ratios = [(plain[s].get("fidelity") or {}).get("sum_rel_error_final", 0) /
+                  (loco[s].get("fidelity") or {}).get("sum_rel_error_final", 1) for s in seeds
+                  if (loco[s].get("fidelity") or {}).get("sum_rel_error_final")]
+        if ratios:
+            lines.append(f"  running-sum error of the communicated gradients: LoCo's is {min(ratios):.1f}-"
+                         f"{max(ratios):.1f}x smaller than plain qgZ's on every seed (the bias error feedback "
+                         f"removes)" if min(ratios) > 1 else
+                         f"  running-sum error: LoCo / plain ratios {', '.join(f'{1 / r:.2f}' for r in ratios)}")
     return lines
+
+
+def _verdict(diffs: Sequence[float], subject: str) -> str:
+    """``diffs`` (subject minus reference, lower is better) in words, with the 95% interval when there are 2+."""
+    interval = paired_interval(diffs)
+    if interval is None:
+        return (f"{diffs[0]:+.4f} ({'one seed: no claim, seed noise is of this size' if diffs else 'no data'})"
+                if diffs else "no data")
+    mean, low, high = interval
+    text = f"{mean:+.4f} (95% CI [{low:+.4f}, {high:+.4f}])"
+    if low > 0:
+        return text + f": {subject} is worse"
+    if high < 0:
+        return text + f": {subject} is better"
+    return text + ": no measurable difference at this size and length (the interval contains 0)"
 
 
 def ema(values: Sequence[float], decay: float = 0.9) -> List[float]:
@@ -129,31 +193,35 @@ def arm_color(arm: Arm) -> Color:
 
 
 def plot(results: Sequence[dict], title: str = "") -> bytes:
-    """PNG bytes: train loss (EMA), validation loss, and the running-sum gradient error, per arm."""
+    """PNG bytes: per arm, the seed mean of the train loss (EMA), of the validation loss (every point, then zoomed
+    on the second half) and of the running-sum gradient error."""
     train, val, err = [], [], []
     skip = 0
-    for r in results:
-        color, label = arm_color(record_arm(r)), r["label"]
-        losses = r["train_losses"]
+    for key, runs in _by_arm(results).items():
+        seeds = f" ({len(runs)} seeds)" if len(runs) > 1 else ""
+        color, label = arm_color(record_arm(runs[0])), runs[0]["label"] + seeds
+        losses = [statistics.fmean(step) for step in zip(*(r["train_losses"] for r in runs))]
         skip = max(skip, len(losses) // 10)
         train.append(Series(label, list(enumerate(ema(losses), start=1)), color))
-        val.append(Series(label, r["validation"], color, markers=True))
-        fid = r.get("fidelity") or {}
-        if fid.get("sum_rel_errors"):
-            err.append(Series(label, list(enumerate(fid["sum_rel_errors"], start=1)), color))
+        points = [(column[0][0], statistics.fmean(v for _, v in column))
+                  for column in zip(*(r["validation"] for r in runs))]
+        val.append(Series(label, points, color, markers=True))
+        sums = [(r.get("fidelity") or {}).get("sum_rel_errors") for r in runs]
+        if all(sums):
+            err.append(Series(label, list(enumerate((statistics.fmean(s) for s in zip(*sums)), start=1)), color))
     tail = [y for s in train for x, y in s.points if x > skip]
     ylim = (min(tail), max(tail)) if tail else None
     early = [y for s in train for x, y in s.points if x == max(1, (len(s.points) * 3) // 10)]
     if ylim and early:  # show the part where the arms can differ, not the first drop from ln(256)
         ylim = (ylim[0], min(ylim[1], max(early)))
-    panels = [Panel("train loss (EMA 0.9, zoomed past the first drop)", "step", train, ylim),
-              Panel("validation loss, held-out plays (every point)", "step", val)]
+    panels = [Panel("train loss (seed mean, EMA 0.9, zoomed past the first drop)", "step", train, ylim),
+              Panel("validation loss, held-out plays (seed mean, every point)", "step", val)]
     last = max((x for series in val for x, _ in series.points), default=0)
     late = [y for series in val for x, y in series.points if x >= last / 2]
     if len(late) > 1:  # the same curves again, zoomed on the second half where the arms differ
         panels.append(Panel("validation loss, second half (zoom)", "step", val, (min(late), max(late))))
     if err:
-        panels.append(Panel("running-sum grad rel. error", "step", err))
+        panels.append(Panel("running-sum grad rel. error (seed mean)", "step", err))
     return line_chart(panels, title=title)
 
 

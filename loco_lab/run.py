@@ -1,28 +1,33 @@
-"""Runs the demo: launches the workers with a progress bar, then writes results.json, table.md and the PNG."""
+"""Runs the demo: every arm for every seed, on the simulated cluster (default) or through real DeepSpeed ZeRO-3
+worker processes, with a progress bar; then prints and writes the table, what it says, results.json and the PNG."""
 import json
 import os
 import sys
 import time
-from typing import List, Optional
+from dataclasses import replace
+from typing import List, Optional, Sequence
 
 from loco_lab.arms import RunSpec
 from loco_lab.data import TRAIN_PLAYS, VALIDATION_PLAYS
 from loco_lab.launcher import gpu_count, gpu_sharing_line, launch
 from loco_lab.model import ByteLlama, count_parameters
-from loco_lab.report import format_table, plot, summary_lines, table_rows
+from loco_lab.report import column_notes, format_table, plot, summary_lines, table_rows
 
 
-def describe(spec: RunSpec) -> str:
+def describe(spec: RunSpec, engine: str = "deepspeed") -> str:
     """The model, world, data and, when ranks share GPUs, a line saying so."""
     m = spec.model
     params = count_parameters(ByteLlama(m))
-    where = f"{'NCCL' if spec.backend == 'nccl' else 'gloo'} on {'CUDA' if spec.device == 'cuda' else 'CPU'}"
-    sharing = gpu_sharing_line(spec, gpu_count())
+    device = "CUDA" if spec.device == "cuda" else "CPU"
+    if engine == "simulated":
+        where = f"simulated in one process on {device}: the library's reducer, all-to-alls copied in process"
+    else:
+        where = f"DeepSpeed worker processes, {'NCCL' if spec.backend == 'nccl' else 'gloo'} on {device}"
+    sharing = gpu_sharing_line(spec, gpu_count()) if engine == "deepspeed" else None
     return (f"model: Llama-style byte LM, {m.layers} layers x {m.dim} wide, {m.heads} heads, context {m.seq_len} "
             f"({params / 1e6:.2f}M parameters, {spec.dtype})\n"
-            f"world: {spec.world_size} ranks = {spec.nodes} nodes x {spec.local} ranks per node (simulated on this "
-            f"machine, {where}); ZeRO-3, AdamW lr {spec.lr:g}, global batch {spec.global_batch} x {m.seq_len} bytes, "
-            f"{spec.steps} steps per arm\n"
+            f"world: {spec.world_size} ranks = {spec.nodes} nodes x {spec.local} ranks per node ({where}); "
+            f"AdamW lr {spec.lr:g}, global batch {spec.global_batch} x {m.seq_len} bytes, {spec.steps} steps per arm\n"
             f"data: train on {', '.join(TRAIN_PLAYS)}; validate on held-out {', '.join(VALIDATION_PLAYS)}"
             + (f"\n{sharing}" if sharing else ""))
 
@@ -30,14 +35,14 @@ def describe(spec: RunSpec) -> str:
 class _Progress:
     """tqdm bar over all arms' steps in the launcher process, plus LoCo's own log lines (each once)."""
 
-    def __init__(self, spec: RunSpec, enabled: bool = True):
+    def __init__(self, spec: RunSpec, runs: int, enabled: bool = True):
         self.spec = spec
         self.seen = set()
         self.bar = None
         if enabled:
             from tqdm import tqdm
-            self.bar = tqdm(total=len(spec.arms) * spec.steps, unit="step", dynamic_ncols=True,
-                            desc="starting workers", file=sys.stdout)
+            self.bar = tqdm(total=runs * spec.steps, unit="step", dynamic_ncols=True, desc="starting",
+                            file=sys.stdout)
         self.current = -1
 
     def __call__(self, message) -> None:
@@ -60,6 +65,13 @@ class _Progress:
             r = message[2]
             self.write(f"{r['label']}: train loss {r['train_loss']:.4f}, validation loss {r['val_loss']:.4f}")
 
+    def simulated_step(self, label: str, seed: int, step: int, loss: float) -> None:
+        """Progress of one simulated run."""
+        if self.bar is not None:
+            self.bar.set_description(f"seed {seed}: {label}", refresh=False)
+            self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            self.bar.update(1)
+
     def write(self, text: str) -> None:
         if self.bar is not None:
             self.bar.write(text, file=sys.stdout)
@@ -71,14 +83,21 @@ class _Progress:
             self.bar.close()
 
 
-def run_demo(spec: RunSpec, progress: bool = True, title: Optional[str] = None) -> List[dict]:
-    """Trains every arm; prints the table; writes ``results.json``, ``table.md`` and ``loss_curves.png``."""
+def run_demo(spec: RunSpec, seeds: Sequence[int] = (0, ), engine: str = "simulated", progress: bool = True,
+             title: Optional[str] = None) -> List[dict]:
+    """Trains every arm for every seed (``engine``: "simulated" in this process, or "deepspeed" worker processes);
+    prints the table and what it says; writes ``results.json``, ``table.md`` and ``loss_curves.png``."""
     os.makedirs(spec.out_dir, exist_ok=True)
-    print(describe(spec), flush=True)
+    print(describe(spec, engine) + f"\nseeds: {', '.join(map(str, seeds))}", flush=True)
     started = time.monotonic()
-    bar = _Progress(spec, progress)
+    bar = _Progress(spec, len(spec.arms) * len(seeds), progress)
     try:
-        results = launch(spec, on_message=bar)
+        if engine == "simulated":
+            from loco_lab.simulated import run_simulated
+            results = run_simulated(spec, seeds, on_step=bar.simulated_step)
+        else:
+            arms = [replace(arm, seed=seed) for seed in seeds for arm in spec.arms]
+            results = launch(spec.with_arms(arms), on_message=bar)
     finally:
         bar.close()
     wall = time.monotonic() - started
@@ -86,20 +105,20 @@ def run_demo(spec: RunSpec, progress: bool = True, title: Optional[str] = None) 
     lines = summary_lines(results)
     print()
     print(format_table(rows))
-    print()
-    for line in lines:
-        print(line)
+    print("\n".join(["", "columns:"] + column_notes() + [""] + lines))
     png_path = os.path.join(spec.out_dir, "loss_curves.png")
     m = spec.model
-    title = title or (f"LoCo demo: {m.layers}x{m.dim} byte LM, {spec.nodes}x{spec.local} ranks, {spec.steps} steps")
+    title = title or (f"LoCo demo: {m.layers}x{m.dim} byte LM, {spec.nodes}x{spec.local} ranks, {spec.steps} steps, "
+                      f"{len(seeds)} seed(s)")
     with open(png_path, "wb") as f:
         f.write(plot(results, title=title))
     with open(os.path.join(spec.out_dir, "table.md"), "w") as f:
-        f.write(describe(spec) + "\n\n" + format_table(rows, markdown=True) + "\n\n" + "\n".join(lines) + "\n")
+        f.write(describe(spec, engine) + "\n\n" + format_table(rows, markdown=True) + "\n\n" +
+                "\n".join(column_notes() + [""] + lines) + "\n")
     with open(os.path.join(spec.out_dir, "results.json"), "w") as f:
-        json.dump({"spec": _spec_dict(spec), "wall_s": wall, "arms": results}, f, indent=1)
-    print(f"\nwrote {png_path}, table.md, results.json (worker logs in {os.path.join(spec.out_dir, 'logs')}); "
-          f"{wall:.0f} s", flush=True)
+        json.dump({"spec": _spec_dict(spec), "engine": engine, "seeds": list(seeds), "wall_s": wall, "arms": results},
+                  f, indent=1)
+    print(f"\nwrote {png_path}, table.md, results.json; {wall:.0f} s", flush=True)
     return results
 
 

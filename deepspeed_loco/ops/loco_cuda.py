@@ -122,9 +122,19 @@ def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, bits: int, gro
 
 
 # ------------------------------------------------------------------------------------------------ bucket entry points
+def _grid_unsupported(function: str, args: HopArgs) -> bool:
+    """True (and logged once) when ``args`` asks for a grid the CUDA kernels do not implement."""
+    if args.grid == "symmetric":
+        return False
+    _fallback(function, f"quant_grid {args.grid!r} (the CUDA kernels implement the symmetric grid)")
+    return True
+
+
 def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[ErrorBuffer]], args: HopArgs,
                      wire: WireLayout, send: torch.Tensor) -> None:
     """See :func:`deepspeed_loco.ops.loco_reference.quantize_bucket_`."""
+    if _grid_unsupported("quantize_bucket_", args):
+        return loco_reference.quantize_bucket_(grads, errors, args, wire, send)
     for i, (grad, error, offset) in enumerate(zip(grads, errors, wire.offsets())):
         hop1_(grad, args.world_size, args.local_size, error, args.err_beta, args.bits, args.group_size,
               *wire.views(send, i, offset), hadamard=args.hadamard)
@@ -133,6 +143,8 @@ def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[Er
 def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence[Optional[ErrorBuffer]],
                        args: HopArgs, wire: WireLayout, send: torch.Tensor) -> None:
     """See :func:`deepspeed_loco.ops.loco_reference.requantize_bucket_`."""
+    if _grid_unsupported("requantize_bucket_", args):
+        return loco_reference.requantize_bucket_(recv, in_wire, errors, args, wire, send)
     for i, (error, offset) in enumerate(zip(errors, wire.offsets())):
         hop2_(*in_wire.views(recv, i, offset), args.in_blocks, args.in_bits, error, args.err_beta, args.bits,
               args.group_size, *wire.views(send, i, offset))
@@ -141,6 +153,8 @@ def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence
 def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numels: Sequence[int], rank: int,
                       out_dtype: torch.dtype) -> List[torch.Tensor]:
     """See :func:`deepspeed_loco.ops.loco_reference.final_mean_bucket`."""
+    if _grid_unsupported("final_mean_bucket", args):
+        return loco_reference.final_mean_bucket(recv, wire, args, numels, rank, out_dtype)
     return [
         final_mean(*wire.views(recv, i, offset), args.bits, args.group_size, args.world_size, numel, rank, out_dtype,
                    hadamard=args.hadamard) for i, (numel, offset) in enumerate(zip(numels, wire.offsets()))

@@ -36,45 +36,47 @@ def partition_rows(grad: torch.Tensor, world_size: int, group_size: int) -> torc
 
 
 def compensate_and_quantize(c: torch.Tensor, error: Optional[ErrorBuffer], beta: float, bits: int,
-                            group_size: int):
-    """One LoCo step on fp32 ``c`` ``(rows, n)``: ``c += e``; quantize; ``e <- beta*e + (1-beta)*(c - deq)``.
+                            group_size: int, grid: str = "symmetric"):
+    """One LoCo step on fp32 ``c`` ``(rows, n)``: ``c += e``; quantize on ``grid``; ``e <- beta*e + (1-beta)*(c - deq)``.
 
     Returns ``(q int8 (rows, n), scale fp32 (rows, n // group_size))`` and updates ``error`` in place
     (``error is None``: plain quantization).
     """
     if error is None:
-        return quantize_groups(c, bits, group_size)
+        return quantize_groups(c, bits, group_size, grid)
     old = error.dequantize()
     c = c + old
-    q, scale = quantize_groups(c, bits, group_size)
-    residual = c - dequantize_groups(q, scale, group_size)
+    q, scale = quantize_groups(c, bits, group_size, grid)
+    residual = c - dequantize_groups(q, scale, group_size, grid)
     beta32 = torch.tensor(beta, dtype=torch.float32, device=c.device)
     error.store_(old * beta32 + residual * (1 - beta32))
     return q, scale
 
 
 def hop1_(grad: torch.Tensor, world_size: int, local_size: int, error: Optional[ErrorBuffer], beta: float,
-          bits: int, group_size: int, out_data: torch.Tensor, out_scale: torch.Tensor, hadamard: bool = False) -> None:
+          bits: int, group_size: int, out_data: torch.Tensor, out_scale: torch.Tensor, hadamard: bool = False,
+          grid: str = "symmetric") -> None:
     """Fused intra-node step: partition, swizzle, [rotate,] compensate, quantize, update the error, pack.
 
     ``grad``: any shape, fp32/fp16/bf16, ``N`` elements. ``error``: ``(W, P')`` in slot order, or None.
     Writes ``out_data`` uint8 ``(W, P' * bits // 8)`` and ``out_scale`` fp32 ``(W, P' // group_size)`` in slot
     order. With ``local_size == 1`` this is also the inter-node step of a one-rank-per-node world.
     ``hadamard``: each group is rotated (``ops.hadamard.rotate``) first; everything downstream, the error
-    buffers included, then lives in the rotated basis until :func:`final_mean` rotates back.
+    buffers included, then lives in the rotated basis until :func:`final_mean` rotates back. ``grid``: the
+    quantization grid of the wire values (``ops.quantizer.grid_levels``), the same on every hop.
     """
     rows = partition_rows(grad, world_size, group_size)[slot_to_row(world_size, local_size).to(grad.device)]
     if hadamard:
         rows = rotate(rows, group_size)
-    q, scale = compensate_and_quantize(rows, error, beta, bits, group_size)
+    q, scale = compensate_and_quantize(rows, error, beta, bits, group_size, grid)
     out_data.copy_(pack(q, bits))
     out_scale.copy_(scale)
 
 
-def dequantize_sum(data: torch.Tensor, scale: torch.Tensor, blocks: int, bits: int,
-                   group_size: int) -> torch.Tensor:
+def dequantize_sum(data: torch.Tensor, scale: torch.Tensor, blocks: int, bits: int, group_size: int,
+                   grid: str = "symmetric") -> torch.Tensor:
     """Sum of ``blocks`` dequantized blocks: ``data`` ``(blocks*R, ...)`` to fp32 ``(R, n)``, in block order."""
-    values = dequantize_groups(unpack(data, bits), scale, group_size)
+    values = dequantize_groups(unpack(data, bits), scale, group_size, grid)
     values = values.view(blocks, values.shape[0] // blocks, values.shape[1])
     total = values[0].clone()
     for block in range(1, blocks):
@@ -84,27 +86,28 @@ def dequantize_sum(data: torch.Tensor, scale: torch.Tensor, blocks: int, bits: i
 
 def hop2_(recv_data: torch.Tensor, recv_scale: torch.Tensor, local_size: int, in_bits: int,
           error: Optional[ErrorBuffer], beta: float, bits: int, group_size: int, out_data: torch.Tensor,
-          out_scale: torch.Tensor) -> None:
+          out_scale: torch.Tensor, grid: str = "symmetric") -> None:
     """Fused inter-node step: dequantize and fp32-sum the ``L`` received blocks, compensate, quantize, update.
 
     ``recv_data`` uint8 ``(L*M, P' * in_bits // 8)``, ``recv_scale`` fp32 ``(L*M, P' // group_size)`` (block
     from local peer ``i`` = rows ``[i*M, (i+1)*M)``). ``error``: ``(M, P')`` or None.
     Writes ``out_data`` uint8 ``(M, P' * bits // 8)`` and ``out_scale`` fp32 ``(M, P' // group_size)``.
     """
-    total = dequantize_sum(recv_data, recv_scale, local_size, in_bits, group_size)
-    q, scale = compensate_and_quantize(total, error, beta, bits, group_size)
+    total = dequantize_sum(recv_data, recv_scale, local_size, in_bits, group_size, grid)
+    q, scale = compensate_and_quantize(total, error, beta, bits, group_size, grid)
     out_data.copy_(pack(q, bits))
     out_scale.copy_(scale)
 
 
 def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, bits: int, group_size: int, world_size: int,
-               numel: int, rank: int, out_dtype: torch.dtype, hadamard: bool = False) -> torch.Tensor:
+               numel: int, rank: int, out_dtype: torch.dtype, hadamard: bool = False,
+               grid: str = "symmetric") -> torch.Tensor:
     """Dequantize, fp32-sum the received rows in order, [rotate back,] divide by ``W``: this rank's mean partition.
 
     ``recv_data`` uint8 ``(R, P' * bits // 8)``, ``recv_scale`` fp32 ``(R, P' // group_size)``.
     Returns ``(P,)`` in ``out_dtype``, ``P = ceil(numel / W)``, zero past ``numel`` (global index).
     """
-    total = dequantize_sum(recv_data, recv_scale, recv_data.shape[0], bits, group_size)[0]
+    total = dequantize_sum(recv_data, recv_scale, recv_data.shape[0], bits, group_size, grid)[0]
     if hadamard:
         total = unrotate(total, group_size)
     part = partition_size(numel, world_size)
@@ -122,7 +125,7 @@ def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[Er
     """The first hop of a bucket: :func:`hop1_` for every gradient, into ``send`` uint8 ``(W, wire.row_bytes)``."""
     for i, (grad, error, offset) in enumerate(zip(grads, errors, wire.offsets())):
         hop1_(grad, args.world_size, args.local_size, error, args.err_beta, args.bits, args.group_size,
-              *wire.views(send, i, offset), hadamard=args.hadamard)
+              *wire.views(send, i, offset), hadamard=args.hadamard, grid=args.grid)
 
 
 def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence[Optional[ErrorBuffer]],
@@ -130,7 +133,7 @@ def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence
     """A later hop of a bucket: :func:`hop2_` for every parameter, from the previous hop's ``recv`` into ``send``."""
     for i, (error, offset) in enumerate(zip(errors, wire.offsets())):
         hop2_(*in_wire.views(recv, i, offset), args.in_blocks, args.in_bits, error, args.err_beta, args.bits,
-              args.group_size, *wire.views(send, i, offset))
+              args.group_size, *wire.views(send, i, offset), grid=args.grid)
 
 
 def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numels: Sequence[int], rank: int,
@@ -138,5 +141,6 @@ def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numel
     """The last hop's received rows to this rank's mean partitions: :func:`final_mean` per parameter."""
     return [
         final_mean(*wire.views(recv, i, offset), args.bits, args.group_size, args.world_size, numel, rank, out_dtype,
-                   hadamard=args.hadamard) for i, (numel, offset) in enumerate(zip(numels, wire.offsets()))
+                   hadamard=args.hadamard, grid=args.grid)
+        for i, (numel, offset) in enumerate(zip(numels, wire.offsets()))
     ]

@@ -21,26 +21,47 @@ def qmax(bits: int) -> int:
     return (1 << (bits - 1)) - 1
 
 
-def quantize_groups(c: torch.Tensor, bits: int, group_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Quantizes fp32 ``c`` of shape ``(..., n)``, ``n % group_size == 0``.
+def grid_levels(bits: int, grid: str) -> Tuple[float, int, int]:
+    """``(divisor, lowest code, highest code)`` of a grid: ``scale = absmax / divisor``.
 
-    Returns ``q`` int8 ``(..., n)`` in ``[-qmax, qmax]`` and ``scale`` fp32 ``(..., n // group_size)``.
+    symmetric: divisor ``qmax``, codes ``[-qmax, qmax]``; midrise: divisor ``2^(bits-1) - 0.5``, codes
+    ``[-2^(bits-1), 2^(bits-1) - 1]`` (every code used; code ``k`` stands for ``(k + 0.5) * scale``).
+    """
+    if grid == "symmetric":
+        return float(qmax(bits)), -qmax(bits), qmax(bits)
+    if grid == "midrise":
+        half = 1 << (bits - 1)
+        return half - 0.5, -half, half - 1
+    raise ValueError(f"quantization grid {grid!r}: must be 'symmetric' or 'midrise'")
+
+
+def quantize_groups(c: torch.Tensor, bits: int, group_size: int,
+                    grid: str = "symmetric") -> Tuple[torch.Tensor, torch.Tensor]:
+    """Quantizes fp32 ``c`` of shape ``(..., n)``, ``n % group_size == 0``, on ``grid`` (:func:`grid_levels`).
+
+    Returns ``q`` int8 ``(..., n)`` (codes) and ``scale`` fp32 ``(..., n // group_size)``. symmetric:
+    ``q = round_half_even(c / scale)``; midrise: ``q = floor(c / scale)``, both clamped to the grid's codes.
     """
     assert c.dtype == torch.float32 and c.shape[-1] % group_size == 0, (c.dtype, c.shape, group_size)
+    divisor, low, high = grid_levels(bits, grid)
     groups = c.reshape(*c.shape[:-1], c.shape[-1] // group_size, group_size)
     finite = torch.isfinite(groups).all(dim=-1)
     absmax = groups.abs().amax(dim=-1)
     # a tensor divisor: PyTorch on CUDA turns division by a Python scalar into a multiplication by its reciprocal
-    scale = torch.where(finite, absmax / torch.full_like(absmax, qmax(bits)), torch.full_like(absmax, float("nan")))
-    divisor = torch.where(finite & (scale > 0), scale, torch.ones_like(scale)).unsqueeze(-1)
-    q = torch.round(groups / divisor).clamp_(-qmax(bits), qmax(bits))
+    scale = torch.where(finite, absmax / torch.full_like(absmax, divisor), torch.full_like(absmax, float("nan")))
+    safe = torch.where(finite & (scale > 0), scale, torch.ones_like(scale)).unsqueeze(-1)
+    ratio = groups / safe
+    q = (torch.round(ratio) if grid == "symmetric" else torch.floor(ratio)).clamp_(low, high)
     q = torch.where((finite & (scale > 0)).unsqueeze(-1), q, torch.zeros_like(q))
     return q.to(torch.int8).reshape(c.shape), scale
 
 
-def dequantize_groups(q: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Inverse of :func:`quantize_groups`: int8 ``(..., n)`` and fp32 ``(..., n // group_size)`` to fp32 ``(..., n)``."""
+def dequantize_groups(q: torch.Tensor, scale: torch.Tensor, group_size: int, grid: str = "symmetric") -> torch.Tensor:
+    """Inverse of :func:`quantize_groups`: int8 ``(..., n)`` and fp32 ``(..., n // group_size)`` to fp32 ``(..., n)``:
+    ``q * scale`` (symmetric) or ``(q + 0.5) * scale`` (midrise; exact in fp32, then one rounding)."""
     groups = q.to(torch.float32).reshape(*q.shape[:-1], q.shape[-1] // group_size, group_size)
+    if grid == "midrise":
+        groups = groups + 0.5
     return (groups * scale.unsqueeze(-1)).reshape(q.shape)
 
 

@@ -166,7 +166,7 @@ class _ArmRun:
                 torch.zeros(numel, dtype=torch.float64, device=self.device))
         wrapper = _LossOf(model, self.loss_fn)
         data: Iterator[Batch] = iter(data_fn())
-        started = time.monotonic()
+        started, evaluating = time.monotonic(), 0.0
         for step in range(1, steps + 1):
             stacked, losses = self._rank_grads(model, wrapper, named, _split(next(data), self.world, self.device))
             exact = [g.sum(0) / self.world for g in stacked]
@@ -188,13 +188,15 @@ class _ArmRun:
             self._record(result, sums, comm, exact, shadow, moved)
             result.train_losses.append(sum(losses.tolist()) / self.world)
             if eval_fn is not None and ((eval_every and step % eval_every == 0) or step == steps):
+                eval_start = time.monotonic()
                 model.eval()
                 with torch.no_grad():
                     result.validation.append((step, float(eval_fn(model))))
                 model.train()
+                evaluating += time.monotonic() - eval_start
             if on_step is not None:
                 on_step(result, step, result.train_losses[-1])
-        result.wall_s = time.monotonic() - started
+        result.wall_s = time.monotonic() - started - evaluating
         if self.clusters:
             result.bytes_per_step = sum(r.stats.total_bytes for r in self.clusters[0].reducers) / self.world / steps
         return result

@@ -4,14 +4,14 @@ import pytest
 from loco_lab import cli
 from loco_lab.arms import RunSpec, ds_config, parse_arm, parse_arms
 from loco_lab.model import SIZES
-from loco_lab.report import (UNIFORM_COLORS, arm_color, format_table, gap_closed, human_bytes,
-                                        summary_lines, table_rows)
+from loco_lab.report import (COLUMNS, UNIFORM_COLORS, arm_color, column_notes, format_table, gap_closed,
+                             human_bytes, paired_interval, summary_lines, table_rows)
 
 
-def _result(token, val, sum_err=None):
+def _result(token, val, sum_err=None, seed=0):
     arm = parse_arm(token)
-    return {"arm": arm.to_dict(), "key": arm.key, "label": arm.label, "train_loss": val + 0.1, "val_loss": val,
-            "step_time_s": 0.5, "bytes_per_step": 1000.0 if arm.kind == "full" else 150.0,
+    return {"arm": dict(arm.to_dict(), seed=seed), "key": arm.key, "label": arm.label, "train_loss": val + 0.1,
+            "val_loss": val, "step_time_s": 0.5, "bytes_per_step": 1000.0 if arm.kind == "full" else 150.0,
             "full_precision_bytes_per_step": 1000.0, "error_buffer_bytes": 2048 if arm.kind == "loco" else 0,
             "fidelity": {"grad_rel_error_mean": 0.1, "sum_rel_error_final": sum_err}}
 
@@ -22,25 +22,39 @@ def test_gap_closed():
     assert gap_closed(2.0, 2.0, 2.1) is None
 
 
-def test_table_and_summary():
-    results = [_result("full", 2.0, 1e-8), _result("plain4", 2.2, 0.2), _result("loco4", 2.1, 0.02)]
+def test_table_has_one_row_per_arm_with_mean_and_spread_over_seeds():
+    results = [_result(t, v + 0.01 * seed, e, seed) for seed in (0, 1, 2)
+               for t, v, e in (("full", 2.0, 1e-8), ("plain4", 2.2, 0.2), ("loco4", 2.1, 0.02))]
     rows = table_rows(results)
-    assert rows[0][:3] == ["arm", "train loss", "val loss"]
+    assert rows[0] == list(COLUMNS) and rows[0][:3] == ["arm", "val loss", "train loss"]
     assert [r[0] for r in rows[1:]] == ["full precision", "qgZ 4-bit", "qgZ 4-bit + LoCo"]
+    assert rows[2][1] == "2.2100 +- 0.0100"  # seeds 0, 1, 2: 2.20, 2.21, 2.22
     text = format_table(rows)
     assert "0.150x" in text and "2.00 KiB" in text
     assert format_table(rows, markdown=True).startswith("| arm")
-    summary = "\n".join(summary_lines(results))
-    assert "+50%" in summary and "seed noise" in summary
+    assert len(column_notes()) == len(COLUMNS)
     assert human_bytes(3 * 2**20) == "3.00 MiB"
 
 
-def test_summary_pairs_each_loco_arm_with_its_plain_twin():
-    results = [_result("full", 2.0), _result("plain8-2h", 2.4), _result("loco8-2h", 2.1), _result("loco2", 2.3)]
-    lines = summary_lines(results)
-    assert lines[0].startswith("8/2-bit + Hadamard: validation loss plain 2.4000, LoCo 2.1000 (LoCo lower by 0.3000)")
-    assert lines[0].endswith("share of that gap LoCo closes: +75%")
-    assert not any(line.startswith("2-bit") for line in lines)  # loco2 has no plain2 here
+def test_paired_interval_is_the_95_percent_t_interval():
+    mean, low, high = paired_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and high - mean == pytest.approx(4.303 * 1.0 / 3**0.5)
+    assert paired_interval([1.0]) is None
+
+
+def test_summary_claims_only_what_the_seeds_support():
+    clear = [_result(t, v + 0.001 * seed, e, seed) for seed in (0, 1, 2)
+             for t, v, e in (("full", 2.0, 1e-8), ("plain8-2h", 2.4, 0.3), ("loco8-2h", 2.1, 0.01))]
+    lines = summary_lines(clear)
+    assert lines[0].startswith("8/2-bit + Hadamard, LoCo vs plain qgZ, validation loss over 3 seed(s): -0.3000")
+    assert lines[0].endswith(": LoCo is better")
+    assert lines[1].startswith("  plain qgZ vs full precision: +0.4000") and lines[1].endswith("plain qgZ is worse")
+    assert "LoCo's is 30.0-30.0x smaller" in lines[2]
+    noisy = [_result("plain4", 2.2 + d, 0.2, seed) for seed, d in enumerate((0.03, -0.02, 0.0))] + \
+        [_result("loco4", 2.2 + d, 0.02, seed) for seed, d in enumerate((-0.01, 0.02, 0.01))]
+    assert "no measurable difference" in summary_lines(noisy)[0]
+    one = summary_lines([_result("plain4", 2.2, 0.2), _result("loco4", 2.1, 0.02), _result("loco2", 2.3)])
+    assert "one seed: no claim" in one[0] and not any(line.startswith("2-bit") for line in one)
 
 
 def test_arm_colors():
@@ -72,10 +86,13 @@ def test_cli_flags_to_spec():
     sub = parser.add_subparsers(dest="command")
     cli._demo_parser(sub)
     args = parser.parse_args(["demo", "--steps", "7", "--model-size", "tiny", "--dim", "48", "--bits", "2",
-                              "--nodes", "3", "--device", "cpu", "--seed", "4"])
+                              "--nodes", "3", "--device", "cpu", "--seeds", "4", "5", "--engine", "deepspeed"])
     spec = cli.spec_from_args(args)
     assert spec.steps == 7 and spec.model.dim == 48 and spec.model.layers == SIZES["tiny"].layers
     assert spec.world_size == 6 and spec.device == "cpu" and spec.backend == "gloo" and spec.dtype == "fp32"
-    assert [a.key for a in spec.arms] == ["full", "plain2", "loco2"] and all(a.seed == 4 for a in spec.arms)
+    assert [a.key for a in spec.arms] == ["full", "plain2", "loco2"]
+    assert args.seeds == [4, 5] and args.engine == "deepspeed"
+    defaults = parser.parse_args(["demo"])
+    assert defaults.seeds == [0, 1, 2] and defaults.engine == "simulated"
     with pytest.raises(SystemExit):
         cli.spec_from_args(parser.parse_args(["demo", "--dim", "30", "--heads", "4"]))

@@ -103,3 +103,15 @@ def test_final_mean_divides_by_world_and_zeroes_past_numel():
     q, scale = quantize_groups(rows, 8, S)
     out = ref.final_mean(pack(q, 8), scale, 8, S, world, numel, rank, torch.float32)
     assert out.tolist() == [4.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_midrise_grid_with_beta_zero_keeps_dequant_plus_error_equal_to_the_input(bits):
+    """Classic error feedback on the mid-rise grid: what was sent plus the fp32 error is what was to be sent."""
+    c = torch.randn(4, 8 * S) * 2
+    error = ErrorBuffer.zeros(4, 8 * S, S, 32, "cpu")
+    q, scale = ref.compensate_and_quantize(c.clone(), error, 0.0, bits, S, "midrise")
+    assert int(q.min()) >= -(1 << (bits - 1)) and int(q.max()) <= (1 << (bits - 1)) - 1
+    sent = dequantize_groups(q, scale, S, "midrise")
+    assert torch.allclose(sent + error.values, c, rtol=0, atol=1e-6)
+    assert not torch.equal(sent, dequantize_groups(q, scale, S))  # the grid changes what the codes mean

@@ -57,3 +57,32 @@ def test_non_finite_group_is_flagged_by_a_nan_scale(bad):
     assert torch.isnan(scale[0, 0]) and torch.isfinite(scale[0, 1])
     assert torch.equal(q[0, :32], torch.zeros(32, dtype=torch.int8))
     assert torch.isnan(dequantize_groups(q, scale, 32)[0, :32]).all()
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_midrise_grid_uses_every_code_and_errs_at_most_half_a_step(bits):
+    half = 1 << (bits - 1)
+    c = torch.randn(16, 1024) * torch.logspace(-3, 3, 16).unsqueeze(1)
+    q, scale = quantize_groups(c, bits, 256, "midrise")
+    assert torch.equal(scale, c.view(16, 4, 256).abs().amax(-1) / torch.tensor(half - 0.5))
+    ramp, _ = quantize_groups(torch.linspace(-1, 1, 256).repeat(2, 1), bits, 256, "midrise")
+    assert set(ramp.unique().tolist()) == set(range(-half, half))  # all 2^bits codes occur
+    deq = dequantize_groups(q, scale, 256, "midrise")
+    err = (deq - c).view(16, 4, 256).abs()
+    assert torch.all(err <= scale.unsqueeze(-1) * 0.5 * (1 + 1e-6))
+    # the group's extremes land on the outermost levels exactly (up to one rounding of the scale)
+    extremes = c.view(16, 4, 256).abs().amax(-1)
+    assert torch.allclose(deq.view(16, 4, 256).abs().amax(-1), extremes, rtol=1e-6)
+    assert torch.equal(unpack(pack(q, bits), bits), q)
+
+
+def test_midrise_two_bit_levels_and_zero_group():
+    c = torch.tensor([[1.5, 0.7, 0.2, -0.1, -0.6, -1.5, 0.0, 1.0] + [0.0] * 24])
+    q, scale = quantize_groups(c, 2, 32, "midrise")
+    assert scale.item() == 1.0  # absmax 1.5 / (2 - 0.5)
+    assert q[0, :8].tolist() == [1, 0, 0, -1, -1, -2, 0, 1]  # levels -1.5, -0.5, 0.5, 1.5
+    assert dequantize_groups(q, scale, 32, "midrise")[0, :8].tolist() == [1.5, 0.5, 0.5, -0.5, -0.5, -1.5, 0.5, 1.5]
+    q, scale = quantize_groups(torch.zeros(1, 32), 2, 32, "midrise")
+    assert scale.item() == 0 and not dequantize_groups(q, scale, 32, "midrise").any()
+    with pytest.raises(ValueError, match="'symmetric' or 'midrise'"):
+        quantize_groups(c, 2, 32, "uniform")

@@ -1,5 +1,6 @@
 """The simulated cluster against the real thing: the same gradients through ``W`` gloo processes and through
-``W`` virtual ranks in one process give bit-identical partitions and error buffers, step after step."""
+``W`` virtual ranks in one process give bit-identical partitions and error buffers, step after step (bits per
+hop, Hadamard, both quantization grids)."""
 import pytest
 import torch
 
@@ -11,13 +12,14 @@ from deepspeed_loco.simulation import SimulatedCluster
 SHAPES = [(7, ), (33, 5), (64, 64), (1000, 3)]
 GROUP = 32
 STEPS = 3
-VARIANTS = [(bits, hadamard) for bits in ((4, 4), (8, 2), (2, 2)) for hadamard in (False, True)]
+VARIANTS = [(bits, hadamard, "symmetric") for bits in ((4, 4), (8, 2), (2, 2)) for hadamard in (False, True)] + [
+    ((2, 2), False, "midrise"), ((8, 2), True, "midrise")]
 LAYOUTS = [(2, 2), (3, 2), (1, 4), (4, 1)]  # (M, L)
 
 
-def _config(local, bits, hadamard):
+def _config(local, bits, hadamard, grid):
     return LocoConfig(group_size=GROUP, intra_node_bits=bits[0], inter_node_bits=bits[1], hadamard=hadamard,
-                      local_world_size=local)
+                      quant_grid=grid, local_world_size=local)
 
 
 def _grads(rank, step):
@@ -33,10 +35,10 @@ def reduce_on_real_ranks(local):
     """Every variant, ``STEPS`` reduces each through real gloo all-to-alls: ``{variant: [(partitions, buffers)]}``."""
     topo = LocoTopology.build(local_size=local)
     results = {}
-    for bits, hadamard in VARIANTS:
-        reducer = LocoReducer(_config(local, bits, hadamard), topo)
+    for variant in VARIANTS:
+        reducer = LocoReducer(_config(local, *variant), topo)
         holders = [torch.zeros(1) for _ in SHAPES]
-        results[bits, hadamard] = [(reducer.reduce_scatter(holders, _grads(topo.rank, step)),
+        results[variant] = [(reducer.reduce_scatter(holders, _grads(topo.rank, step)),
                                     _snapshot(reducer.state)) for step in range(STEPS)]
     return results
 
@@ -45,14 +47,14 @@ def reduce_on_real_ranks(local):
 def test_simulation_is_bit_identical_to_real_processes(process_pool, nodes, local):
     world = nodes * local
     real = process_pool(world).run(reduce_on_real_ranks, local)
-    for bits, hadamard in VARIANTS:
-        cluster = SimulatedCluster(_config(local, bits, hadamard), nodes, local)
+    for variant in VARIANTS:
+        cluster = SimulatedCluster(_config(local, *variant), nodes, local)
         try:
             for step in range(STEPS):
                 simulated = cluster.reduce_scatter([_grads(rank, step) for rank in range(world)])
                 for rank in range(world):
-                    partitions, buffers = real[rank][bits, hadamard][step]
-                    assert all(torch.equal(a, b) for a, b in zip(partitions, simulated[rank])), (bits, hadamard, rank)
+                    partitions, buffers = real[rank][variant][step]
+                    assert all(torch.equal(a, b) for a, b in zip(partitions, simulated[rank])), (variant, rank)
                     mine = _snapshot(cluster.states[rank])
                     assert len(mine) == len(buffers) > 0
                     for (values, scale), (values_sim, scale_sim) in zip(buffers, mine):
