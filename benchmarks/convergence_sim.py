@@ -251,6 +251,159 @@ def _tail(path: str, lines: int = 20) -> str:
         return "".join(f.readlines()[-lines:]).rstrip()
 
 
+# ---------------------------------------------------------------------------------------------------- summary
+
+
+def summarize(args) -> str:
+    """Writes ``summary.md``, ``summary.json`` and one ``curves_<tag>.png`` per tag from the runs; returns the text.
+
+    Per tag (runs of one tag share their settings): one row per arm over its seeds (mean +- sd, n), its place on
+    the way from plain 2/2 to full, gradient fidelity and the update diagnostics; then paired differences over
+    the seeds both arms ran: LoCo - plain at the same bits and Hadamard, and every arm - full, each with a 95%
+    t-interval (none for n = 1).
+    """
+    runs = [json.loads(line) for path in args.runs for line in open(path) if line.strip()]
+    if not runs:
+        raise SystemExit(f"no runs in {args.runs}")
+    os.makedirs(args.out, exist_ok=True)
+    by_tag = {}
+    for r in runs:
+        by_tag.setdefault(r["tag"], {}).setdefault(r["key"], {})[r["seed"]] = r
+    order = ARMS_17.split(",")
+    lines, tables = [], {}
+    for tag, arms in by_tag.items():
+        keys = [k for k in order if k in arms] + sorted(k for k in arms if k not in order)
+        setup = next(iter(arms[keys[0]].values()))["setup"]
+        lines += [f"### {tag}", "", _setup_line(setup), ""]
+        rows, table = _arm_rows(arms, keys), []
+        lines += _md(rows)
+        table.append(rows)
+        pairs = [(f"loco{k[5:]}", k) for k in keys if k.startswith("plain") and f"loco{k[5:]}" in arms]
+        pairs += [(k, "full") for k in keys if k != "full" and "full" in arms]
+        diff_rows = _paired_rows(arms, pairs)
+        lines += ["", "Paired differences of the final validation loss over the seeds both arms ran (negative: the "
+                      "first arm is better); 95% t-interval over seeds:", ""] + _md(diff_rows) + [""]
+        table.append(diff_rows)
+        tables[tag] = table
+        _plot(arms, keys, tag, os.path.join(args.out, f"curves_{tag}.png"))
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(tables, f, indent=1)
+    print(text)
+    return text
+
+
+def _setup_line(setup: dict) -> str:
+    m = setup["model"]
+    return (f"{setup['size']} model ({m['layers']} x {m['dim']}, ctx {m['seq_len']}, {setup['params'] / 1e6:.2f}M "
+            f"parameters), {setup['steps']} steps, {setup['nodes']} nodes x {setup['local']} ranks, micro-batch "
+            f"{setup['micro_batch']} per rank, AdamW lr {setup['lr']:g} ({setup['warmup']} warm-up steps, cosine to "
+            f"0.1 lr), {setup['dtype']}, group {setup['group_size']}, err_beta {setup['err_beta']}, reset_T "
+            f"{setup['reset_T']}, error feedback on hops: {setup['ef_hops']}; {setup['device']} ({setup['kernels']})")
+
+
+def _mean_sd(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return float("nan"), float("nan"), 0
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan"), len(values)
+
+
+def _pm(values, digits=4):
+    mean, sd, n = _mean_sd(values)
+    return f"{mean:.{digits}f}" + (f" +- {sd:.{digits}f}" if n > 1 else "") if n else "-"
+
+
+def _arm_rows(arms, keys):
+    stat = {k: _mean_sd([r["final_val_loss"] for r in arms[k].values()])[0] for k in keys}
+    full, ref = stat.get("full"), stat.get(GAP_REFERENCE)
+    rows = [["arm", "n", "final val loss", "best val loss", "train loss (last 50)", "vs full", "gap closed",
+             "grad rel err", "sum rel err", "nonzero share", "released share", "update RMS / lr", "wire bits"]]
+    for k in keys:
+        runs = list(arms[k].values())
+        arm = parse_arm(k)
+        group = runs[0]["setup"]["group_size"]
+        bits = "32" if arm.kind == "full" else "/".join(
+            f"{8 * wire_bytes_per_element(b, group):.3f}" for b in dict.fromkeys((arm.intra_bits, arm.inter_bits)))
+        gap = (f"{(ref - stat[k]) / (ref - full):.0%}" if None not in (full, ref) and ref != full else "-")
+        rows.append([k, str(len(runs)), _pm([r["final_val_loss"] for r in runs]),
+                     _pm([min(v for _, v in r["validation"]) for r in runs]),
+                     _pm([statistics.fmean(r["train_losses"][-50:]) for r in runs]),
+                     f"{(stat[k] - full) / full:+.2%}" if full else "-", gap,
+                     _pm([r["grad_rel_error_mean"] for r in runs], 3), _pm([r["sum_rel_error_final"] for r in runs], 3),
+                     _pm([r["nonzero_fraction_mean"] for r in runs], 3),
+                     _pm([r["released_fraction_mean"] for r in runs], 3),
+                     _pm([statistics.fmean(r["series"]["update_rms"]) for r in runs], 3), bits])
+    return rows
+
+
+def _paired_rows(arms, pairs):
+    from scipy.stats import t as student_t
+    rows = [["first - second", "n", "mean difference", "sd", "95% CI", "CI excludes 0"]]
+    for first, second in pairs:
+        seeds = sorted(set(arms[first]) & set(arms[second]))
+        diffs = [arms[first][s]["final_val_loss"] - arms[second][s]["final_val_loss"] for s in seeds]
+        mean, sd, n = _mean_sd(diffs)
+        if n > 1:
+            half = student_t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+            ci, excludes = f"[{mean - half:+.4f}, {mean + half:+.4f}]", "yes" if abs(mean) > half else "no"
+        else:
+            ci, excludes = "- (n = 1)", "-"
+        rows.append([f"{first} - {second}", str(n), f"{mean:+.4f}", f"{sd:.4f}" if n > 1 else "-", ci, excludes])
+    return rows
+
+
+def _md(rows):
+    return ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])] + ["| " + " | ".join(r) + " |"
+                                                                              for r in rows[1:]]
+
+
+def _plot(arms, keys, tag, path) -> None:
+    """Seed-mean validation loss, training loss (EMA) and update RMS / lr (10-step means) per arm, one PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(18, 5.5))
+    FigureCanvasAgg(fig)
+    val, train, moves = fig.add_subplot(1, 3, 1), fig.add_subplot(1, 3, 2), fig.add_subplot(1, 3, 3)
+    for k in keys:
+        runs = list(arms[k].values())
+        arm = parse_arm(k)
+        style = dict(color=_color(arm), linestyle="-" if arm.kind != "plain" else "--", linewidth=1.3, label=k)
+        steps = [s for s, _ in runs[0]["validation"]]
+        val.plot(steps, [statistics.fmean(r["validation"][i][1] for r in runs) for i in range(len(steps))], **style)
+        losses = [statistics.fmean(v) for v in zip(*(r["train_losses"] for r in runs))]
+        train.plot(range(1, len(losses) + 1), _ema(losses), **style)
+        series = [statistics.fmean(v) for v in zip(*(r["series"]["update_rms"] for r in runs))]
+        moves.plot([SERIES_WINDOW * (i + 1) for i in range(len(series))], series, **style)
+    n = min(len(a) for a in arms.values())
+    for ax, title in ((val, f"validation loss (held-out plays), mean of {n}+ seeds"),
+                      (train, "training loss (EMA 0.95)"), (moves, "update RMS / learning rate")):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    val.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"{tag}: full precision (black), plain qgZ (dashed), qgZ + LoCo (solid); colour = bits", fontsize=11)
+    fig.savefig(path, dpi=90)
+
+
+def _color(arm) -> str:
+    if arm.kind == "full":
+        return "black"
+    palette = {(4, 4): "tab:blue", (3, 3): "tab:green", (2, 2): "tab:red", (8, 2): "tab:purple"}
+    base = palette.get((arm.intra_bits, arm.inter_bits), "tab:gray")
+    return base if not arm.hadamard else {"tab:blue": "tab:cyan", "tab:green": "tab:olive", "tab:red": "tab:orange",
+                                          "tab:purple": "tab:pink"}.get(base, "tab:brown")
+
+
+def _ema(values, beta=0.95):
+    out, acc = [], values[0]
+    for v in values:
+        acc = beta * acc + (1 - beta) * v
+        out.append(acc)
+    return out
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.command == "run":

@@ -173,6 +173,7 @@ class _ArmRun:
             per_rank = [[g[rank] for g in stacked] for rank in range(self.world)]
             comm = exact if not self.clusters else self._reduce(self.clusters[0], per_rank, names)
             shadow = self._reduce(self.clusters[1], per_rank, names) if len(self.clusters) > 1 else None
+            fidelity = self._fidelity(sums, comm, exact, shadow)  # before clipping scales the gradients in place
             for p, g in zip(params, comm):
                 p.grad = g.to(p.dtype)
             if grad_clip:
@@ -185,7 +186,7 @@ class _ArmRun:
             for cluster in self.clusters:
                 cluster.on_optimizer_step()
             moved = (torch.nn.utils.parameters_to_vector(params).detach().float() - before) / lr
-            self._record(result, sums, comm, exact, shadow, moved)
+            self._record(result, fidelity, moved, shadow is not None)
             result.train_losses.append(sum(losses.tolist()) / self.world)
             if eval_fn is not None and ((eval_every and step % eval_every == 0) or step == steps):
                 eval_start = time.monotonic()
@@ -238,27 +239,30 @@ class _ArmRun:
         return mean
 
     @staticmethod
-    def _record(result: ArmResult, sums, comm, exact, shadow, moved) -> None:
-        """Appends this step's fidelity and update statistics (one host sync)."""
-        comm_flat = torch.cat([g.reshape(-1) for g in comm])
-        exact_flat = torch.cat([g.reshape(-1) for g in exact])
-        sums[0].add_(comm_flat.double())
-        sums[1].add_(exact_flat.double())
+    def _fidelity(sums, comm, exact, shadow) -> torch.Tensor:
+        """Adds this step to the running sums; returns, on the device, the squared norms of the step's error and
+        of the exact mean, the same for the running sums, the nonzero share and the released share."""
+        comm_flat = torch.cat([g.reshape(-1) for g in comm]).double()
+        exact_flat = torch.cat([g.reshape(-1) for g in exact]).double()
+        sums[0].add_(comm_flat)
+        sums[1].add_(exact_flat)
         nonzero = comm_flat != 0
-        released = torch.zeros((), device=comm_flat.device)
+        released = torch.zeros((), dtype=torch.float64, device=comm_flat.device)
         if shadow is not None:
             released = (nonzero & (torch.cat([g.reshape(-1) for g in shadow]) == 0)).double().mean()
-        stats = torch.stack([
-            (comm_flat.double() - exact_flat.double()).pow(2).sum(), exact_flat.double().pow(2).sum(),
-            (sums[0] - sums[1]).pow(2).sum(), sums[1].pow(2).sum(), nonzero.double().mean(),
-            moved.double().pow(2).mean().sqrt(), released.double()
-        ]).tolist()
+        return torch.stack([(comm_flat - exact_flat).pow(2).sum(), exact_flat.pow(2).sum(),
+                            (sums[0] - sums[1]).pow(2).sum(), sums[1].pow(2).sum(), nonzero.double().mean(), released])
+
+    @staticmethod
+    def _record(result: ArmResult, fidelity: torch.Tensor, moved: torch.Tensor, diagnostics: bool) -> None:
+        """Appends this step's fidelity and update statistics (one host sync)."""
+        stats = torch.cat([fidelity, moved.double().pow(2).mean().sqrt().view(1)]).tolist()
         result.grad_rel_errors.append(_ratio(stats[0], stats[1]))
         result.sum_rel_errors.append(_ratio(stats[2], stats[3]))
         result.nonzero_fractions.append(stats[4])
-        result.update_rms.append(stats[5])
-        if shadow is not None:
-            result.released_fractions.append(stats[6])
+        result.update_rms.append(stats[6])
+        if diagnostics:
+            result.released_fractions.append(stats[5])
 
 
 def _ratio(num_sq: float, den_sq: float) -> float:

@@ -137,3 +137,11 @@ def test_bad_options_are_clear_errors():
         _run(["full"], grad_mode="batched")
     with pytest.raises(ValueError, match=r"error_feedback_hops \['inter'\] are not hops"):
         _run(["loco2"], error_feedback_hops=("inter", ))
+
+
+def test_fidelity_is_measured_before_clipping():
+    """Clipping scales the communicated mean in place; the error is of what was communicated, not of the clip."""
+    free, = _run(["plain4"])
+    clipped, = _run(["plain4"], grad_clip=1e-6)
+    assert clipped.grad_rel_errors[0] == free.grad_rel_errors[0] and clipped.sum_rel_errors[0] == free.sum_rel_errors[0]
+    assert all(e < 0.2 for e in clipped.grad_rel_errors)
