@@ -2,9 +2,10 @@
 
 Every arm trains the same model from the same initial weights on the same batches. Each step, each of the
 ``W = nodes x local`` virtual ranks computes the gradient of its own micro-batch (a ``1/W`` slice of the step's
-batch); the arm's reduce turns the ``W`` gradients into the mean every ZeRO-3 rank would receive: the exact fp32
-mean for ``full``, the library's own two-hop quantized reduce (:class:`SimulatedCluster`) otherwise. One optimizer
-then steps the single replica, as every rank of a data-parallel job applies the same update.
+batch; by default all ``W`` in one batched pass, ``torch.func.vmap`` over ``torch.func.grad``); the arm's reduce
+turns the ``W`` gradients into the mean every ZeRO-3 rank would receive: the exact fp32 mean for ``full``, the
+library's own two-hop quantized reduce (:class:`SimulatedCluster`) otherwise. One optimizer then steps the single
+replica, as every rank of a data-parallel job applies the same update.
 """
 import math
 import time
@@ -12,29 +13,43 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
+from torch.func import functional_call, grad, vmap
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.simulation.arms import Arm, parse_arm, zeropp_loco_param
 from deepspeed_loco.simulation.cluster import SimulatedCluster
 
 Batch = Union[torch.Tensor, Tuple[torch.Tensor, ...]]
+GRAD_MODES = ("vmap", "loop")
 
 
 @dataclass
 class ArmResult:
-    """One arm's run. Losses are means over the ``W`` micro-batches; ``validation`` holds ``(step, loss)`` from
-    ``eval_fn``; ``grad_rel_errors[t]``: ``||g_comm - g_exact|| / ||g_exact||`` at step ``t + 1``;
-    ``sum_rel_errors[t]``: the same for the running sums of both up to step ``t + 1`` (where error feedback shows);
-    ``bytes_per_step``: what one rank sends per step on all hops (0 for ``full``), against
-    ``full_precision_bytes_per_step``, a fp32 reduce-scatter's ``(W - 1) / W * N * 4``; ``wall_s``: training
-    time, evaluation excluded."""
+    """One arm's run; every per-step list has one entry per optimizer step.
+
+    ``train_losses``: means over the ``W`` micro-batches. ``validation``: ``(step, loss)`` from ``eval_fn``.
+    ``grad_rel_errors[t]``: ``||g_comm - g_exact|| / ||g_exact||`` at step ``t + 1``; ``sum_rel_errors[t]``: the
+    same for the running sums of both up to step ``t + 1`` (where error feedback shows). ``nonzero_fractions``:
+    share of coordinates whose communicated mean is nonzero. ``update_rms``: root mean square of the parameter
+    change divided by the step's learning rate (first param group): how far the optimizer moved the replica
+    (AdamW moves a coordinate with a steady gradient by about one learning rate, one that gets zeros by less).
+    ``released_fractions`` (``diagnostics`` only, LoCo arms; empty otherwise): share of coordinates whose
+    communicated mean is nonzero while plain qgZ with the same bits would have sent zero for the same gradients,
+    i.e. nonzero only because of the remembered error. ``bytes_per_step``: what one rank sends per step on all
+    hops (0 for ``full``), against ``full_precision_bytes_per_step``, a fp32 reduce-scatter's
+    ``(W - 1) / W * N * 4``. ``loco``: the ``zeropp_loco_param`` block the arm ran with (None for ``full``).
+    """
     key: str
     label: str
     seed: int
+    loco: Optional[Dict[str, Any]] = None
     train_losses: List[float] = field(default_factory=list)
     validation: List[Tuple[int, float]] = field(default_factory=list)
     grad_rel_errors: List[float] = field(default_factory=list)
     sum_rel_errors: List[float] = field(default_factory=list)
+    nonzero_fractions: List[float] = field(default_factory=list)
+    update_rms: List[float] = field(default_factory=list)
+    released_fractions: List[float] = field(default_factory=list)
     bytes_per_step: float = 0.0
     full_precision_bytes_per_step: float = 0.0
     wall_s: float = 0.0
@@ -44,6 +59,7 @@ class ArmResult:
         return self.validation[-1][1] if self.validation else None
 
     def to_dict(self) -> Dict[str, Any]:
+        """Every field plus ``final_val_loss``; JSON-serialisable."""
         return dict(asdict(self), final_val_loss=self.final_val_loss)
 
 
@@ -60,7 +76,8 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
              loss_fn: Callable[[torch.nn.Module, Batch], torch.Tensor] = default_loss,
              eval_fn: Optional[Callable[[torch.nn.Module], float]] = None, eval_every: int = 0,
              device: Union[str, torch.device] = "cpu", seed: int = 0, grad_clip: Optional[float] = None,
-             autocast_dtype: Optional[torch.dtype] = None,
+             autocast_dtype: Optional[torch.dtype] = None, grad_mode: str = "vmap",
+             error_feedback_hops: Optional[Sequence[str]] = None, diagnostics: bool = False,
              on_step: Optional[Callable[[ArmResult, int, float], None]] = None) -> List[ArmResult]:
     """Trains one replica per arm for ``steps`` optimizer steps and reports how each arm's reduce changed training.
 
@@ -70,81 +87,186 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
     ``"plain4"``, ``"loco8-2h"`` (:data:`~deepspeed_loco.simulation.arms.GRAMMAR`). ``loco``: the other keys of
     ``zeropp_loco_param`` (``group_size``, ``err_beta``, ``reset_T``, ``error_bits``, ``quant_grid``).
     ``optimizer_fn`` (default AdamW, lr 1e-3) and ``scheduler_fn`` (stepped once per step) build the optimizer.
-    ``eval_fn(model) -> float`` runs every ``eval_every`` steps and after the last. ``grad_clip``: clip the
-    communicated mean's global norm. ``autocast_dtype``: forward/backward under ``torch.autocast``.
-    ``on_step(result, step, loss)``: progress.
+    ``loss_fn(model, batch)``: the scalar loss of one micro-batch. ``eval_fn(model) -> float`` runs every
+    ``eval_every`` steps and after the last. ``grad_clip``: clip the communicated mean's global norm.
+    ``autocast_dtype``: forward/backward under ``torch.autocast``. ``grad_mode``: "vmap" (one batched pass over
+    the ``W`` micro-batches; the model must be functional: no in-place buffer updates such as batch norm's running
+    statistics, random ops get a different draw per rank) or "loop" (one backward per rank, any model).
+    ``error_feedback_hops``: an experiment, LoCo arms only: the hop names (``"intra_node"``, ``"inter_node"``)
+    whose error buffers carry over steps; the others are zeroed after every reduce, which leaves that hop plain
+    qgZ. None: every hop (the library's behaviour). ``diagnostics``: also reduce every LoCo arm's gradients
+    through plain qgZ to record ``released_fractions``. ``on_step(result, step, loss)``: progress.
+
+    Raises ValueError for ``steps < 1``, a bad arm, ``grad_mode`` or hop name, or a batch that does not split.
     """
     if steps < 1:
         raise ValueError(f"simulate: steps = {steps!r}, it must be >= 1")
+    if grad_mode not in GRAD_MODES:
+        raise ValueError(f"simulate: grad_mode = {grad_mode!r}, it must be one of {GRAD_MODES}")
     parsed = [parse_arm(a) if isinstance(a, str) else a for a in arms]
     optimizer_fn = optimizer_fn or (lambda params: torch.optim.AdamW(params, lr=1e-3))
     results = []
     for arm in parsed:
         config = zeropp_loco_param(arm, **(loco or {}), local_world_size=local)
-        cluster = SimulatedCluster(LocoConfig.from_dict(config), nodes, local) if config else None
+        clusters = []
         try:
-            results.append(_train_arm(arm, cluster, nodes * local, model_fn, data_fn, steps, optimizer_fn,
-                                      scheduler_fn, loss_fn, eval_fn, eval_every, torch.device(device), seed,
-                                      grad_clip, autocast_dtype, on_step))
+            if config is not None:
+                clusters.append(SimulatedCluster(LocoConfig.from_dict(config), nodes, local))
+                if diagnostics and arm.kind == "loco":
+                    clusters.append(SimulatedCluster(LocoConfig.from_dict({**config, "error_feedback": False}),
+                                                     nodes, local))
+            if error_feedback_hops is not None and clusters:
+                known = [hop.name for hop in clusters[0].plan.hops]
+                unknown = sorted(set(error_feedback_hops) - set(known))
+                if unknown:
+                    raise ValueError(f"simulate: error_feedback_hops {unknown} are not hops of this layout {known}")
+            run = _ArmRun(arm, config, clusters, nodes * local, torch.device(device), grad_mode, autocast_dtype,
+                          loss_fn, error_feedback_hops if arm.kind == "loco" else None)
+            results.append(run.train(model_fn, data_fn, steps, optimizer_fn, scheduler_fn, eval_fn, eval_every,
+                                     seed, grad_clip, on_step))
         finally:
-            if cluster is not None:
+            for cluster in clusters:
                 cluster.close()
     return results
 
 
-def _train_arm(arm: Arm, cluster: Optional[SimulatedCluster], world: int, model_fn, data_fn, steps, optimizer_fn,
-               scheduler_fn, loss_fn, eval_fn, eval_every, device, seed, grad_clip, autocast_dtype,
-               on_step) -> ArmResult:
-    torch.manual_seed(seed)
-    model = model_fn().to(device)
-    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    names = [name for name, _ in named]
-    optimizer = optimizer_fn([p for _, p in named])
-    scheduler = scheduler_fn(optimizer) if scheduler_fn else None
-    result = ArmResult(arm.key, arm.label, seed)
-    numel = sum(p.numel() for _, p in named)
-    result.full_precision_bytes_per_step = (world - 1) / world * numel * 4
-    sums = {"comm": [torch.zeros_like(p, dtype=torch.float64) for _, p in named],
-            "exact": [torch.zeros_like(p, dtype=torch.float64) for _, p in named]}
-    data: Iterator[Batch] = iter(data_fn())
-    started, evaluating = time.monotonic(), 0.0
-    for step in range(1, steps + 1):
-        micro_batches = _split(next(data), world, device)
+class _LossOf(torch.nn.Module):
+    """``forward(batch) = loss_fn(model, batch)``, so that ``functional_call`` can swap the model's parameters."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, batch):
+        return self.loss_fn(self.model, batch)
+
+
+class _ArmRun:
+    """One arm's training loop: ``clusters[0]`` reduces (none for ``full``), ``clusters[1]`` is the plain shadow
+    of a LoCo arm under ``diagnostics``."""
+
+    def __init__(self, arm: Arm, config, clusters: List[SimulatedCluster], world: int, device: torch.device,
+                 grad_mode: str, autocast_dtype, loss_fn, error_feedback_hops):
+        self.arm, self.config, self.clusters, self.world, self.device = arm, config, clusters, world, device
+        self.grad_mode, self.autocast_dtype, self.loss_fn = grad_mode, autocast_dtype, loss_fn
+        self.error_feedback_hops = error_feedback_hops
+
+    def train(self, model_fn, data_fn, steps, optimizer_fn, scheduler_fn, eval_fn, eval_every, seed, grad_clip,
+              on_step) -> ArmResult:
+        torch.manual_seed(seed)
+        model = model_fn().to(self.device)
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        names, params = [name for name, _ in named], [p for _, p in named]
+        optimizer = optimizer_fn(params)
+        scheduler = scheduler_fn(optimizer) if scheduler_fn else None
+        result = ArmResult(self.arm.key, self.arm.label, seed, self.config)
+        numel = sum(p.numel() for p in params)
+        result.full_precision_bytes_per_step = (self.world - 1) / self.world * numel * 4
+        sums = (torch.zeros(numel, dtype=torch.float64, device=self.device),
+                torch.zeros(numel, dtype=torch.float64, device=self.device))
+        wrapper = _LossOf(model, self.loss_fn)
+        data: Iterator[Batch] = iter(data_fn())
+        started, evaluating = time.monotonic(), 0.0
+        for step in range(1, steps + 1):
+            stacked, losses = self._rank_grads(model, wrapper, named, _split(next(data), self.world, self.device))
+            exact = [g.sum(0) / self.world for g in stacked]
+            per_rank = [[g[rank] for g in stacked] for rank in range(self.world)]
+            comm = exact if not self.clusters else self._reduce(self.clusters[0], per_rank, names)
+            shadow = self._reduce(self.clusters[1], per_rank, names) if len(self.clusters) > 1 else None
+            fidelity = self._fidelity(sums, comm, exact, shadow)  # before clipping scales the gradients in place
+            for p, g in zip(params, comm):
+                p.grad = g.to(p.dtype)
+            if grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            lr = optimizer.param_groups[0]["lr"]
+            before = torch.nn.utils.parameters_to_vector(params).detach().float()
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            for cluster in self.clusters:
+                cluster.on_optimizer_step()
+            moved = (torch.nn.utils.parameters_to_vector(params).detach().float() - before) / lr
+            self._record(result, fidelity, moved, shadow is not None)
+            result.train_losses.append(sum(losses.tolist()) / self.world)
+            if eval_fn is not None and ((eval_every and step % eval_every == 0) or step == steps):
+                eval_start = time.monotonic()
+                model.eval()
+                with torch.no_grad():
+                    result.validation.append((step, float(eval_fn(model))))
+                model.train()
+                evaluating += time.monotonic() - eval_start
+            if on_step is not None:
+                on_step(result, step, result.train_losses[-1])
+        result.wall_s = time.monotonic() - started - evaluating
+        if self.clusters:
+            result.bytes_per_step = sum(r.stats.total_bytes for r in self.clusters[0].reducers) / self.world / steps
+        return result
+
+    def _rank_grads(self, model, wrapper, named, micro: List[Batch]) -> Tuple[List[torch.Tensor], torch.Tensor]:
+        """Every rank's fp32 gradient, stacked per parameter ``(W, *shape)``, and the ``W`` micro-batch losses."""
+        autocast = dict(device_type=self.device.type, dtype=self.autocast_dtype,
+                        enabled=self.autocast_dtype is not None)
+        if self.grad_mode == "vmap":
+            def loss_of(weights, batch):
+                with torch.autocast(**autocast):
+                    loss = functional_call(wrapper, weights, (batch, ))
+                return loss, loss.detach()
+
+            weights = {f"model.{name}": p.detach() for name, p in named}
+            batches = _stack(micro)
+            grads, losses = vmap(grad(loss_of, has_aux=True), in_dims=(None, 0), randomness="different")(weights,
+                                                                                                          batches)
+            return [grads[f"model.{name}"].float() for name, _ in named], losses.float()
         grads, losses = [], []
-        for batch in micro_batches:
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                loss = loss_fn(model, batch)
+        for batch in micro:
+            model.zero_grad(set_to_none=True)
+            with torch.autocast(**autocast):
+                loss = self.loss_fn(model, batch)
             loss.backward()
-            grads.append([torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.detach().float().clone()
+            grads.append([torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.detach().float()
                           for _, p in named])
-            losses.append(float(loss.detach()))
-        exact = [torch.stack([g[i] for g in grads]).sum(0) / world for i in range(len(named))]
-        comm = exact if cluster is None else cluster.mean_gradients(grads, names)
-        _track_fidelity(result, sums, comm, exact)
-        for (_, p), g in zip(named, comm):
-            p.grad = g.to(p.dtype)
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_([p for _, p in named], grad_clip)
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-        if cluster is not None:
-            cluster.on_optimizer_step()
-        result.train_losses.append(sum(losses) / len(losses))
-        if eval_fn is not None and ((eval_every and step % eval_every == 0) or step == steps):
-            eval_start = time.monotonic()
-            model.eval()
-            with torch.no_grad():
-                result.validation.append((step, float(eval_fn(model))))
-            model.train()
-            evaluating += time.monotonic() - eval_start
-        if on_step is not None:
-            on_step(result, step, result.train_losses[-1])
-    result.wall_s = time.monotonic() - started - evaluating
-    if cluster is not None:
-        result.bytes_per_step = sum(r.stats.total_bytes for r in cluster.reducers) / world / steps
-    return result
+            losses.append(loss.detach().float())
+        model.zero_grad(set_to_none=True)
+        return [torch.stack([g[i] for g in grads]) for i in range(len(named))], torch.stack(losses)
+
+    def _reduce(self, cluster: SimulatedCluster, per_rank, names) -> List[torch.Tensor]:
+        mean = cluster.mean_gradients(per_rank, names)
+        if self.error_feedback_hops is not None and cluster is self.clusters[0]:
+            for state in cluster.states:
+                for _, hop, buffer in state.named_buffers():
+                    if hop not in self.error_feedback_hops:
+                        buffer.zero_()
+        return mean
+
+    @staticmethod
+    def _fidelity(sums, comm, exact, shadow) -> torch.Tensor:
+        """Adds this step to the running sums; returns, on the device, the squared norms of the step's error and
+        of the exact mean, the same for the running sums, the nonzero share and the released share."""
+        comm_flat = torch.cat([g.reshape(-1) for g in comm]).double()
+        exact_flat = torch.cat([g.reshape(-1) for g in exact]).double()
+        sums[0].add_(comm_flat)
+        sums[1].add_(exact_flat)
+        nonzero = comm_flat != 0
+        released = torch.zeros((), dtype=torch.float64, device=comm_flat.device)
+        if shadow is not None:
+            released = (nonzero & (torch.cat([g.reshape(-1) for g in shadow]) == 0)).double().mean()
+        return torch.stack([(comm_flat - exact_flat).pow(2).sum(), exact_flat.pow(2).sum(),
+                            (sums[0] - sums[1]).pow(2).sum(), sums[1].pow(2).sum(), nonzero.double().mean(), released])
+
+    @staticmethod
+    def _record(result: ArmResult, fidelity: torch.Tensor, moved: torch.Tensor, diagnostics: bool) -> None:
+        """Appends this step's fidelity and update statistics (one host sync)."""
+        stats = torch.cat([fidelity, moved.double().pow(2).mean().sqrt().view(1)]).tolist()
+        result.grad_rel_errors.append(_ratio(stats[0], stats[1]))
+        result.sum_rel_errors.append(_ratio(stats[2], stats[3]))
+        result.nonzero_fractions.append(stats[4])
+        result.update_rms.append(stats[6])
+        if diagnostics:
+            result.released_fractions.append(stats[5])
+
+
+def _ratio(num_sq: float, den_sq: float) -> float:
+    return math.sqrt(num_sq / den_sq) if den_sq > 0 else 0.0
 
 
 def _split(batch: Batch, world: int, device: torch.device) -> List[Batch]:
@@ -158,17 +280,8 @@ def _split(batch: Batch, world: int, device: torch.device) -> List[Batch]:
     return micro if isinstance(batch, tuple) else [m[0] for m in micro]
 
 
-def _track_fidelity(result: ArmResult, sums: Dict[str, List[torch.Tensor]], comm: Sequence[torch.Tensor],
-                    exact: Sequence[torch.Tensor]) -> None:
-    """Appends this step's relative error of the communicated mean and of the running sums."""
-    result.grad_rel_errors.append(_rel_error(comm, exact))
-    for total, values in ((sums["comm"], comm), (sums["exact"], exact)):
-        for acc, value in zip(total, values):
-            acc += value.double()
-    result.sum_rel_errors.append(_rel_error(sums["comm"], sums["exact"]))
-
-
-def _rel_error(approx: Sequence[torch.Tensor], exact: Sequence[torch.Tensor]) -> float:
-    num = sum(float((a.double() - e.double()).pow(2).sum()) for a, e in zip(approx, exact))
-    den = sum(float(e.double().pow(2).sum()) for e in exact)
-    return math.sqrt(num / den) if den > 0 else 0.0
+def _stack(micro: List[Batch]) -> Batch:
+    """The micro-batches stacked on a new leading rank dimension."""
+    if isinstance(micro[0], tuple):
+        return tuple(torch.stack(parts) for parts in zip(*micro))
+    return torch.stack(micro)

@@ -78,3 +78,70 @@ def test_bad_arm_and_bad_batch_are_clear_errors():
         _run(["loco5"])
     with pytest.raises(ValueError, match="global batch of 6 does not split into 4"):
         simulate(_model, lambda: iter([(torch.zeros(6, 8), torch.zeros(6, 1))]), ["full"], steps=1, loss_fn=_loss)
+
+
+def test_vmap_and_loop_give_the_same_training():
+    vmapped, = _run(["plain4"], grad_mode="vmap")
+    looped, = _run(["plain4"], grad_mode="loop")
+    assert vmapped.train_losses == looped.train_losses
+    assert vmapped.grad_rel_errors == looped.grad_rel_errors
+
+
+@pytest.mark.parametrize("intra,inter", [(8, 8), (4, 4), (8, 2), (2, 2)])
+def test_plain_mean_is_within_the_two_hops_half_steps(intra, inter):
+    """Per element, |mean - exact| <= A/(2 q1) + A (1 + 1/(2 q1)) / (2 q2): hop 1 rounds each rank's value to half a
+    step of its group's absmax (<= A, the largest gradient magnitude), hop 2 the per-node partial sums (a mean of
+    at most A (1 + 1/(2 q1)) per rank); q = 2^(bits-1) - 1."""
+    from deepspeed_loco.config import LocoConfig
+    from deepspeed_loco.simulation import SimulatedCluster
+    gen = torch.Generator().manual_seed(intra * 10 + inter)
+    grads = [[torch.randn(700, generator=gen) * (1 + r), torch.randn(33, 5, generator=gen)] for r in range(WORLD)]
+    cluster = SimulatedCluster(LocoConfig(intra_node_bits=intra, inter_node_bits=inter, group_size=32,
+                                          error_feedback=False, local_world_size=2), 2, 2)
+    try:
+        mean = cluster.mean_gradients(grads)
+    finally:
+        cluster.close()
+    q1, q2 = 2**(intra - 1) - 1, 2**(inter - 1) - 1
+    for i, got in enumerate(mean):
+        stacked = torch.stack([g[i] for g in grads])
+        top = stacked.abs().max()
+        bound = top / (2 * q1) + top * (1 + 1 / (2 * q1)) / (2 * q2)
+        assert float((got - stacked.mean(0)).abs().max()) <= float(bound) * (1 + 1e-5)
+
+
+def test_error_feedback_on_no_hop_is_plain_qgz_and_on_every_hop_is_loco():
+    plain, loco = _run(["plain2", "loco2"])
+    none, = _run(["loco2"], error_feedback_hops=())
+    both, = _run(["loco2"], error_feedback_hops=("intra_node", "inter_node"))
+    assert none.train_losses == plain.train_losses
+    assert both.train_losses == loco.train_losses != plain.train_losses
+    inter, = _run(["loco2"], error_feedback_hops=("inter_node", ))
+    assert inter.train_losses not in (plain.train_losses, loco.train_losses)
+
+
+def test_diagnostics_record_what_error_feedback_released():
+    plain, loco = _run(["plain2", "loco2"], diagnostics=True)
+    assert plain.released_fractions == [] and len(loco.released_fractions) == STEPS
+    # released coordinates are nonzero in LoCo's mean: their share is at most the nonzero share, and some exist
+    assert all(0 <= r <= n for r, n in zip(loco.released_fractions, loco.nonzero_fractions))
+    assert max(loco.released_fractions) > 0
+    assert all(u > 0 for u in plain.update_rms) and len(plain.update_rms) == STEPS
+    # diagnostics only observe: the arm trains exactly as without them
+    again, = _run(["loco2"])
+    assert again.train_losses == loco.train_losses
+
+
+def test_bad_options_are_clear_errors():
+    with pytest.raises(ValueError, match="grad_mode = 'batched'"):
+        _run(["full"], grad_mode="batched")
+    with pytest.raises(ValueError, match=r"error_feedback_hops \['inter'\] are not hops"):
+        _run(["loco2"], error_feedback_hops=("inter", ))
+
+
+def test_fidelity_is_measured_before_clipping():
+    """Clipping scales the communicated mean in place; the error is of what was communicated, not of the clip."""
+    free, = _run(["plain4"])
+    clipped, = _run(["plain4"], grad_clip=1e-6)
+    assert clipped.grad_rel_errors[0] == free.grad_rel_errors[0] and clipped.sum_rel_errors[0] == free.sum_rel_errors[0]
+    assert all(e < 0.2 for e in clipped.grad_rel_errors)

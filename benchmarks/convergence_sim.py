@@ -1,0 +1,418 @@
+"""Convergence on the simulated cluster (issue 14): full precision vs plain qgZ vs qgZ + LoCo, on one device.
+
+Every (arm, seed) run trains the bundled Llama-style byte-level model on the bundled plays (whole plays held out
+for validation) with :func:`deepspeed_loco.simulation.simulate`: ``nodes x local`` virtual ranks, each the
+gradient of its own micro-batch, reduced by the library's own reducer, error state and kernels (CUDA on a GPU).
+Every arm of a seed starts from the same weights and sees the same batches.
+
+    # one run, appended to a runs.jsonl as one line
+    python3 benchmarks/convergence_sim.py run --arm loco8-2h --seed 0 --steps 600 --out runs.jsonl
+    # many runs side by side (separate processes on one GPU), matrices in priority order
+    python3 benchmarks/convergence_sim.py launch --parallel 14 --budget 480 --out runs.jsonl \\
+        --matrix "m600:600:0,1,2:full,plain4,loco4" --matrix "beta95:600:0,1,2:loco2:err_beta=0.95"
+    # tables (summary.md, summary.json) and plots (PNG) from runs.jsonl
+    python3 benchmarks/convergence_sim.py summarize --runs runs.jsonl --out benchmarks/results/convergence_sim
+
+A matrix is ``TAG:STEPS:SEEDS:ARMS[:SETTINGS]``; SETTINGS is a comma list of ``key=value`` over the run flags
+(``size``, ``micro_batch``, ``lr``, ``warmup``, ``group_size``, ``err_beta``, ``reset_T``, ``ef_hops``,
+``diagnostics``, ``dtype``, ``eval_every``). Runs of one tag are compared with each other; ``launch`` orders the
+runs matrix by matrix and seed by seed, so a budget that runs out leaves whole seeds.
+"""
+import argparse
+import fcntl
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)  # run from a checkout without installing
+
+from deepspeed_loco.layout.wire import wire_bytes_per_element  # noqa: E402
+from deepspeed_loco.simulation.arms import parse_arm  # noqa: E402
+
+ARMS_17 = ("full,plain4,loco4,plain4h,loco4h,plain3,loco3,plain3h,loco3h,plain2,loco2,plain2h,loco2h,"
+           "plain8-2,loco8-2,plain8-2h,loco8-2h")
+GAP_REFERENCE = "plain2"  # every arm is placed on the way from plain 2/2-bit qgZ to full precision
+SERIES_WINDOW = 10  # per-step diagnostics are stored as means over windows of this many steps
+SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
+    "size": str, "micro_batch": int, "lr": float, "warmup": int, "group_size": int, "err_beta": float,
+    "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int
+}
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--size", default="medium", help="model size of the bundled model (tiny, small, medium, large)")
+    p.add_argument("--micro-batch", dest="micro_batch", type=int, default=16, help="sequences per rank per step")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate")
+    p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps, then cosine decay to 0.1 lr")
+    p.add_argument("--group-size", dest="group_size", type=int, default=256)
+    p.add_argument("--err-beta", dest="err_beta", type=float, default=0.8)
+    p.add_argument("--reset-T", dest="reset_T", type=int, default=1024)
+    p.add_argument("--ef-hops", dest="ef_hops", default="all",
+                   help="'all', or the hops (intra_node, inter_node; '+'-joined) whose error buffers carry over "
+                        "steps (simulate's error_feedback_hops experiment)")
+    p.add_argument("--diagnostics", type=int, default=0, help="1: record the released share (LoCo arms)")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16: forward/backward under autocast")
+    p.add_argument("--eval-every", dest="eval_every", type=int, default=50)
+    p.add_argument("--eval-windows", dest="eval_windows", type=int, default=256)
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--local", type=int, default=2)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="one (arm, seed) run, appended to --out")
+    run.add_argument("--arm", required=True)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--steps", type=int, default=600)
+    run.add_argument("--tag", default="run")
+    run.add_argument("--device", default="cuda")
+    run.add_argument("--out", required=True, help="runs.jsonl to append to")
+    add_run_flags(run)
+    launch = sub.add_parser("launch", help="matrices of runs, --parallel processes at a time")
+    launch.add_argument("--matrix", action="append", required=True, help="TAG:STEPS:SEEDS:ARMS[:SETTINGS]")
+    launch.add_argument("--parallel", type=int, default=14)
+    launch.add_argument("--budget", type=float, default=480, help="seconds; runs still going then are stopped")
+    launch.add_argument("--device", default="cuda")
+    launch.add_argument("--out", required=True)
+    launch.add_argument("--logs", default=None, help="folder for each run's log (default: beside --out)")
+    summ = sub.add_parser("summarize", help="summary.md, summary.json and PNGs from runs.jsonl files")
+    summ.add_argument("--runs", nargs="+", required=True)
+    summ.add_argument("--out", required=True)
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------------- one run
+
+
+def run_one(args) -> dict:
+    """Trains one (arm, seed) and appends its record to ``args.out``; returns the record."""
+    import torch
+
+    from deepspeed_loco.ops import kernels_for
+    from deepspeed_loco.simulation import simulate
+    from loco_lab.data import ByteCorpus
+    from loco_lab.model import SIZES, ByteLlama, count_parameters
+
+    torch.set_num_threads(1)
+    arm = parse_arm(args.arm)
+    cfg = SIZES[args.size]
+    device = torch.device(args.device)
+    world = args.nodes * args.local
+    corpus = ByteCorpus()
+    global_batch = args.micro_batch * world
+
+    def batches():
+        for step in range(args.steps):
+            yield corpus.train_batch(step, args.seed, global_batch, cfg.seq_len, 0, 1)
+
+    validation = [(x.to(device), y.to(device))
+                  for x, y in corpus.validation_batches(args.eval_windows, cfg.seq_len, 0, 1, 64)]
+    autocast = torch.bfloat16 if args.dtype == "bf16" else None
+
+    def evaluate(model):
+        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            losses = [float(model(x, y)) * x.shape[0] for x, y in validation]
+        return sum(losses) / sum(x.shape[0] for x, _ in validation)
+
+    def optimizer(params):
+        return torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+    def schedule(opt):
+        def factor(step):  # linear warm-up from 0, then cosine from 1 down to 0.1 at the last step
+            if step < args.warmup:
+                return (step + 1) / args.warmup
+            progress = (step - args.warmup) / max(1, args.steps - args.warmup)
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+    loco = {"group_size": args.group_size, "err_beta": args.err_beta, "reset_T": args.reset_T}
+    hops = None if args.ef_hops == "all" else tuple(args.ef_hops.split("+"))
+    (result, ) = simulate(lambda: ByteLlama(cfg), batches, [arm], steps=args.steps, nodes=args.nodes,
+                          local=args.local, loco=loco, optimizer_fn=optimizer, scheduler_fn=schedule,
+                          loss_fn=lambda model, batch: model(*batch), eval_fn=evaluate, eval_every=args.eval_every,
+                          device=device, seed=args.seed, grad_clip=1.0, autocast_dtype=autocast,
+                          error_feedback_hops=hops, diagnostics=bool(args.diagnostics))
+    kernels = kernels_for(device).__name__.rsplit(".", 1)[-1]
+    record = {
+        "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,
+        "setup": {"steps": args.steps, "size": args.size, "params": count_parameters(ByteLlama(cfg)),
+                  "model": cfg.to_dict(), "nodes": args.nodes, "local": args.local, "micro_batch": args.micro_batch,
+                  "lr": args.lr, "warmup": args.warmup, "dtype": args.dtype, "group_size": args.group_size,
+                  "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops,
+                  "eval_windows": args.eval_windows, "device": torch.cuda.get_device_name(device)
+                  if device.type == "cuda" else "cpu", "kernels": kernels},
+        "final_val_loss": result.final_val_loss,
+        "validation": result.validation,
+        "train_losses": [round(v, 5) for v in result.train_losses],
+        "grad_rel_error_mean": statistics.fmean(result.grad_rel_errors),
+        "sum_rel_error_final": result.sum_rel_errors[-1],
+        "nonzero_fraction_mean": statistics.fmean(result.nonzero_fractions),
+        "released_fraction_mean": statistics.fmean(result.released_fractions) if result.released_fractions else None,
+        "series": {name: _windowed(getattr(result, name)) for name in
+                   ("grad_rel_errors", "sum_rel_errors", "nonzero_fractions", "update_rms", "released_fractions")},
+        "update_rms_max": max(result.update_rms),
+        "bytes_per_step": result.bytes_per_step,
+        "full_precision_bytes_per_step": result.full_precision_bytes_per_step,
+        "wall_s": result.wall_s,
+    }
+    line = json.dumps(record) + "\n"
+    with open(args.out, "a") as f:  # several runs append to one file side by side: one locked write each
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(line)
+        f.flush()
+        fcntl.flock(f, fcntl.LOCK_UN)
+    print(f"[{args.tag}] {result.key} seed {args.seed}: val {result.final_val_loss:.4f} "
+          f"grad err {record['grad_rel_error_mean']:.4f} sum err {record['sum_rel_error_final']:.4f} "
+          f"{1000 * result.wall_s / args.steps:.0f} ms/step ({kernels})", flush=True)
+    return record
+
+
+def _windowed(values):
+    """Means over consecutive windows of ``SERIES_WINDOW`` steps (4 significant digits); [] for no values."""
+    return [float(f"{statistics.fmean(values[i:i + SERIES_WINDOW]):.4g}")
+            for i in range(0, len(values), SERIES_WINDOW)]
+
+
+# ------------------------------------------------------------------------------------------------ many runs
+
+
+def parse_matrix(text: str):
+    """``TAG:STEPS:SEEDS:ARMS[:SETTINGS]`` to ``(tag, steps, [seed], [arm key], {flag: value})``."""
+    parts = text.split(":")
+    if len(parts) not in (4, 5):
+        raise SystemExit(f"--matrix {text!r}: expected TAG:STEPS:SEEDS:ARMS[:SETTINGS]")
+    tag, steps, seeds, arms = parts[:4]
+    settings = {}
+    for item in filter(None, (parts[4] if len(parts) == 5 else "").split(",")):
+        key, _, value = item.partition("=")
+        if key not in SETTINGS:
+            raise SystemExit(f"--matrix {text!r}: unknown setting {key!r}; known: {', '.join(SETTINGS)}")
+        settings[key] = SETTINGS[key](value)
+    keys = [parse_arm(a.strip()).key for a in arms.split(",") if a.strip()]
+    return tag, int(steps), [int(s) for s in seeds.split(",")], keys, settings
+
+
+def launch(args) -> None:
+    """Runs every matrix's (arm, seed) as its own process, ``--parallel`` at a time, in matrix then seed order;
+    stops the runs still going after ``--budget`` seconds (what finished is in ``--out``)."""
+    logs = args.logs or os.path.join(os.path.dirname(os.path.abspath(args.out)), "logs")
+    os.makedirs(logs, exist_ok=True)
+    jobs = []
+    for text in args.matrix:
+        tag, steps, seeds, keys, settings = parse_matrix(text)
+        for seed in seeds:
+            for key in keys:
+                flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+                jobs.append((f"{tag}_{key}_s{seed}", [sys.executable, os.path.abspath(__file__), "run", "--arm", key,
+                                                      "--seed", str(seed), "--steps", str(steps), "--tag", tag,
+                                                      "--device", args.device, "--out", args.out, *flags]))
+    started, running, failed, done = time.monotonic(), {}, [], 0
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    while jobs or running:
+        while jobs and len(running) < args.parallel:
+            name, cmd = jobs.pop(0)
+            log = open(os.path.join(logs, name + ".log"), "w")
+            running[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log)
+        for name, (proc, log) in list(running.items()):
+            if proc.poll() is not None:
+                log.close()
+                del running[name]
+                done += 1
+                if proc.returncode:
+                    failed.append(name)
+                    print(f"FAILED {name} (rc {proc.returncode}):\n" + _tail(os.path.join(logs, name + ".log")),
+                          flush=True)
+                else:
+                    print(f"{time.monotonic() - started:6.0f} s  " + _tail(os.path.join(logs, name + ".log"), 1),
+                          flush=True)
+        if time.monotonic() - started > args.budget:
+            for name, (proc, log) in running.items():
+                proc.terminate()
+                proc.wait()
+                log.close()
+            print(f"budget of {args.budget:.0f} s spent: stopped {len(running)} running, {len(jobs)} not started: "
+                  f"{', '.join(list(running) + [n for n, _ in jobs])}", flush=True)
+            break
+        time.sleep(1)
+    print(f"launch: {done - len(failed)} runs finished, {len(failed)} failed, in {time.monotonic() - started:.0f} s",
+          flush=True)
+
+
+def _tail(path: str, lines: int = 20) -> str:
+    with open(path) as f:
+        return "".join(f.readlines()[-lines:]).rstrip()
+
+
+# ---------------------------------------------------------------------------------------------------- summary
+
+
+def summarize(args) -> str:
+    """Writes ``summary.md``, ``summary.json`` and one ``curves_<tag>.png`` per tag from the runs; returns the text.
+
+    Per tag (runs of one tag share their settings): one row per arm over its seeds (mean +- sd, n), its place on
+    the way from plain 2/2 to full, gradient fidelity and the update diagnostics; then paired differences over
+    the seeds both arms ran: LoCo - plain at the same bits and Hadamard, and every arm - full, each with a 95%
+    t-interval (none for n = 1).
+    """
+    runs = [json.loads(line) for path in args.runs for line in open(path) if line.strip()]
+    if not runs:
+        raise SystemExit(f"no runs in {args.runs}")
+    os.makedirs(args.out, exist_ok=True)
+    by_tag = {}
+    for r in runs:
+        by_tag.setdefault(r["tag"], {}).setdefault(r["key"], {})[r["seed"]] = r
+    order = ARMS_17.split(",")
+    lines, tables = [], {}
+    for tag, arms in by_tag.items():
+        keys = [k for k in order if k in arms] + sorted(k for k in arms if k not in order)
+        setup = next(iter(arms[keys[0]].values()))["setup"]
+        lines += [f"### {tag}", "", _setup_line(setup), ""]
+        rows, table = _arm_rows(arms, keys), []
+        lines += _md(rows)
+        table.append(rows)
+        pairs = [(f"loco{k[5:]}", k) for k in keys if k.startswith("plain") and f"loco{k[5:]}" in arms]
+        pairs += [(k, "full") for k in keys if k != "full" and "full" in arms]
+        diff_rows = _paired_rows(arms, pairs)
+        lines += ["", "Paired differences of the final validation loss over the seeds both arms ran (negative: the "
+                      "first arm is better); 95% t-interval over seeds:", ""] + _md(diff_rows) + [""]
+        table.append(diff_rows)
+        tables[tag] = table
+        _plot(arms, keys, tag, os.path.join(args.out, f"curves_{tag}.png"))
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(tables, f, indent=1)
+    print(text)
+    return text
+
+
+def _setup_line(setup: dict) -> str:
+    m = setup["model"]
+    return (f"{setup['size']} model ({m['layers']} x {m['dim']}, ctx {m['seq_len']}, {setup['params'] / 1e6:.2f}M "
+            f"parameters), {setup['steps']} steps, {setup['nodes']} nodes x {setup['local']} ranks, micro-batch "
+            f"{setup['micro_batch']} per rank, AdamW lr {setup['lr']:g} ({setup['warmup']} warm-up steps, cosine to "
+            f"0.1 lr), {setup['dtype']}, group {setup['group_size']}, err_beta {setup['err_beta']}, reset_T "
+            f"{setup['reset_T']}, error feedback on hops: {setup['ef_hops']}; {setup['device']} ({setup['kernels']})")
+
+
+def _mean_sd(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return float("nan"), float("nan"), 0
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan"), len(values)
+
+
+def _pm(values, digits=4):
+    mean, sd, n = _mean_sd(values)
+    return f"{mean:.{digits}f}" + (f" +- {sd:.{digits}f}" if n > 1 else "") if n else "-"
+
+
+def _arm_rows(arms, keys):
+    stat = {k: _mean_sd([r["final_val_loss"] for r in arms[k].values()])[0] for k in keys}
+    full, ref = stat.get("full"), stat.get(GAP_REFERENCE)
+    rows = [["arm", "n", "final val loss", "best val loss", "train loss (last 50)", "vs full", "gap closed",
+             "grad rel err", "sum rel err", "nonzero share", "released share", "update RMS / lr", "wire bits"]]
+    for k in keys:
+        runs = list(arms[k].values())
+        arm = parse_arm(k)
+        group = runs[0]["setup"]["group_size"]
+        bits = "32" if arm.kind == "full" else "/".join(
+            f"{8 * wire_bytes_per_element(b, group):.3f}" for b in dict.fromkeys((arm.intra_bits, arm.inter_bits)))
+        gap = (f"{(ref - stat[k]) / (ref - full):.0%}" if None not in (full, ref) and ref != full else "-")
+        rows.append([k, str(len(runs)), _pm([r["final_val_loss"] for r in runs]),
+                     _pm([min(v for _, v in r["validation"]) for r in runs]),
+                     _pm([statistics.fmean(r["train_losses"][-50:]) for r in runs]),
+                     f"{(stat[k] - full) / full:+.2%}" if full else "-", gap,
+                     _pm([r["grad_rel_error_mean"] for r in runs], 3), _pm([r["sum_rel_error_final"] for r in runs], 3),
+                     _pm([r["nonzero_fraction_mean"] for r in runs], 3),
+                     _pm([r["released_fraction_mean"] for r in runs], 3),
+                     _pm([statistics.fmean(r["series"]["update_rms"]) for r in runs], 3), bits])
+    return rows
+
+
+def _paired_rows(arms, pairs):
+    from scipy.stats import t as student_t
+    rows = [["first - second", "n", "mean difference", "sd", "95% CI", "CI excludes 0"]]
+    for first, second in pairs:
+        seeds = sorted(set(arms[first]) & set(arms[second]))
+        diffs = [arms[first][s]["final_val_loss"] - arms[second][s]["final_val_loss"] for s in seeds]
+        mean, sd, n = _mean_sd(diffs)
+        if n > 1:
+            half = student_t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+            ci, excludes = f"[{mean - half:+.4f}, {mean + half:+.4f}]", "yes" if abs(mean) > half else "no"
+        else:
+            ci, excludes = "- (n = 1)", "-"
+        rows.append([f"{first} - {second}", str(n), f"{mean:+.4f}", f"{sd:.4f}" if n > 1 else "-", ci, excludes])
+    return rows
+
+
+def _md(rows):
+    return ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])] + ["| " + " | ".join(r) + " |"
+                                                                              for r in rows[1:]]
+
+
+def _plot(arms, keys, tag, path) -> None:
+    """Seed-mean validation loss, training loss (EMA) and update RMS / lr (10-step means) per arm, one PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(18, 5.5))
+    FigureCanvasAgg(fig)
+    val, train, moves = fig.add_subplot(1, 3, 1), fig.add_subplot(1, 3, 2), fig.add_subplot(1, 3, 3)
+    for k in keys:
+        runs = list(arms[k].values())
+        arm = parse_arm(k)
+        style = dict(color=_color(arm), linestyle="-" if arm.kind != "plain" else "--", linewidth=1.3, label=k)
+        steps = [s for s, _ in runs[0]["validation"]]
+        val.plot(steps, [statistics.fmean(r["validation"][i][1] for r in runs) for i in range(len(steps))], **style)
+        losses = [statistics.fmean(v) for v in zip(*(r["train_losses"] for r in runs))]
+        train.plot(range(1, len(losses) + 1), _ema(losses), **style)
+        series = [statistics.fmean(v) for v in zip(*(r["series"]["update_rms"] for r in runs))]
+        moves.plot([SERIES_WINDOW * (i + 1) for i in range(len(series))], series, **style)
+    n = min(len(a) for a in arms.values())
+    for ax, title in ((val, f"validation loss (held-out plays), mean of {n}+ seeds"),
+                      (train, "training loss (EMA 0.95)"), (moves, "update RMS / learning rate")):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    val.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"{tag}: full precision (black), plain qgZ (dashed), qgZ + LoCo (solid); colour = bits", fontsize=11)
+    fig.savefig(path, dpi=90)
+
+
+def _color(arm) -> str:
+    if arm.kind == "full":
+        return "black"
+    palette = {(4, 4): "tab:blue", (3, 3): "tab:green", (2, 2): "tab:red", (8, 2): "tab:purple"}
+    base = palette.get((arm.intra_bits, arm.inter_bits), "tab:gray")
+    return base if not arm.hadamard else {"tab:blue": "tab:cyan", "tab:green": "tab:olive", "tab:red": "tab:orange",
+                                          "tab:purple": "tab:pink"}.get(base, "tab:brown")
+
+
+def _ema(values, beta=0.95):
+    out, acc = [], values[0]
+    for v in values:
+        acc = beta * acc + (1 - beta) * v
+        out.append(acc)
+    return out
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.command == "run":
+        run_one(args)
+    elif args.command == "launch":
+        launch(args)
+    else:
+        summarize(args)
+
+
+if __name__ == "__main__":
+    main()

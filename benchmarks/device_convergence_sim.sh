@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call for benchmarks/convergence_sim.py: install the carried wheelhouse (.whl/), build the LoCo CUDA
+# kernels once, probe one short run (abort on any error), then run the matrices side by side on the one GPU,
+# PARALLEL processes at a time, every finished run appended to $OUT/runs.jsonl (a timeout keeps what finished).
+# PROBE=0 skips the probe. Usage (repository root):
+#   BUDGET_S=450 PARALLEL=14 OUT=$OUT bash benchmarks/device_convergence_sim.sh --matrix "m600:600:0,1,2:full,loco2" ...
+set -uo pipefail
+OUT=${OUT:-device_out}
+BUDGET_S=${BUDGET_S:-450}
+PARALLEL=${PARALLEL:-14}
+PROBE=${PROBE:-1}
+mkdir -p "$OUT"
+start=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 \
+    || { tail -20 "$OUT/pip.log"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1  # DeepSpeed 0.19.8 cannot parse "9.0a"
+python3 -c "from deepspeed_loco.ops import loco_cuda; loco_cuda.load()" >"$OUT/build.log" 2>&1 \
+    || { tail -30 "$OUT/build.log"; exit 1; }
+echo "wheels + kernel build: $(( $(date +%s) - start )) s"
+if [ "$PROBE" = 1 ] && ! timeout 120 python3 benchmarks/convergence_sim.py run --arm loco8-2h --seed 0 --steps 30 --eval-every 15 \
+        --tag probe --diagnostics 1 --out "$OUT/probe.jsonl" >"$OUT/probe.log" 2>&1 \
+        || ! grep -q "loco_cuda" "$OUT/probe.log"; then
+    echo "probe failed:"; tail -40 "$OUT/probe.log"; exit 1
+fi
+[ "$PROBE" = 1 ] && echo "probe ok at $(( $(date +%s) - start )) s: $(tail -1 "$OUT/probe.log")"
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+python3 benchmarks/convergence_sim.py launch --parallel "$PARALLEL" --budget "$BUDGET_S" --out "$OUT/runs.jsonl" \
+    --logs /tmp/convergence_sim_logs "$@"
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+echo "total $(( $(date +%s) - start )) s, $(wc -l < "$OUT/runs.jsonl") runs in runs.jsonl"
