@@ -15,7 +15,7 @@ Every arm of a seed starts from the same weights and sees the same batches.
 
 A matrix is ``TAG:STEPS:SEEDS:ARMS[:SETTINGS]``; SETTINGS is a comma list of ``key=value`` over the run flags
 (``size``, ``micro_batch``, ``lr``, ``warmup``, ``group_size``, ``err_beta``, ``reset_T``, ``ef_hops``,
-``diagnostics``, ``dtype``, ``eval_every``). Runs of one tag are compared with each other; ``launch`` orders the
+``diagnostics``, ``dtype``, ``eval_every``, ``text``). Runs of one tag are compared with each other; ``launch`` orders the
 runs matrix by matrix and seed by seed, so a budget that runs out leaves whole seeds.
 """
 import argparse
@@ -41,7 +41,7 @@ GAP_REFERENCE = "plain2"  # every arm is placed on the way from plain 2/2-bit qg
 SERIES_WINDOW = 10  # per-step diagnostics are stored as means over windows of this many steps
 SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "size": str, "micro_batch": int, "lr": float, "warmup": int, "group_size": int, "err_beta": float,
-    "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int
+    "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str
 }
 
 
@@ -60,6 +60,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16: forward/backward under autocast")
     p.add_argument("--eval-every", dest="eval_every", type=int, default=50)
     p.add_argument("--eval-windows", dest="eval_windows", type=int, default=256)
+    p.add_argument("--text", help="training text instead of the bundled plays: a file or a folder of .txt files "
+                                  "(loco_lab.data.ByteCorpus.from_path)")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--local", type=int, default=2)
 
@@ -98,7 +100,7 @@ def run_one(args) -> dict:
 
     from deepspeed_loco.ops import kernels_for
     from deepspeed_loco.simulation import simulate
-    from loco_lab.data import ByteCorpus
+    from loco_lab.data import load_corpus
     from loco_lab.model import SIZES, ByteLlama, count_parameters
 
     torch.set_num_threads(1)
@@ -106,7 +108,7 @@ def run_one(args) -> dict:
     cfg = SIZES[args.size]
     device = torch.device(args.device)
     world = args.nodes * args.local
-    corpus = ByteCorpus()
+    corpus = load_corpus(args.text)
     global_batch = args.micro_batch * world
 
     def batches():
@@ -144,6 +146,7 @@ def run_one(args) -> dict:
     record = {
         "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,
         "setup": {"steps": args.steps, "size": args.size, "params": count_parameters(ByteLlama(cfg)),
+                  "text": args.text or "bundled plays", "train_bytes": corpus.sizes()["train_bytes"],
                   "model": cfg.to_dict(), "nodes": args.nodes, "local": args.local, "micro_batch": args.micro_batch,
                   "lr": args.lr, "warmup": args.warmup, "dtype": args.dtype, "group_size": args.group_size,
                   "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops,

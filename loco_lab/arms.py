@@ -1,6 +1,6 @@
 """The demo's run settings and the DeepSpeed config of each arm (the arms themselves are the library's)."""
 from dataclasses import dataclass, replace
-from typing import Tuple
+from typing import Optional, Tuple
 
 from deepspeed_loco.simulation.arms import GRAMMAR, KINDS, Arm, parse_arm, parse_arms, zeropp_loco_param  # noqa: F401
 from loco_lab.model import ModelConfig
@@ -47,6 +47,8 @@ class RunSpec:
     eval_batch: int = 16
     out_dir: str = "."
     fidelity: bool = True  # measure the communicated gradient against the exact mean (demo/fidelity.py)
+    text: Optional[str] = None  # the user's own training text (a file or a folder of .txt); None: the bundled plays
+    quant_grid: str = "symmetric"
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -77,7 +79,7 @@ def ds_config(spec: RunSpec, arm: Arm) -> dict:
         "reduce_bucket_size": 50_000_000,
     }
     loco = zeropp_loco_param(arm, err_beta=spec.err_beta, reset_T=spec.reset_T, group_size=spec.group_size,
-                             local_world_size=spec.local)
+                             quant_grid=spec.quant_grid, local_world_size=spec.local)
     if loco is not None:
         zero["zero_quantized_gradients"] = True
         zero["zeropp_loco_param"] = loco

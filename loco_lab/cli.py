@@ -38,6 +38,10 @@ def _demo_parser(sub) -> argparse.ArgumentParser:
                    help="comma list of arms: full; plain, loco (both hops --bits); plainN, locoN (both hops N bits); "
                         "locoI-O (intra-node I, inter-node O bits); a trailing h adds the Hadamard rotation "
                         "(loco4h, plain8-2h); N, I, O in 2, 3, 4, 8")
+    p.add_argument("--quant-grid", choices=("symmetric", "midrise"), default="symmetric",
+                   help="gradient quantization grid (zeropp_loco_param.quant_grid)")
+    p.add_argument("--text", help="train on your own text instead of the bundled plays: a file (its last 10%% held "
+                                  "out for validation) or a folder of .txt files (whole files held out)")
     p.add_argument("--nodes", type=int, default=2, help="simulated nodes")
     p.add_argument("--local", type=int, default=2, help="ranks per simulated node")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -115,7 +119,7 @@ def spec_from_args(args) -> "RunSpec":  # noqa: F821
                    warmup=max(1, args.steps // 10), group_size=args.group_size, err_beta=args.err_beta,
                    nodes=args.nodes, local=args.local, device=device, backend=backend, dtype=dtype,
                    eval_every=max(1, min(args.eval_every, args.steps)), eval_windows=args.eval_windows,
-                   out_dir=args.out, fidelity=not args.no_fidelity)
+                   out_dir=args.out, fidelity=not args.no_fidelity, text=args.text, quant_grid=args.quant_grid)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

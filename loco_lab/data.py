@@ -4,7 +4,7 @@ Every rank and every arm sees the same data in the same order: the windows of st
 generator seeded by ``(seed, s)`` alone, and rank ``r`` takes its slice of the step's global batch.
 """
 import os
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -28,7 +28,8 @@ def to_tensor(text: bytes) -> torch.Tensor:
 
 
 class ByteCorpus:
-    """``train`` and ``validation``: uint8 tensors of the plays joined by blank lines."""
+    """``train`` and ``validation``: uint8 tensors of texts joined by blank lines (by default the bundled plays,
+    whole plays held out for validation; :meth:`from_path` takes a user's own text)."""
 
     def __init__(self, train_plays: Sequence[str] = TRAIN_PLAYS, validation_plays: Sequence[str] = VALIDATION_PLAYS):
         overlap = set(train_plays) & set(validation_plays)
@@ -37,6 +38,31 @@ class ByteCorpus:
         self.train_plays, self.validation_plays = tuple(train_plays), tuple(validation_plays)
         self.train = to_tensor(SEPARATOR.join(read_play(p) for p in train_plays))
         self.validation = to_tensor(SEPARATOR.join(read_play(p) for p in validation_plays))
+
+    @classmethod
+    def from_path(cls, path: str, validation_share: float = 0.1) -> "ByteCorpus":
+        """A corpus of the user's text. A file: its last ``validation_share`` of bytes is held out. A folder: every
+        ``*.txt`` in it, and whole files held out: those named after the bundled validation plays when present
+        (so results compare with the bundled split), else the last ``validation_share`` of the files by name."""
+        if os.path.isdir(path):
+            files = sorted(f for f in os.listdir(path) if f.endswith(".txt"))
+            held = [f for f in files if f.startswith(VALIDATION_PLAYS)]
+            held = held or files[len(files) - max(1, round(validation_share * len(files))):]
+            if len(held) == len(files):
+                raise ValueError(f"text folder {path}: needs at least 2 .txt files (one to train on, one held out)")
+            read = lambda names: SEPARATOR.join(open(os.path.join(path, f), "rb").read() for f in names)  # noqa
+            train, validation = read(f for f in files if f not in held), read(held)
+            names = tuple(f for f in files if f not in held), tuple(held)
+        elif os.path.isfile(path):
+            text = open(path, "rb").read()
+            cut = int(len(text) * (1 - validation_share))
+            train, validation, names = text[:cut], text[cut:], ((path, ), (f"{path} (last {validation_share:.0%})", ))
+        else:
+            raise FileNotFoundError(f"--text {path}: no such file or folder")
+        corpus = cls.__new__(cls)
+        corpus.train_plays, corpus.validation_plays = names
+        corpus.train, corpus.validation = to_tensor(train), to_tensor(validation)
+        return corpus
 
     def sizes(self) -> Dict[str, int]:
         return {"train_bytes": self.train.numel(), "validation_bytes": self.validation.numel()}
@@ -63,6 +89,11 @@ class ByteCorpus:
         starts = torch.linspace(0, last, windows).long()[rank::world_size]
         for i in range(0, starts.numel(), batch):
             yield _windows(self.validation, starts[i:i + batch], seq_len)
+
+
+def load_corpus(text: Optional[str] = None) -> ByteCorpus:
+    """The bundled plays, or with ``text`` (a file or a folder of ``.txt`` files) the user's own text."""
+    return ByteCorpus.from_path(text) if text else ByteCorpus()
 
 
 def _windows(data: torch.Tensor, starts: torch.Tensor, seq_len: int) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import List, Optional, Sequence
 
 from loco_lab.arms import RunSpec
-from loco_lab.data import TRAIN_PLAYS, VALIDATION_PLAYS
+from loco_lab.data import TRAIN_PLAYS, VALIDATION_PLAYS, load_corpus
 from loco_lab.launcher import gpu_count, gpu_sharing_line, launch
 from loco_lab.model import ByteLlama, count_parameters
 from loco_lab.report import column_notes, format_table, plot, summary_lines, table_rows
@@ -28,8 +28,17 @@ def describe(spec: RunSpec, engine: str = "deepspeed") -> str:
             f"({params / 1e6:.2f}M parameters, {spec.dtype})\n"
             f"world: {spec.world_size} ranks = {spec.nodes} nodes x {spec.local} ranks per node ({where}); "
             f"AdamW lr {spec.lr:g}, global batch {spec.global_batch} x {m.seq_len} bytes, {spec.steps} steps per arm\n"
-            f"data: train on {', '.join(TRAIN_PLAYS)}; validate on held-out {', '.join(VALIDATION_PLAYS)}"
+            f"data: {_data_line(spec)}"
             + (f"\n{sharing}" if sharing else ""))
+
+
+def _data_line(spec: RunSpec) -> str:
+    if spec.text is None:
+        return f"train on {', '.join(TRAIN_PLAYS)}; validate on held-out {', '.join(VALIDATION_PLAYS)}"
+    corpus = load_corpus(spec.text)
+    sizes = corpus.sizes()
+    return (f"{spec.text}: train on {len(corpus.train_plays)} text(s), {sizes['train_bytes'] / 1e6:.2f} MB; validate "
+            f"on held-out {', '.join(corpus.validation_plays)}, {sizes['validation_bytes'] / 1e6:.2f} MB")
 
 
 class _Progress:

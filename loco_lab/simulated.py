@@ -12,7 +12,7 @@ from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import plan_hops
 from deepspeed_loco.simulation import ArmResult, simulate, zeropp_loco_param
 from loco_lab.arms import RunSpec
-from loco_lab.data import ByteCorpus
+from loco_lab.data import ByteCorpus, load_corpus
 from loco_lab.model import ByteLlama
 
 
@@ -21,14 +21,15 @@ def run_simulated(spec: RunSpec, seeds: Sequence[int],
     """Every arm of ``spec`` for every seed; one result record per (seed, arm), seeds in order.
 
     ``on_step(label, seed, step, loss)`` reports progress."""
-    corpus = ByteCorpus()
+    corpus = load_corpus(spec.text)
     device = torch.device(spec.device)
     records = []
     for seed in seeds:
         results = simulate(
             model_fn=lambda: ByteLlama(spec.model), data_fn=lambda: _batches(corpus, spec, seed), arms=spec.arms,
             steps=spec.steps, nodes=spec.nodes, local=spec.local,
-            loco={"group_size": spec.group_size, "err_beta": spec.err_beta, "reset_T": spec.reset_T},
+            loco={"group_size": spec.group_size, "err_beta": spec.err_beta, "reset_T": spec.reset_T,
+                  "quant_grid": spec.quant_grid},
             optimizer_fn=lambda params: torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), eps=1e-8,
                                                           weight_decay=spec.weight_decay),
             scheduler_fn=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, _warmup_cosine(spec)),
@@ -73,7 +74,7 @@ def _record(spec: RunSpec, arm, seed: int, result: ArmResult) -> dict:
     """A demo result record (the keys the report reads) from one simulated run."""
     sizes = [p.numel() for p in ByteLlama(spec.model).parameters()]
     last_k = max(1, spec.steps // 10)
-    loco = zeropp_loco_param(arm, group_size=spec.group_size, local_world_size=spec.local)
+    loco = zeropp_loco_param(arm, group_size=spec.group_size, quant_grid=spec.quant_grid, local_world_size=spec.local)
     plan = plan_hops(spec.world_size, spec.local, LocoConfig.from_dict(loco)) if loco else None
     buffers = sum(plan.error_bytes(n) for n in sizes) if plan else 0
     return {

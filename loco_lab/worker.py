@@ -70,7 +70,7 @@ def _run(rank: int, spec, queue) -> None:
     import torch.distributed as dist
     from deepspeed.utils import logger as ds_logger
 
-    from loco_lab.data import ByteCorpus
+    from loco_lab.data import load_corpus
     from deepspeed_loco.utils.logging import logger as loco_logger
 
     ds_logger.setLevel(logging.INFO)  # the full log goes to logs/rankN.log; the console gets LoCo's lines only
@@ -101,7 +101,7 @@ def _run(rank: int, spec, queue) -> None:
     _note(f"process group up: rank {rank} of {world} ({spec.backend}, {where})")
     if world != spec.world_size:
         raise RuntimeError(f"world size {world} != {spec.nodes} nodes x {spec.local} ranks")
-    corpus = ByteCorpus()
+    corpus = load_corpus(spec.text)
     for index, arm in enumerate(spec.arms):
         _note(f"arm {index}: {arm.label}, seed {arm.seed}")
         result = train_arm(spec, arm, index, corpus, rank, world, queue)

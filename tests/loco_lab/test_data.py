@@ -43,3 +43,37 @@ def test_validation_windows_same_count_on_every_rank():
     corpus = ByteCorpus()
     counts = [sum(x.shape[0] for x, _ in corpus.validation_batches(30, 64, r, 4, 5)) for r in range(4)]
     assert counts == [7, 7, 7, 7]
+
+
+def test_a_users_text_file_holds_out_its_last_tenth(tmp_path):
+    path = tmp_path / "mine.txt"
+    path.write_bytes(bytes(range(32, 127)) * 100)
+    corpus = data.load_corpus(str(path))
+    assert corpus.train.numel() == 8550 and corpus.validation.numel() == 950
+    assert bytes(corpus.train.tolist()) + bytes(corpus.validation.tolist()) == path.read_bytes()
+    x, y = corpus.train_batch(0, 0, 4, 16, 0, 1)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_a_folder_holds_out_whole_files_named_after_the_bundled_validation_plays(tmp_path):
+    for name in ("hamlet_gut", "macbeth_gut", "tempest_gut"):
+        (tmp_path / f"{name}.txt").write_bytes(name.encode() * 50)
+    (tmp_path / "notes.md").write_text("not a .txt: ignored")
+    corpus = data.load_corpus(str(tmp_path))
+    assert corpus.validation_plays == ("macbeth_gut.txt", )
+    assert corpus.train_plays == ("hamlet_gut.txt", "tempest_gut.txt")
+    assert b"macbeth" not in bytes(corpus.train.tolist()) and b"notes" not in bytes(corpus.train.tolist())
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in "abcdefghij":
+        (other / f"{name}.txt").write_bytes(name.encode() * 10)
+    assert data.load_corpus(str(other)).validation_plays == ("j.txt", )  # the last 10% of the files by name
+
+
+def test_missing_or_too_small_text_is_a_clear_error(tmp_path):
+    import pytest
+    with pytest.raises(FileNotFoundError, match="--text .*nope: no such file or folder"):
+        data.load_corpus(str(tmp_path / "nope"))
+    (tmp_path / "only.txt").write_text("x" * 100)
+    with pytest.raises(ValueError, match="needs at least 2 .txt files"):
+        data.load_corpus(str(tmp_path))
