@@ -36,6 +36,7 @@ def run_simulated(spec: RunSpec, seeds: Sequence[int],
             eval_fn=lambda model: validation_loss(model, corpus, spec, device), eval_every=spec.eval_every,
             device=device, seed=seed, grad_clip=spec.grad_clip,
             autocast_dtype=torch.bfloat16 if spec.dtype == "bf16" else None,
+            grad_mode="vmap" if device.type == "cuda" else "loop",  # on CPU, vmap's attention fallback is slower
             on_step=(lambda result, step, loss: on_step(result.label, seed, step, loss)) if on_step else None)
         records += [_record(spec, arm, seed, result) for arm, result in zip(spec.arms, results)]
     return records
