@@ -157,12 +157,14 @@ __device__ __forceinline__ Block locate(const Launch& p) {
     }
     Block k;
     k.item = p.items + lo;
-    const int64_t local_block = b - k.item->first_block;
-    const int64_t per_row = k.item->blocks_per_row;
-    k.row = local_block / per_row;
+    // a launch has fewer than 2^31 blocks: 32-bit division (a 64-bit one is a long subroutine)
+    const uint32_t local_block = (uint32_t)(b - k.item->first_block);
+    const uint32_t per_row = (uint32_t)k.item->blocks_per_row;
+    const uint32_t row = local_block / per_row;
+    k.row = row;
     k.team = 1 << p.team_log2;
     k.lane = threadIdx.x & (k.team - 1);
-    k.group = (local_block - k.row * per_row) * (kBlock >> p.team_log2) + (threadIdx.x >> p.team_log2);
+    k.group = (int64_t)(local_block - row * per_row) * (kBlock >> p.team_log2) + (threadIdx.x >> p.team_log2);
     k.active = k.group < (k.item->cols >> p.group_log2);
     k.col0 = k.group << p.group_log2;
     return k;
@@ -527,7 +529,7 @@ __global__ void __launch_bounds__(kBlock) hop1_kernel(const Launch p) {
     const BucketItem& it = *k.item;
     const int lane = k.lane, team = k.team;
     const int64_t slot = k.row;
-    const int64_t row = (slot % p.nodes) * p.local + slot / p.nodes;
+    const int64_t row = (int64_t)((int)slot % p.nodes) * p.local + (int)slot / p.nodes;  // slot < world < 2^31
     const int64_t part = it.part;
     const int64_t row_start = row * part;
     const int64_t row_valid = max((int64_t)0, min(part, it.numel - row_start));
