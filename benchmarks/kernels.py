@@ -8,7 +8,9 @@ of the device-to-device copy bandwidth measured in the same run, and the transie
 during the call above what was allocated before it, outputs passed in excluded). Then, on the same shapes,
 DeepSpeed's own ``swizzle_quant`` and ``quantized_reduction`` (QuantizerBuilder of the installed DeepSpeed, called
 as ``all_to_all_quant_reduce`` calls them; they read the gradient as fp16 whatever its dtype, so their bf16 rows
-are timings only).
+are timings only), and the ratio of ours to theirs. Last, a per-bucket table (one launch per hop per bucket): one
+Llama-2-7B decoder layer's gradients, 256 tensors of 4096 elements and one tensor of 1,048,576, our three kernels
+without and with error feedback against DeepSpeed's two kernels on the same tensors.
 
 Inputs rotate over enough copies to exceed the L2 cache several times; times are CUDA-event medians.
 
@@ -27,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deepspeed_loco.ops import loco_cuda  # noqa: E402
 from deepspeed_loco.ops.error_buffer import ErrorBuffer  # noqa: E402
-from deepspeed_loco.layout import padded_partition_size, partition_size  # noqa: E402
+from deepspeed_loco.layout import HopArgs, WireLayout, padded_partition_size, partition_size  # noqa: E402
 
 SHAPES = [(4096, 4096), (8192, 8192), (16384, 16384)]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -91,6 +93,31 @@ def random_error(rows, cols):
     return error
 
 
+def hop_args(config, error=True):
+    """``(args1, args2)``: the HopArgs of hop 1 (``intra`` bits) and hop 2 (``inter`` bits, also the final mean)."""
+    intra, inter, hadamard = parse_config(config)
+    beta = BETA if error else 0.0
+    args1 = HopArgs(WORLD, LOCAL, intra, GROUP, beta, hadamard)
+    return args1, HopArgs(WORLD, LOCAL, inter, GROUP, beta, hadamard, in_bits=intra, in_blocks=LOCAL)
+
+
+def bucket_calls(grads, config, error=True):
+    """``(hop1, hop2, final, keep)`` for one bucket of ``grads`` (each ``fn()`` is one kernel launch of the bucket)."""
+    args1, args2 = hop_args(config, error)
+    numels = [g.numel() for g in grads]
+    widths = tuple(padded_partition_size(n, WORLD, GROUP) for n in numels)
+    wire1, wire2 = WireLayout(widths, args1.bits, GROUP), WireLayout(widths, args2.bits, GROUP)
+    errors1 = [random_error(WORLD, w) if error else None for w in widths]
+    errors2 = [random_error(NODES, w) if error else None for w in widths]
+    send1, send2 = wire1.empty(WORLD, "cuda"), wire2.empty(NODES, "cuda")
+    hop1 = lambda: loco_cuda.quantize_bucket_(grads, errors1, args1, wire1, send1)
+    hop2 = lambda: loco_cuda.requantize_bucket_(send1, wire1, errors2, args2, wire2, send2)
+    final = lambda: loco_cuda.final_mean_bucket(send2, wire2, args2, numels, 3, grads[0].dtype)
+    hop1()
+    hop2()
+    return hop1, hop2, final, (errors1, errors2, send1, send2)
+
+
 def loco_cases(shape, dtype, config):
     """``(name, fn(i), sets, bytes, transient_fn)`` for the fused kernels on one gradient shape and one
     ``config`` (see :func:`parse_config`): hop 1 sends ``intra`` bits, hop 2 ``inter`` bits."""
@@ -103,42 +130,21 @@ def loco_cases(shape, dtype, config):
     err_bytes = lambda rows: rows * (cols + groups * 4)  # int8 values + fp32 scales
     wire_bytes = lambda rows, bits: rows * (cols * bits // 8 + groups * 4)
 
-    hop1_set_bytes = grad_bytes + err_bytes(WORLD) + wire_bytes(WORLD, intra)
-    sets = copies(hop1_set_bytes)
+    sets = copies(grad_bytes + err_bytes(WORLD) + wire_bytes(WORLD, intra))
     grads = [torch.randn(shape, device="cuda", dtype=dtype) for _ in range(sets)]
-    errors = [random_error(WORLD, cols) for _ in range(sets)]
-    outs = [(torch.empty(WORLD, cols * intra // 8, dtype=torch.uint8, device="cuda"),
-             torch.empty(WORLD, groups, device="cuda")) for _ in range(sets)]
-    hop1 = lambda i: loco_cuda.hop1_(grads[i], WORLD, LOCAL, errors[i], BETA, intra, GROUP, *outs[i],
-                                     hadamard=hadamard)
-    plain1 = lambda i: loco_cuda.hop1_(grads[i], WORLD, LOCAL, None, BETA, intra, GROUP, *outs[i],
-                                       hadamard=hadamard)
-    cases = [
-        ("loco hop1 (int8 err)", hop1, sets, grad_bytes + 2 * err_bytes(WORLD) + wire_bytes(WORLD, intra),
-         lambda: transient_bytes(lambda: hop1(0))),
-        ("plain hop1 (no err)", plain1, sets, grad_bytes + wire_bytes(WORLD, intra),
-         lambda: transient_bytes(lambda: plain1(0))),
-    ]
-
-    # hop 2: the L received blocks (W rows in the hop-1 wire format; here the hop-1 outputs) to M rows
-    for i in range(sets):
-        hop1(i)
-    recv = outs
-    errors2 = [random_error(NODES, cols) for _ in range(sets)]
-    outs2 = [(torch.empty(NODES, cols * inter // 8, dtype=torch.uint8, device="cuda"),
-              torch.empty(NODES, groups, device="cuda")) for _ in range(sets)]
-    hop2 = lambda i: loco_cuda.hop2_(*recv[i], LOCAL, intra, errors2[i], BETA, inter, GROUP, *outs2[i])
-    cases.append(("loco hop2 (int8 err)", hop2, sets,
-                  wire_bytes(WORLD, intra) + 2 * err_bytes(NODES) + wire_bytes(NODES, inter),
-                  lambda: transient_bytes(lambda: hop2(0))))
-
+    loco = [bucket_calls([g], config) for g in grads]
+    plain = [bucket_calls([g], config, error=False) for g in grads]
     part = partition_size(numel, WORLD)
-    for i in range(sets):
-        hop2(i)
-    final = lambda i: loco_cuda.final_mean(*outs2[i], inter, GROUP, WORLD, numel, 3, dtype, hadamard=hadamard)
-    cases.append(("loco final mean", final, sets, wire_bytes(NODES, inter) + part * es,
-                  lambda: transient_bytes(lambda: final(0), part * es)))
-    return cases, (grads, errors, outs, errors2, outs2)
+    return [
+        ("loco hop1 (int8 err)", lambda i: loco[i][0](), sets,
+         grad_bytes + 2 * err_bytes(WORLD) + wire_bytes(WORLD, intra), lambda: transient_bytes(loco[0][0])),
+        ("plain hop1 (no err)", lambda i: plain[i][0](), sets, grad_bytes + wire_bytes(WORLD, intra),
+         lambda: transient_bytes(plain[0][0])),
+        ("loco hop2 (int8 err)", lambda i: loco[i][1](), sets,
+         wire_bytes(WORLD, intra) + 2 * err_bytes(NODES) + wire_bytes(NODES, inter), lambda: transient_bytes(loco[0][1])),
+        ("loco final mean", lambda i: loco[i][2](), sets, wire_bytes(NODES, inter) + part * es,
+         lambda: transient_bytes(loco[0][2], part * es)),
+    ], (grads, loco, plain)
 
 
 def deepspeed_cases(quantizer, shape, dtype):
@@ -162,6 +168,62 @@ def deepspeed_cases(quantizer, shape, dtype):
     ], (grads, quantized)
 
 
+BUCKETS = {  # name: gradient shapes of one bucket
+    "llama2-7b layer": [(4096, 4096)] * 4 + [(11008, 4096)] * 3 + [(4096,)] * 2,
+    "256 x 4096": [(4096,)] * 256,
+    "1 x 1048576": [(1 << 20,)],
+}
+
+
+def deepspeed_bucket(quantizer, grads):
+    """DeepSpeed's two qgZ kernels on a bucket as ``all_to_all_quant_reduce`` calls them, one tensor at a time:
+    ``(fn, tensors quantized)``. It sends 1-D tensors unquantized (reduce_scatter), so they get no kernel here."""
+    calls = [(g, max(g.shape[0], g.shape[1], WORLD)) for g in grads if g.dim() == 2]
+
+    def run():
+        for grad, groups in calls:
+            q, scale = quantizer.swizzle_quant(grad, groups, 4, quantizer.Symmetric, 1, NODES, LOCAL)
+            quantizer.quantized_reduction(q, scale, groups, groups // LOCAL, 4, quantizer.Symmetric, LOCAL)
+    return run, len(calls)
+
+
+def bucket_rows(quantizer, reps):
+    """Per bucket (fp16, 4/4): our three kernels (one launch per hop for the whole bucket) without and with int8
+    error feedback, each hop alone and the three together, against DeepSpeed's two kernels on the same tensors."""
+    print(f"\nbuckets (fp16, 4/4, W={WORLD}): one launch per hop per bucket; median ms")
+    print(f"{'bucket':18s} {'tensors':>7s} {'elements':>11s} {'arm':>6s} {'hop1':>8s} {'hop2':>8s} {'final':>8s} "
+          f"{'3 kernels':>9s} {'DeepSpeed 2':>11s} {'ratio':>6s}")
+    rows = []
+    for name, shapes in BUCKETS.items():
+        grads = [torch.randn(shape, device="cuda", dtype=torch.float16) for shape in shapes]
+        numel = sum(g.numel() for g in grads)
+        ds_ms, ds_tensors = None, 0
+        if quantizer is not None:
+            ds_fn, ds_tensors = deepspeed_bucket(quantizer, grads)
+            ds_ms = median_ms(lambda i: ds_fn(), 1, reps) if ds_tensors else None
+        for arm, error in (("plain", False), ("loco", True)):
+            hop1, hop2, final, keep = bucket_calls(grads, "4/4", error)
+            times = [median_ms(lambda i, f=f: f(), 1, reps) for f in (hop1, hop2, final)]
+            total = median_ms(lambda i: (hop1(), hop2(), final()), 1, reps)
+            ratio = total / ds_ms if ds_ms else None
+            rows.append(dict(bucket=name, tensors=len(grads), elements=numel, arm=arm, hop1_ms=times[0],
+                             hop2_ms=times[1], final_ms=times[2], total_ms=total, deepspeed_ms=ds_ms,
+                             deepspeed_tensors=ds_tensors, ratio_to_deepspeed=ratio))
+            ds_text = f"{ds_ms:11.4f}" if ds_ms else f"{'-':>11s}"
+            ratio_text = f"{ratio:6.2f}" if ratio else f"{'-':>6s}"
+            print(f"{name:18s} {len(grads):7d} {numel:11d} {arm:>6s} {times[0]:8.4f} {times[1]:8.4f} {times[2]:8.4f} "
+                  f"{total:9.4f} {ds_text} {ratio_text}", flush=True)
+            del keep
+        del grads
+        torch.cuda.empty_cache()
+    by = {(r["bucket"], r["arm"]): r for r in rows}
+    for arm in ("plain", "loco"):
+        many, one = by[("256 x 4096", arm)], by[("1 x 1048576", arm)]
+        print(f"{arm}: 256 tensors of 4096 / one tensor of 1048576: " + ", ".join(
+            f"{k[:-3]} {many[k] / one[k]:.2f}" for k in ("hop1_ms", "hop2_ms", "final_ms", "total_ms")))
+    return rows
+
+
 def run_cases(cases, config, shape, dname, reps, copy_bw):
     """Times each case, prints its table line, returns the rows."""
     rows = []
@@ -174,6 +236,19 @@ def run_cases(cases, config, shape, dname, reps, copy_bw):
         print(f"{name:32s} {config:>6s} {str(shape):>13s} {dname:>5s} {ms:8.4f} {n_bytes / 1e6:9.1f} "
               f"{bw / 1e9:7.0f} {bw / copy_bw:7.2f} {transient / 2**20:13.1f}", flush=True)
     return rows
+
+
+def print_deepspeed_ratios(rows):
+    """Ours over DeepSpeed's in the same run: plain hop 1 / swizzle_quant and hop 2 / quantized_reduction (4/4)."""
+    ms = {(r["kernel"], r["config"], tuple(r["shape"]), r["dtype"]): r["ms"] for r in rows}
+    pairs = [("plain hop1 (no err)", "deepspeed swizzle_quant"), ("loco hop1 (int8 err)", "deepspeed swizzle_quant"),
+             ("loco hop2 (int8 err)", "deepspeed quantized_reduction")]
+    print("\nours / DeepSpeed (4/4, same run):")
+    for (kernel, config, shape, dname), ours in ms.items():
+        for mine, theirs in pairs:
+            if kernel == mine and config in ("4/4", "4/4+H") and (theirs, "4/4", shape, dname) in ms:
+                print(f"  {mine + ' ' + config:28s} / {theirs:30s} {str(shape):>14s} {dname:>5s} "
+                      f"{ours / ms[(theirs, '4/4', shape, dname)]:6.2f}")
 
 
 def print_ratios(rows, configs):
@@ -243,8 +318,11 @@ def main():
     if hop1:
         print(f"target: loco hop1 (16384, 16384) bf16 <= 0.36 ms: {hop1[0]['ms']:.4f} ms")
     print_ratios(rows, args.configs)
+    print_deepspeed_ratios(rows)
+    buckets = bucket_rows(quantizer, args.reps)
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(device=device, copy_gbps=copy_bw / 1e9, rows=rows), indent=1))
+        Path(args.json).write_text(json.dumps(dict(device=device, copy_gbps=copy_bw / 1e9, rows=rows, buckets=buckets),
+                                              indent=1))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """LoCo's kernels: the pure-PyTorch reference (``loco_reference``) and, for CUDA tensors, the fused CUDA op.
 
-:func:`kernels_for` returns a module with ``hop1_``, ``hop2_`` and ``final_mean`` (``loco_reference``'s
-signatures): ``loco_cuda`` for CUDA devices when the ``loco_ops`` extension builds and loads (tried once per
-process, built with ninja by ``op_builder.LocoBuilder``), ``loco_reference`` otherwise. The choice is logged once
+:func:`kernels_for` returns a module with the bucket entry points ``quantize_bucket_``, ``requantize_bucket_``
+and ``final_mean_bucket`` (``loco_reference``'s signatures; one kernel launch each in ``loco_cuda``): ``loco_cuda``
+for CUDA devices when the ``loco_ops`` extension builds and loads (tried once per process, built with ninja by
+``op_builder.LocoBuilder``), ``loco_reference`` otherwise. The choice is logged once
 per device type (logger ``deepspeed_loco``, INFO), with the reason.
 
 Environment:
@@ -28,7 +29,7 @@ _logged: Dict[str, str] = {}
 
 
 def kernels_for(device: torch.device) -> ModuleType:
-    """The implementation of ``hop1_``, ``hop2_`` and ``final_mean`` for tensors on ``device``."""
+    """The implementation of the bucket entry points for tensors on ``device``."""
     device = torch.device(device)
     if device.type != "cuda":
         _log_once(device.type, f"deepspeed_loco: PyTorch reference kernels for {device.type} tensors "

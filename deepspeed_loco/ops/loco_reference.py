@@ -1,11 +1,15 @@
 """Pure-PyTorch reference of every kernel of the LoCo reduce, one parameter at a time.
 
-Device-agnostic (CPU and CUDA tensors). The CUDA kernels (``deepspeed_loco.ops.loco_cuda``) implement the
-same functions with the same signatures and must produce identical integer outputs (packed data, int8
-error) and identical fp32 scales; this module fixes the order of every fp32 operation to make that possible:
+Device-agnostic (CPU and CUDA tensors). Each per-parameter function takes the hop's ``HopArgs``
+(``deepspeed_loco.layout``); the reducer calls the bucket entry points at the bottom (one call per hop per bucket),
+which the CUDA kernels (``deepspeed_loco.ops.loco_cuda``) implement with the same signatures, one launch each, with
+identical integer outputs (packed data, int8 error) and identical fp32 scales. This module fixes the order of
+every fp32 operation to make that possible:
 
-* compensation ``c = x + e``; residual ``r = c - q * scale``; update ``e' = beta * e + (1 - beta) * r`` with
-  ``beta`` and ``1 - beta`` rounded to fp32 first; sums over received blocks in block order, then ``/ W``.
+* compensation ``c = x + e``; residual ``r = c - deq(q)`` with ``deq(q) = q * scale`` (symmetric grid) or
+  ``(q + 0.5) * scale`` (mid-rise: the sum exact, one rounding in the product); update
+  ``e' = beta * e + (1 - beta) * r`` with ``beta`` and ``1 - beta`` rounded to fp32 first; sums over received
+  blocks in block order (each block dequantized as above), then ``/ W`` (IEEE division).
 
 Layout (``deepspeed_loco.layout``, ``docs/design.md``): a gradient of ``N`` elements is split into ``W`` partitions of
 ``P = ceil(N / W)`` elements, each zero-padded to ``P' = roundup(P, group_size)``; partition (row) ``r = n*L + d``
@@ -53,23 +57,24 @@ def compensate_and_quantize(c: torch.Tensor, error: Optional[ErrorBuffer], beta:
     return q, scale
 
 
-def hop1_(grad: torch.Tensor, world_size: int, local_size: int, error: Optional[ErrorBuffer], beta: float,
-          bits: int, group_size: int, out_data: torch.Tensor, out_scale: torch.Tensor, hadamard: bool = False,
-          grid: str = "symmetric") -> None:
+def hop1_(grad: torch.Tensor, error: Optional[ErrorBuffer], args: HopArgs, out_data: torch.Tensor,
+          out_scale: torch.Tensor) -> None:
     """Fused intra-node step: partition, swizzle, [rotate,] compensate, quantize, update the error, pack.
 
-    ``grad``: any shape, fp32/fp16/bf16, ``N`` elements. ``error``: ``(W, P')`` in slot order, or None.
-    Writes ``out_data`` uint8 ``(W, P' * bits // 8)`` and ``out_scale`` fp32 ``(W, P' // group_size)`` in slot
-    order. With ``local_size == 1`` this is also the inter-node step of a one-rank-per-node world.
-    ``hadamard``: each group is rotated (``ops.hadamard.rotate``) first; everything downstream, the error
-    buffers included, then lives in the rotated basis until :func:`final_mean` rotates back. ``grid``: the
+    ``grad``: any shape, fp32/fp16/bf16, ``N`` elements, partitioned over ``W = args.world_size`` ranks
+    (``L = args.local_size`` per node). ``error``: ``(W, P')`` in slot order, or None.
+    Writes ``out_data`` uint8 ``(W, P' * args.bits // 8)`` and ``out_scale`` fp32 ``(W, P' // args.group_size)`` in
+    slot order. With ``L == 1`` this is also the inter-node step of a one-rank-per-node world.
+    ``args.hadamard``: each group is rotated (``ops.hadamard.rotate``) first; everything downstream, the error
+    buffers included, then lives in the rotated basis until :func:`final_mean` rotates back. ``args.grid``: the
     quantization grid of the wire values (``ops.quantizer.grid_levels``), the same on every hop.
     """
-    rows = partition_rows(grad, world_size, group_size)[slot_to_row(world_size, local_size).to(grad.device)]
-    if hadamard:
+    world, group_size = args.world_size, args.group_size
+    rows = partition_rows(grad, world, group_size)[slot_to_row(world, args.local_size).to(grad.device)]
+    if args.hadamard:
         rows = rotate(rows, group_size)
-    q, scale = compensate_and_quantize(rows, error, beta, bits, group_size, grid)
-    out_data.copy_(pack(q, bits))
+    q, scale = compensate_and_quantize(rows, error, args.err_beta, args.bits, group_size, args.grid)
+    out_data.copy_(pack(q, args.bits))
     out_scale.copy_(scale)
 
 
@@ -84,34 +89,34 @@ def dequantize_sum(data: torch.Tensor, scale: torch.Tensor, blocks: int, bits: i
     return total
 
 
-def hop2_(recv_data: torch.Tensor, recv_scale: torch.Tensor, local_size: int, in_bits: int,
-          error: Optional[ErrorBuffer], beta: float, bits: int, group_size: int, out_data: torch.Tensor,
-          out_scale: torch.Tensor, grid: str = "symmetric") -> None:
-    """Fused inter-node step: dequantize and fp32-sum the ``L`` received blocks, compensate, quantize, update.
+def hop2_(recv_data: torch.Tensor, recv_scale: torch.Tensor, error: Optional[ErrorBuffer], args: HopArgs,
+          out_data: torch.Tensor, out_scale: torch.Tensor) -> None:
+    """Fused inter-node step: dequantize and fp32-sum the ``B = args.in_blocks`` received blocks (``args.in_bits``
+    bits), compensate, quantize to ``args.bits``, update the error.
 
-    ``recv_data`` uint8 ``(L*M, P' * in_bits // 8)``, ``recv_scale`` fp32 ``(L*M, P' // group_size)`` (block
+    ``recv_data`` uint8 ``(B*M, P' * in_bits // 8)``, ``recv_scale`` fp32 ``(B*M, P' // group_size)`` (block
     from local peer ``i`` = rows ``[i*M, (i+1)*M)``). ``error``: ``(M, P')`` or None.
     Writes ``out_data`` uint8 ``(M, P' * bits // 8)`` and ``out_scale`` fp32 ``(M, P' // group_size)``.
     """
-    total = dequantize_sum(recv_data, recv_scale, local_size, in_bits, group_size, grid)
-    q, scale = compensate_and_quantize(total, error, beta, bits, group_size, grid)
-    out_data.copy_(pack(q, bits))
+    total = dequantize_sum(recv_data, recv_scale, args.in_blocks, args.in_bits, args.group_size, args.grid)
+    q, scale = compensate_and_quantize(total, error, args.err_beta, args.bits, args.group_size, args.grid)
+    out_data.copy_(pack(q, args.bits))
     out_scale.copy_(scale)
 
 
-def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, bits: int, group_size: int, world_size: int,
-               numel: int, rank: int, out_dtype: torch.dtype, hadamard: bool = False,
-               grid: str = "symmetric") -> torch.Tensor:
+def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, args: HopArgs, numel: int, rank: int,
+               out_dtype: torch.dtype) -> torch.Tensor:
     """Dequantize, fp32-sum the received rows in order, [rotate back,] divide by ``W``: this rank's mean partition.
 
-    ``recv_data`` uint8 ``(R, P' * bits // 8)``, ``recv_scale`` fp32 ``(R, P' // group_size)``.
+    ``recv_data`` uint8 ``(R, P' * args.bits // 8)``, ``recv_scale`` fp32 ``(R, P' // args.group_size)``.
     Returns ``(P,)`` in ``out_dtype``, ``P = ceil(numel / W)``, zero past ``numel`` (global index).
     """
-    total = dequantize_sum(recv_data, recv_scale, recv_data.shape[0], bits, group_size, grid)[0]
-    if hadamard:
-        total = unrotate(total, group_size)
-    part = partition_size(numel, world_size)
-    mean = total[:part] / torch.full_like(total[:part], world_size)  # true division on CUDA too
+    world = args.world_size
+    total = dequantize_sum(recv_data, recv_scale, recv_data.shape[0], args.bits, args.group_size, args.grid)[0]
+    if args.hadamard:
+        total = unrotate(total, args.group_size)
+    part = partition_size(numel, world)
+    mean = total[:part] / torch.full_like(total[:part], world)  # true division on CUDA too
     valid = max(0, min(part, numel - rank * part))
     mean[valid:] = 0
     return mean.to(out_dtype)
@@ -124,23 +129,21 @@ def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[Er
                      wire: WireLayout, send: torch.Tensor) -> None:
     """The first hop of a bucket: :func:`hop1_` for every gradient, into ``send`` uint8 ``(W, wire.row_bytes)``."""
     for i, (grad, error, offset) in enumerate(zip(grads, errors, wire.offsets())):
-        hop1_(grad, args.world_size, args.local_size, error, args.err_beta, args.bits, args.group_size,
-              *wire.views(send, i, offset), hadamard=args.hadamard, grid=args.grid)
+        hop1_(grad, error, args, *wire.views(send, i, offset))
 
 
 def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence[Optional[ErrorBuffer]],
                        args: HopArgs, wire: WireLayout, send: torch.Tensor) -> None:
     """A later hop of a bucket: :func:`hop2_` for every parameter, from the previous hop's ``recv`` into ``send``."""
     for i, (error, offset) in enumerate(zip(errors, wire.offsets())):
-        hop2_(*in_wire.views(recv, i, offset), args.in_blocks, args.in_bits, error, args.err_beta, args.bits,
-              args.group_size, *wire.views(send, i, offset), grid=args.grid)
+        in_data, in_scale = in_wire.views(recv, i, offset)
+        hop2_(in_data, in_scale, error, args, *wire.views(send, i, offset))
 
 
 def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numels: Sequence[int], rank: int,
                       out_dtype: torch.dtype) -> List[torch.Tensor]:
     """The last hop's received rows to this rank's mean partitions: :func:`final_mean` per parameter."""
     return [
-        final_mean(*wire.views(recv, i, offset), args.bits, args.group_size, args.world_size, numel, rank, out_dtype,
-                   hadamard=args.hadamard, grid=args.grid)
+        final_mean(*wire.views(recv, i, offset), args, numel, rank, out_dtype)
         for i, (numel, offset) in enumerate(zip(numels, wire.offsets()))
     ]

@@ -1,9 +1,13 @@
-"""Pure-PyTorch reference of the symmetric group quantizer and its bit packing.
+"""Pure-PyTorch reference of the group quantizer (symmetric and mid-rise grids) and its bit packing.
 
 These functions are the contract the CUDA kernels in ``deepspeed_loco/csrc/quantization`` match bit for bit:
 
-* ``qmax = 2**(bits-1) - 1``; per group of ``group_size`` elements ``scale = absmax / qmax`` (fp32) and
-  ``q = clamp(round_half_even(c / scale), -qmax, qmax)``; an all-zero group has ``scale = 0`` and ``q = 0``.
+* symmetric grid: ``qmax = 2**(bits-1) - 1``; per group of ``group_size`` elements ``scale = absmax / qmax`` (fp32,
+  IEEE division) and ``q = clamp(round_half_even(c / scale), -qmax, qmax)``, value ``q * scale``.
+* mid-rise grid (every code used): ``scale = absmax / (2**(bits-1) - 0.5)``, ``q = clamp(floor(c / scale),
+  -2**(bits-1), 2**(bits-1) - 1)`` (IEEE quotient, then floor), value ``(float(q) + 0.5) * scale`` (exact sum, one
+  rounding). ``|c - value| <= scale / 2`` up to fp32 rounding.
+* An all-zero group has ``scale = 0`` and ``q = 0`` (value 0 on both grids).
 * A group holding any non-finite value gets ``scale = NaN`` and ``q = 0``, so its dequantized values are NaN
   and DeepSpeed's overflow check still sees the step as an overflow.
 * Packing: every 8 consecutive values of ``bits`` bits form one little-endian ``bits``-byte word, value ``j``

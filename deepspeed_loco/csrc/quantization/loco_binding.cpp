@@ -1,14 +1,20 @@
-// Torch binding of the LoCo kernels (loco_kernels.cu): checks devices, dtypes, shapes and strides with clear
-// errors, then calls the plain C++ launchers on the current CUDA stream. Signatures mirror
-// deepspeed_loco/ops/loco_reference.py; the Python wrappers are in deepspeed_loco/ops/loco_cuda.py.
+// Torch binding of the LoCo kernels (loco_kernels.cu), one call per hop per bucket. The binding boundary is where
+// everything is validated (TORCH_CHECK with the argument's name): the hop's arguments (a
+// deepspeed_loco.layout.HopArgs, read once into the C struct loco::HopArgs), the wire layouts, devices, dtypes,
+// shapes and strides. It then writes the bucket's parameter table (loco::BucketItem) to the device with one
+// asynchronous copy and launches one kernel on the current CUDA stream. Python side: deepspeed_loco/ops/loco_cuda.py.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
-#include <optional>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "loco_kernels.cuh"
+
+namespace py = pybind11;
 
 namespace {
 
@@ -16,12 +22,140 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 bool valid_bits(int64_t bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 8; }
 
-void check_group_size(int64_t group_size) {
-    TORCH_CHECK(group_size >= 32 && group_size <= 4096 && (group_size & (group_size - 1)) == 0,
-                "LoCo kernels: group_size = ", group_size, " must be a power of two from 32 to 4096");
+// The C form of a deepspeed_loco.layout.HopArgs, checked: bits and group size as the kernels are compiled for.
+loco::HopArgs hop_args(const py::object& a, bool needs_input) {
+    loco::HopArgs h{};
+    const int64_t world = a.attr("world_size").cast<int64_t>(), local = a.attr("local_size").cast<int64_t>();
+    const int64_t bits = a.attr("bits").cast<int64_t>(), group = a.attr("group_size").cast<int64_t>();
+    const double beta = a.attr("err_beta").cast<double>();
+    const std::string grid = a.attr("grid").cast<std::string>();
+    TORCH_CHECK(world >= 1 && local >= 1 && world % local == 0, "LoCo kernels: world_size = ", world,
+                " must be a positive multiple of local_size = ", local);
+    TORCH_CHECK(valid_bits(bits), "LoCo kernels: bits = ", bits, " must be 2, 3, 4 or 8");
+    TORCH_CHECK(group >= 32 && group <= 4096 && (group & (group - 1)) == 0, "LoCo kernels: group_size = ", group,
+                " must be a power of two from 32 to 4096");
+    TORCH_CHECK(beta >= 0.0 && beta < 1.0, "LoCo kernels: err_beta = ", beta, " must satisfy 0 <= err_beta < 1");
+    TORCH_CHECK(grid == "symmetric" || grid == "midrise", "LoCo kernels: grid = '", grid,
+                "' must be 'symmetric' or 'midrise'");
+    h.world = (int)world;
+    h.local = (int)local;
+    h.bits = (int)bits;
+    h.group_size = (int)group;
+    h.beta = (float)beta;
+    h.grid = grid == "midrise" ? loco::kMidrise : loco::kSymmetric;
+    h.hadamard = a.attr("hadamard").cast<bool>();
+    h.in_bits = a.attr("in_bits").cast<int>();
+    h.in_blocks = a.attr("in_blocks").cast<int>();
+    if (needs_input) {
+        TORCH_CHECK(valid_bits(h.in_bits), "LoCo kernels: in_bits = ", h.in_bits, " must be 2, 3, 4 or 8");
+        TORCH_CHECK(h.in_blocks >= 1, "LoCo kernels: in_blocks = ", h.in_blocks, " must be positive");
+    }
+    return h;
 }
 
-int grad_dtype_code(at::ScalarType t, const char* what) {
+// A bucket's wire layout (deepspeed_loco.layout.WireLayout): parameter widths, their first columns, bytes.
+struct Wire {
+    std::vector<int64_t> widths, offsets;
+    int64_t data_bytes = 0, row_bytes = 0;
+};
+
+Wire wire_layout(const py::object& w, const loco::HopArgs& h, int64_t bits, const char* what) {
+    Wire out;
+    out.widths = w.attr("widths").cast<std::vector<int64_t>>();
+    TORCH_CHECK(w.attr("bits").cast<int64_t>() == bits, "LoCo kernels: ", what, " has ", w.attr("bits").cast<int64_t>(),
+                " bits, the hop ", bits);
+    TORCH_CHECK(w.attr("group_size").cast<int64_t>() == h.group_size, "LoCo kernels: ", what, " has group size ",
+                w.attr("group_size").cast<int64_t>(), ", the hop ", h.group_size);
+    int64_t columns = 0;
+    for (const int64_t width : out.widths) {
+        TORCH_CHECK(width >= 0 && width % h.group_size == 0, "LoCo kernels: ", what, " width ", width,
+                    " is not a multiple of the group size");
+        out.offsets.push_back(columns);
+        columns += width;
+    }
+    out.data_bytes = columns * bits / 8;
+    out.row_bytes = out.data_bytes + columns / h.group_size * 4;
+    return out;
+}
+
+void check_on(const at::Tensor& t, const at::Device& device, const char* what) {
+    TORCH_CHECK(t.is_cuda() && t.device() == device, "LoCo kernels: ", what, " must be on ", device, ", got ",
+                t.device());
+}
+
+// A (rows, width) tensor of `dtype` on `device`, unit stride along the row, any non-negative row stride.
+void check_matrix(const at::Tensor& t, at::ScalarType dtype, int64_t rows, int64_t width, const at::Device& device,
+                  const char* what) {
+    check_on(t, device, what);
+    TORCH_CHECK(t.scalar_type() == dtype, "LoCo kernels: ", what, " must be ", dtype, ", got ", t.scalar_type());
+    TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == width, "LoCo kernels: ", what, " must have shape (",
+                rows, ", ", width, "), got ", t.sizes());
+    TORCH_CHECK(width <= 1 || t.stride(1) == 1, "LoCo kernels: ", what,
+                " must have unit stride along a row, got strides ", t.strides());
+    TORCH_CHECK(t.stride(0) >= 0, "LoCo kernels: ", what, " has a negative row stride");
+}
+
+// The kernels' view of a wire buffer uint8 (rows, row_bytes): packed values, then the fp32 scales of each row.
+loco::WireArgs wire_args(const at::Tensor& buffer, const Wire& w, int64_t rows, const at::Device& device,
+                         const char* what) {
+    check_matrix(buffer, at::kByte, rows, w.row_bytes, device, what);
+    uint8_t* data = buffer.data_ptr<uint8_t>();
+    TORCH_CHECK(buffer.stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(data + w.data_bytes) % 4 == 0,
+                "LoCo kernels: the scales of ", what, " must be 4-byte aligned (row stride ", buffer.stride(0), ")");
+    return loco::WireArgs{data, buffer.stride(0), reinterpret_cast<float*>(data + w.data_bytes), buffer.stride(0) / 4};
+}
+
+// The error buffers of a bucket: values (and int8 scales) per parameter, `rows` x width each.
+void set_errors(std::vector<loco::BucketItem>& items, const std::vector<at::Tensor>& values,
+                const std::vector<at::Tensor>& scales, int64_t error_bits, int64_t rows, const Wire& w,
+                int64_t group_size, const at::Device& device) {
+    TORCH_CHECK(error_bits == 0 || error_bits == 8 || error_bits == 32, "LoCo kernels: error_bits = ", error_bits,
+                " must be 0, 8 or 32");
+    if (error_bits == 0) {
+        TORCH_CHECK(values.empty(), "LoCo kernels: error values given with error_bits = 0");
+        return;
+    }
+    TORCH_CHECK(values.size() == items.size(), "LoCo kernels: ", values.size(), " error buffers for ", items.size(),
+                " parameters");
+    TORCH_CHECK(error_bits == 32 || scales.size() == items.size(), "LoCo kernels: int8 error needs its scales");
+    for (size_t i = 0; i < items.size(); ++i) {
+        const int64_t cols = w.widths[i];
+        check_matrix(values[i], error_bits == 8 ? at::kChar : at::kFloat, rows, cols, device, "error values");
+        items[i].err_values = values[i].data_ptr();
+        items[i].err_stride = values[i].stride(0);
+        if (error_bits == 8) {
+            check_matrix(scales[i], at::kFloat, rows, cols / group_size, device, "error scales");
+            items[i].err_scale = scales[i].data_ptr<float>();
+            items[i].err_scale_stride = scales[i].stride(0);
+        }
+    }
+}
+
+// Numbers the blocks (rows x blocks_per_row per parameter), drops parameters without columns, and copies the
+// table to the device (asynchronously, on the current stream). Returns the device table and sets `blocks`.
+at::Tensor upload(std::vector<loco::BucketItem>& items, int64_t rows, int64_t group_size, const at::Device& device,
+                  int64_t* blocks) {
+    std::vector<loco::BucketItem> kept;
+    int64_t total = 0;
+    for (loco::BucketItem item : items) {
+        if (item.cols == 0) continue;
+        item.blocks_per_row = loco::blocks_per_row(item.cols, (int)group_size);
+        item.first_block = total;
+        total += rows * item.blocks_per_row;
+        kept.push_back(item);
+    }
+    TORCH_CHECK(total <= 0x7fffffffLL, "LoCo kernels: ", total, " blocks exceed one launch; use smaller buckets");
+    *blocks = total;
+    items = kept;
+    const int64_t bytes = (int64_t)(kept.size() * sizeof(loco::BucketItem));
+    at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    if (bytes > 0) std::memcpy(host.data_ptr(), kept.data(), bytes);
+    return host.to(device, /*non_blocking=*/true);
+}
+
+void raise_if(const char* message) { TORCH_CHECK(message == nullptr, message); }
+
+int dtype_code(at::ScalarType t, const char* what) {
     switch (t) {
         case at::kFloat: return loco::kFloat32;
         case at::kHalf: return loco::kFloat16;
@@ -30,137 +164,118 @@ int grad_dtype_code(at::ScalarType t, const char* what) {
     }
 }
 
-void check_on(const at::Tensor& t, const at::Device& device, const char* what) {
-    TORCH_CHECK(t.is_cuda() && t.device() == device, "LoCo kernels: ", what, " must be on ", device, ", got ",
-                t.device());
-}
-
-// A (rows, width) tensor of `dtype`, unit stride along the row, any row stride.
-void check_matrix(const at::Tensor& t, at::ScalarType dtype, int64_t rows, int64_t width, const char* what) {
-    TORCH_CHECK(t.scalar_type() == dtype, "LoCo kernels: ", what, " must be ", dtype, ", got ", t.scalar_type());
-    TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == width, "LoCo kernels: ", what, " must have shape (",
-                rows, ", ", width, "), got ", t.sizes());
-    TORCH_CHECK(width <= 1 || t.stride(1) == 1, "LoCo kernels: ", what, " must have unit stride along a row, got strides ",
-                t.strides());
-    TORCH_CHECK(t.stride(0) >= 0, "LoCo kernels: ", what, " has a negative row stride");
-}
-
-loco::WireArgs wire(const at::Tensor& data, const at::Tensor& scale, int64_t bits, int64_t rows, int64_t cols,
-                    int64_t group_size, const at::Device& device, const char* what_data, const char* what_scale) {
-    TORCH_CHECK(valid_bits(bits), "LoCo kernels: bits = ", bits, " must be 2, 3, 4 or 8");
-    check_on(data, device, what_data);
-    check_on(scale, device, what_scale);
-    check_matrix(data, at::kByte, rows, cols * bits / 8, what_data);
-    check_matrix(scale, at::kFloat, rows, cols / group_size, what_scale);
-    return loco::WireArgs{data.data_ptr<uint8_t>(), data.stride(0), scale.data_ptr<float>(), scale.stride(0),
-                          (int)bits};
-}
-
-loco::ErrorArgs error(const std::optional<at::Tensor>& values, const std::optional<at::Tensor>& scale,
-                      int64_t error_bits, double beta, int64_t rows, int64_t cols, int64_t group_size,
-                      const at::Device& device) {
-    TORCH_CHECK(beta >= 0.0 && beta < 1.0, "LoCo kernels: beta = ", beta, " must satisfy 0 <= beta < 1");
-    loco::ErrorArgs err{0, nullptr, 0, nullptr, 0, (float)beta};
-    if (error_bits == 0) return err;
-    TORCH_CHECK(error_bits == 8 || error_bits == 32, "LoCo kernels: error_bits = ", error_bits, " must be 0, 8 or 32");
-    TORCH_CHECK(values.has_value(), "LoCo kernels: error values missing for error_bits = ", error_bits);
-    check_on(*values, device, "error values");
-    check_matrix(*values, error_bits == 8 ? at::kChar : at::kFloat, rows, cols, "error values");
-    err.bits = (int)error_bits;
-    err.values = values->data_ptr();
-    err.values_stride = values->stride(0);
-    if (error_bits == 8) {
-        TORCH_CHECK(scale.has_value(), "LoCo kernels: int8 error needs its scales");
-        check_on(*scale, device, "error scales");
-        check_matrix(*scale, at::kFloat, rows, cols / group_size, "error scales");
-        err.scale = scale->data_ptr<float>();
-        err.scale_stride = scale->stride(0);
+void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& error_values,
+                     const std::vector<at::Tensor>& error_scales, int64_t error_bits, const py::object& args,
+                     const py::object& wire, at::Tensor& send) {
+    const loco::HopArgs h = hop_args(args, false);
+    const Wire w = wire_layout(wire, h, h.bits, "wire");
+    TORCH_CHECK(!grads.empty() && grads.size() == w.widths.size(), "LoCo kernels: ", grads.size(),
+                " gradients for a wire layout of ", w.widths.size(), " parameters");
+    const at::Device device = send.device();
+    const int dtype = dtype_code(grads[0].scalar_type(), "grad");
+    std::vector<at::Tensor> contiguous;  // alive until the launch
+    std::vector<loco::BucketItem> items(grads.size());
+    for (size_t i = 0; i < grads.size(); ++i) {
+        check_on(grads[i], device, "grad");
+        TORCH_CHECK(grads[i].scalar_type() == grads[0].scalar_type(), "LoCo kernels: the gradients of a bucket must "
+                    "share one dtype, got ", grads[0].scalar_type(), " and ", grads[i].scalar_type());
+        contiguous.push_back(grads[i].contiguous());
+        loco::BucketItem& item = items[i];
+        item.grad = contiguous.back().data_ptr();
+        item.numel = grads[i].numel();
+        item.part = ceil_div(item.numel, h.world);
+        item.cols = w.widths[i];
+        TORCH_CHECK(item.cols == ceil_div(item.part, h.group_size) * h.group_size, "LoCo kernels: wire width ",
+                    item.cols, " of parameter ", i, " is not its padded partition size");
+        item.col = w.offsets[i];
     }
-    return err;
-}
-
-void raise_if(const char* message) { TORCH_CHECK(message == nullptr, message); }
-
-void hop1(const at::Tensor& grad, int64_t world, int64_t local, const std::optional<at::Tensor>& error_values,
-          const std::optional<at::Tensor>& error_scale, int64_t error_bits, double beta, int64_t bits,
-          int64_t group_size, at::Tensor& out_data, at::Tensor& out_scale, bool hadamard) {
-    TORCH_CHECK(grad.is_cuda(), "LoCo kernels: grad must be a CUDA tensor, got ", grad.device());
-    TORCH_CHECK(grad.is_contiguous(), "LoCo kernels: grad must be contiguous");
-    TORCH_CHECK(world >= 1 && local >= 1 && world % local == 0, "LoCo kernels: world_size = ", world,
-                " must be a positive multiple of local_size = ", local);
-    check_group_size(group_size);
-    const int dtype = grad_dtype_code(grad.scalar_type(), "grad");
-    const at::Device device = grad.device();
-    const int64_t numel = grad.numel();
-    const int64_t part = ceil_div(numel, world);
-    const int64_t cols = ceil_div(part, group_size) * group_size;
-    const loco::WireArgs out = wire(out_data, out_scale, bits, world, cols, group_size, device, "out_data", "out_scale");
-    const loco::ErrorArgs err = error(error_values, error_scale, error_bits, beta, world, cols, group_size, device);
+    set_errors(items, error_values, error_scales, error_bits, h.world, w, h.group_size, device);
+    const loco::WireArgs out = wire_args(send, w, h.world, device, "send");
     const c10::cuda::CUDAGuard guard(device);
-    raise_if(loco::hop1(grad.data_ptr(), dtype, numel, (int)world, (int)local, part, cols, (int)group_size, hadamard,
-                        err, out, at::cuda::getCurrentCUDAStream().stream()));
+    int64_t blocks = 0;
+    const at::Tensor table = upload(items, h.world, h.group_size, device, &blocks);
+    raise_if(loco::quantize_bucket(h, dtype, (int)error_bits,
+                                   reinterpret_cast<const loco::BucketItem*>(table.data_ptr()), (int)items.size(),
+                                   blocks, out, at::cuda::getCurrentCUDAStream().stream()));
 }
 
-void hop2(const at::Tensor& recv_data, const at::Tensor& recv_scale, int64_t local, int64_t in_bits,
-          const std::optional<at::Tensor>& error_values, const std::optional<at::Tensor>& error_scale,
-          int64_t error_bits, double beta, int64_t bits, int64_t group_size, at::Tensor& out_data,
-          at::Tensor& out_scale) {
-    TORCH_CHECK(recv_data.is_cuda(), "LoCo kernels: recv_data must be a CUDA tensor, got ", recv_data.device());
-    TORCH_CHECK(recv_data.dim() == 2, "LoCo kernels: recv_data must be 2-D, got ", recv_data.sizes());
-    TORCH_CHECK(valid_bits(in_bits), "LoCo kernels: in_bits = ", in_bits, " must be 2, 3, 4 or 8");
-    check_group_size(group_size);
-    const int64_t rows = recv_data.size(0);
-    TORCH_CHECK(local >= 1 && rows % local == 0, "LoCo kernels: recv_data has ", rows,
-                " rows, not a multiple of local_size = ", local);
-    const int64_t nodes = rows / local;
-    TORCH_CHECK(recv_data.size(1) * 8 % in_bits == 0, "LoCo kernels: recv_data width ", recv_data.size(1),
-                " is not a whole number of ", in_bits, "-bit values");
-    const int64_t cols = recv_data.size(1) * 8 / in_bits;
-    TORCH_CHECK(cols % group_size == 0, "LoCo kernels: recv_data holds ", cols,
-                " values per row, not a multiple of group_size = ", group_size);
-    const at::Device device = recv_data.device();
-    const loco::WireArgs in =
-        wire(recv_data, recv_scale, in_bits, rows, cols, group_size, device, "recv_data", "recv_scale");
-    const loco::WireArgs out = wire(out_data, out_scale, bits, nodes, cols, group_size, device, "out_data", "out_scale");
-    const loco::ErrorArgs err = error(error_values, error_scale, error_bits, beta, nodes, cols, group_size, device);
+void requantize_bucket(const at::Tensor& recv, const py::object& in_wire, const std::vector<at::Tensor>& error_values,
+                       const std::vector<at::Tensor>& error_scales, int64_t error_bits, const py::object& args,
+                       const py::object& wire, at::Tensor& send) {
+    const loco::HopArgs h = hop_args(args, true);
+    const Wire win = wire_layout(in_wire, h, h.in_bits, "in_wire");
+    const Wire w = wire_layout(wire, h, h.bits, "wire");
+    TORCH_CHECK(win.widths == w.widths, "LoCo kernels: in_wire and wire must have the same parameter widths");
+    const int64_t nodes = h.world / h.local;
+    const at::Device device = send.device();
+    std::vector<loco::BucketItem> items(w.widths.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+        items[i].cols = w.widths[i];
+        items[i].col = w.offsets[i];
+    }
+    set_errors(items, error_values, error_scales, error_bits, nodes, w, h.group_size, device);
+    const loco::WireArgs in = wire_args(recv, win, h.in_blocks * nodes, device, "recv");
+    const loco::WireArgs out = wire_args(send, w, nodes, device, "send");
     const c10::cuda::CUDAGuard guard(device);
-    raise_if(loco::hop2(in, (int)local, (int)nodes, cols, (int)group_size, err, out,
-                        at::cuda::getCurrentCUDAStream().stream()));
+    int64_t blocks = 0;
+    const at::Tensor table = upload(items, nodes, h.group_size, device, &blocks);
+    raise_if(loco::requantize_bucket(h, (int)error_bits, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
+                                     (int)items.size(), blocks, in, out, at::cuda::getCurrentCUDAStream().stream()));
 }
 
-at::Tensor final_mean(const at::Tensor& recv_data, const at::Tensor& recv_scale, int64_t bits, int64_t group_size,
-                      int64_t world, int64_t numel, int64_t rank, int64_t out_dtype, bool hadamard) {
-    TORCH_CHECK(recv_data.is_cuda(), "LoCo kernels: recv_data must be a CUDA tensor, got ", recv_data.device());
-    TORCH_CHECK(recv_data.dim() == 2 && recv_data.size(0) >= 1, "LoCo kernels: recv_data must be 2-D with rows, got ",
-                recv_data.sizes());
-    TORCH_CHECK(valid_bits(bits), "LoCo kernels: bits = ", bits, " must be 2, 3, 4 or 8");
-    check_group_size(group_size);
-    TORCH_CHECK(world >= 1 && numel >= 0 && rank >= 0 && rank < world, "LoCo kernels: need world_size >= 1, numel >= 0"
-                " and 0 <= rank < world_size, got ", world, ", ", numel, ", ", rank);
+std::vector<at::Tensor> final_mean_bucket(const at::Tensor& recv, const py::object& wire, const py::object& args,
+                                          const std::vector<int64_t>& numels, int64_t rank, int64_t out_dtype) {
+    const loco::HopArgs h = hop_args(args, false);
+    const Wire w = wire_layout(wire, h, h.bits, "wire");
+    TORCH_CHECK(numels.size() == w.widths.size(), "LoCo kernels: ", numels.size(),
+                " parameters for a wire layout of ", w.widths.size());
+    TORCH_CHECK(rank >= 0 && rank < h.world, "LoCo kernels: rank = ", rank, " must be in [0, ", h.world, ")");
+    TORCH_CHECK(recv.dim() == 2 && recv.size(0) >= 1, "LoCo kernels: recv must be 2-D with rows, got ", recv.sizes());
     const at::ScalarType dtype = out_dtype == loco::kFloat32   ? at::kFloat
                                  : out_dtype == loco::kFloat16 ? at::kHalf
                                  : out_dtype == loco::kBFloat16 ? at::kBFloat16
                                                                 : at::kDouble;
     TORCH_CHECK(dtype != at::kDouble, "LoCo kernels: out_dtype code ", out_dtype, " is not float32/float16/bfloat16");
-    const int64_t rows = recv_data.size(0);
-    const int64_t part = ceil_div(numel, world);
-    const int64_t cols = ceil_div(part, group_size) * group_size;
-    const at::Device device = recv_data.device();
-    const loco::WireArgs in =
-        wire(recv_data, recv_scale, bits, rows, cols, group_size, device, "recv_data", "recv_scale");
-    const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(part, numel - rank * part));
-    at::Tensor out = at::empty({part}, recv_data.options().dtype(dtype));
+    const at::Device device = recv.device();
+    const loco::WireArgs in = wire_args(recv, w, recv.size(0), device, "recv");
+    std::vector<int64_t> parts;
+    int64_t total = 0;
+    for (const int64_t numel : numels) {
+        TORCH_CHECK(numel >= 0, "LoCo kernels: numel = ", numel, " is negative");
+        parts.push_back(ceil_div(numel, h.world));
+        total += parts.back();
+    }
+    at::Tensor flat = at::empty({total}, recv.options().dtype(dtype));
+    std::vector<loco::BucketItem> items(numels.size());
+    int64_t offset = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+        loco::BucketItem& item = items[i];
+        item.part = parts[i];
+        item.valid = std::max<int64_t>(0, std::min<int64_t>(item.part, numels[i] - rank * item.part));
+        item.cols = w.widths[i];
+        TORCH_CHECK(item.cols == ceil_div(item.part, h.group_size) * h.group_size, "LoCo kernels: wire width ",
+                    item.cols, " of parameter ", i, " is not its padded partition size");
+        item.col = w.offsets[i];
+        item.out = static_cast<char*>(flat.data_ptr()) + offset * flat.element_size();
+        offset += item.part;
+    }
     const c10::cuda::CUDAGuard guard(device);
-    raise_if(loco::final_mean(in, (int)rows, cols, (int)group_size, hadamard, (int)world, part, valid, out.data_ptr(),
-                              (int)out_dtype, at::cuda::getCurrentCUDAStream().stream()));
-    return out;
+    int64_t blocks = 0;
+    const at::Tensor table = upload(items, 1, h.group_size, device, &blocks);
+    raise_if(loco::final_mean_bucket(h, (int)out_dtype, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
+                                     (int)items.size(), blocks, in, (int)recv.size(0),
+                                     at::cuda::getCurrentCUDAStream().stream()));
+    return flat.split_with_sizes(parts);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.doc() = "LoCo fused CUDA kernels (hop 1, hop 2, final mean); see deepspeed_loco/ops/loco_cuda.py";
-    m.def("hop1", &hop1, "hop 1: partition, swizzle, [rotate,] compensate, quantize, update the error, pack");
-    m.def("hop2", &hop2, "hop 2: dequantize-sum L blocks, compensate, quantize, update the error, pack");
-    m.def("final_mean", &final_mean, "dequantize, sum the received rows, [rotate back,] divide by W, trim");
+    m.doc() = "LoCo fused CUDA kernels, one launch per hop per bucket; see deepspeed_loco/ops/loco_cuda.py";
+    m.def("quantize_bucket", &quantize_bucket,
+          "hop 1 of a bucket: partition, swizzle, [rotate,] compensate, quantize, update the errors, pack");
+    m.def("requantize_bucket", &requantize_bucket,
+          "a later hop of a bucket: dequantize-sum the received blocks, compensate, quantize, update, pack");
+    m.def("final_mean_bucket", &final_mean_bucket,
+          "the last hop's received rows to this rank's mean partitions ([rotated back,] divided by W, trimmed)");
 }

@@ -1,13 +1,15 @@
-// LoCo fused CUDA kernels: hop 1 (partition + swizzle + compensate + quantize + error update + pack), hop 2
-// (dequantize-sum the L received blocks + compensate + quantize + error update + pack) and the final
-// dequantize-sum-mean. No torch header: the binding (loco_binding.cpp) calls the launchers below.
+// LoCo fused CUDA kernels, one launch per hop per bucket: hop 1 (partition + swizzle + [rotate +] compensate +
+// quantize + error update + pack), hop 2 (dequantize-sum the received blocks + compensate + quantize + error update
+// + pack) and the final dequantize-sum-[unrotate-]mean. No torch header: the binding (loco_binding.cpp) builds the
+// bucket's parameter table on the device and calls the launchers below.
 //
-// Work split (docs/kernels.md): a block of kBlock threads; each quantization group of S elements is handled by
-// a team of S / 16 threads (2 .. 256), each thread holding kChunks chunks of 8 consecutive values in registers
-// (chunk c of lane l covers columns 8 * (c * team + l) .. +8 of the group, so a warp's loads are contiguous).
-// Two team reductions per group (absmax of c, absmax of the new error) use warp shuffles (team <= 32) or
-// shared memory (team > 32). Every input byte is read once and every output byte written once; there is no
-// temporary in device memory. All offsets are 64-bit.
+// Work split (docs/kernels.md): one 1-D grid over every group of every parameter of a bucket; a block of kBlock
+// threads belongs to one parameter and one row (found by a binary search of the table's first_block). Each
+// quantization group of S elements is handled by a team of S / 16 threads (2 .. 256), each thread holding kChunks
+// chunks of 8 consecutive values in registers (chunk c of lane l covers columns 8 * (c * team + l) .. +8 of the
+// group, so a warp's loads are contiguous). Two team reductions per group (absmax of c, absmax of the new error)
+// use warp shuffles (team <= 32) or shared memory (team > 32). Every input byte is read once and every output
+// byte written once; there is no temporary in device memory. All offsets are 64-bit.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -26,20 +28,19 @@ namespace {
 
 using namespace math;
 
-constexpr int kBlock = 256;            // threads per block
-constexpr int kChunks = 2;             // chunks of 8 values per thread
-constexpr int kValuesPerThread = 8 * kChunks;
-constexpr int kMinGroup = 32;
 constexpr int kMaxGroup = 4096;
-constexpr int kMaxGridY = 65535;
-
-template <int Bits>
-struct Q {
-    static constexpr float kMax = (float)((1 << (Bits - 1)) - 1);
-};
 
 __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
     return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
+// Runs f(std::true_type) for the mid-rise grid, f(std::false_type) for the symmetric one (uniform per launch).
+template <typename F>
+__device__ __forceinline__ void with_grid(bool midrise, F&& f) {
+    if (midrise)
+        f(std::true_type{});
+    else
+        f(std::false_type{});
 }
 
 // ---------------------------------------------------------------------------------------------- gradients
@@ -125,6 +126,61 @@ __device__ __forceinline__ void store_word(uint8_t* p, uint64_t w) {
     for (int b = 0; b < Bits; ++b) p[b] = (uint8_t)(w >> (8 * b));
 }
 
+
+// ------------------------------------------------------------------------------------------- launch and block
+// The kernel parameters of every launch (hop 1, hop 2, final).
+struct Launch {
+    const BucketItem* items;
+    int count;
+    int team_log2, group_log2;
+    int world, local, nodes, rows;  // rows: received rows the final mean sums
+    bool midrise;
+    float beta, one_minus_beta, hadamard_scale;
+    Levels levels;  // the output wire's grid (the input wire has the same grid, with its own bits)
+    WireArgs in, out;
+};
+
+// Where a block works: its parameter, its row of that parameter and, per thread, its team's group.
+struct Block {
+    const BucketItem* item;
+    int64_t row, group, col0;  // group and its first column within the parameter
+    int lane, team;
+    bool active;               // the team's group exists (the last block of a row may be partly empty)
+};
+
+__device__ __forceinline__ Block locate(const Launch& p) {
+    const int64_t b = blockIdx.x;
+    int lo = 0, hi = p.count - 1;  // the last item whose first_block <= b
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (p.items[mid].first_block <= b) lo = mid; else hi = mid - 1;
+    }
+    Block k;
+    k.item = p.items + lo;
+    // a launch has fewer than 2^31 blocks: 32-bit division (a 64-bit one is a long subroutine)
+    const uint32_t local_block = (uint32_t)(b - k.item->first_block);
+    const uint32_t per_row = (uint32_t)k.item->blocks_per_row;
+    const uint32_t row = local_block / per_row;
+    k.row = row;
+    k.team = 1 << p.team_log2;
+    k.lane = threadIdx.x & (k.team - 1);
+    k.group = (int64_t)(local_block - row * per_row) * (kBlock >> p.team_log2) + (threadIdx.x >> p.team_log2);
+    k.active = k.group < (k.item->cols >> p.group_log2);
+    k.col0 = k.group << p.group_log2;
+    return k;
+}
+
+// This block's group in the bucket's wire rows: packed values of row `row` and the group's scale.
+template <int Bits>
+__device__ __forceinline__ uint8_t* wire_data(const WireArgs& w, int64_t row, const Block& k) {
+    return w.data + row * w.data_stride + ((k.item->col + k.col0) >> 3) * Bits;
+}
+
+__device__ __forceinline__ float* wire_scale(const WireArgs& w, int64_t row, const Block& k, int group_log2) {
+    return w.scale + row * w.scale_stride + ((k.item->col + k.col0) >> group_log2);
+}
+
+
 // ------------------------------------------------------------------------------------------ error buffer
 // Where one row of an error buffer and its scale for the current group live.
 struct ErrorRow {
@@ -133,13 +189,14 @@ struct ErrorRow {
 };
 
 template <int EBits>
-__device__ __forceinline__ ErrorRow error_row(const ErrorArgs& err, int64_t row, int64_t col0, int64_t group) {
+__device__ __forceinline__ ErrorRow error_row(const Block& k, int64_t row) {
     ErrorRow r{nullptr, nullptr};
+    const BucketItem& it = *k.item;
     if (EBits == 8) {
-        r.values = static_cast<int8_t*>(err.values) + row * err.values_stride + col0;
-        r.scale = err.scale + row * err.scale_stride + group;
+        r.values = static_cast<int8_t*>(it.err_values) + row * it.err_stride + k.col0;
+        r.scale = it.err_scale + row * it.err_scale_stride + k.group;
     } else if (EBits == 32) {
-        r.values = static_cast<float*>(err.values) + row * err.values_stride + col0;
+        r.values = static_cast<float*>(it.err_values) + row * it.err_stride + k.col0;
     }
     return r;
 }
@@ -337,19 +394,34 @@ __device__ __forceinline__ void butterfly(float (&v)[kChunks][8], int lane, int 
     }
 }
 
+// Shared memory for the butterfly's cross-warp exchange: only kernels that rotate groups of more than 512
+// (teams wider than a warp) use it, the others declare none.
+template <bool Rotate>
+struct Exchange {
+    __device__ static float* get() { return nullptr; }
+};
+
+template <>
+struct Exchange<true> {
+    __device__ static float* get() {
+        __shared__ float xchg[kValuesPerThread * kBlock];
+        return xchg;
+    }
+};
 // ------------------------------------------------------------------------------- compensate + quantize
 // v: compensated values c of the thread's chunks (all zero for an inactive team); old: the old error.
-// Quantizes the group to `data`/`scale`, then (EBits != 0) stores the updated error to `er`.
-template <int Bits, int EBits>
-__device__ __forceinline__ void quantize_group(float (&v)[kChunks][8], const OldError<EBits>& old, uint32_t key,
-                                               bool active, int lane, int team, int team_log2, uint8_t* data,
-                                               float* scale, const ErrorRow& er, float beta, float one_minus_beta,
-                                               uint32_t* red) {
-    key = team_max(key, team_log2, red);
-    const Rule rule = make_rule(key, Q<Bits>::kMax);
+// Quantizes the group on the wire grid (Midrise or symmetric, p.levels) to `data`/`scale`, then (EBits != 0)
+// stores the updated error to `er` (int8 storage: symmetric, qmax 127).
+template <int Bits, int EBits, bool Midrise>
+__device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, float (&v)[kChunks][8],
+                                               const OldError<EBits>& old, uint32_t key, uint8_t* data,
+                                               float* scale, const ErrorRow& er, uint32_t* red) {
+    const int lane = k.lane, team = k.team;
+    key = team_max(key, p.team_log2, red);
+    const Rule rule = make_rule(key, p.levels.divisor);
     float qf[kChunks][8];
-    quantize_chunks<kChunks>(v, rule, Q<Bits>::kMax, qf);
-    if (active) {
+    quantize_chunks<Midrise>(v, rule, p.levels, qf);
+    if (k.active) {
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
             uint64_t word = 0;
@@ -365,35 +437,37 @@ __device__ __forceinline__ void quantize_group(float (&v)[kChunks][8], const Old
     for (int c = 0; c < kChunks; ++c)
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            v[c][i] = update(old.at(c, i), residual(v[c][i], qf[c][i], rule.scale), beta, one_minus_beta);
+            const float level = Midrise ? f_add(qf[c][i], 0.5f) : qf[c][i];
+            v[c][i] = update(old.at(c, i), f_sub(v[c][i], f_mul(level, rule.scale)), p.beta, p.one_minus_beta);
             ekey = max(ekey, abs_key(v[c][i]));
         }
-    ekey = team_max(ekey, team_log2, red);
+    ekey = team_max(ekey, p.team_log2, red);
     if (EBits == 32) {
         const bool finite = key_finite(ekey);
-        if (!active) return;
+        if (!k.active) return;
         float* base = static_cast<float*>(er.values);
         const bool vec = aligned(base, 16);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
-            float* p = base + 8 * (c * team + lane);
+            float* dst = base + 8 * (c * team + lane);
             float o[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) o[i] = finite ? v[c][i] : 0.0f;
             if (vec) {
-                reinterpret_cast<float4*>(p)[0] = make_float4(o[0], o[1], o[2], o[3]);
-                reinterpret_cast<float4*>(p)[1] = make_float4(o[4], o[5], o[6], o[7]);
+                reinterpret_cast<float4*>(dst)[0] = make_float4(o[0], o[1], o[2], o[3]);
+                reinterpret_cast<float4*>(dst)[1] = make_float4(o[4], o[5], o[6], o[7]);
             } else {
 #pragma unroll
-                for (int i = 0; i < 8; ++i) p[i] = o[i];
+                for (int i = 0; i < 8; ++i) dst[i] = o[i];
             }
         }
         return;
     }
-    // int8 storage: the same quantizer with 8 bits; a non-finite group is stored as zero (scale 0, q 0).
-    const Rule erule = make_rule(ekey, 127.0f);
-    quantize_chunks<kChunks>(v, erule, 127.0f, qf);
-    if (!active) return;
+    // int8 storage: the symmetric quantizer with 8 bits; a non-finite group is stored as zero (scale 0, q 0).
+    const Levels int8_levels = levels(8, kSymmetric);
+    const Rule erule = make_rule(ekey, int8_levels.divisor);
+    quantize_chunks<false>(v, erule, int8_levels, qf);
+    if (!k.active) return;
     int8_t* base = static_cast<int8_t*>(er.values);
     const bool vec = aligned(base, 8);
 #pragma unroll
@@ -404,15 +478,25 @@ __device__ __forceinline__ void quantize_group(float (&v)[kChunks][8], const Old
             const uint32_t b = (uint32_t)q_of(qf[c][i]) & 0xffu;
             if (i < 4) lo |= b << (8 * i); else hi |= b << (8 * (i - 4));
         }
-        int8_t* p = base + 8 * (c * team + lane);
+        int8_t* dst = base + 8 * (c * team + lane);
         if (vec) {
-            *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
+            *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
         } else {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) p[i] = (int8_t)((i < 4 ? lo : hi) >> (8 * (i & 3)));
+            for (int i = 0; i < 8; ++i) dst[i] = (int8_t)((i < 4 ? lo : hi) >> (8 * (i & 3)));
         }
     }
     if (lane == 0) *er.scale = key_finite(ekey) ? erule.scale : 0.0f;
+}
+
+// The wire grid of the launch as a template argument: quantize_group<Bits, EBits, Midrise>.
+template <int Bits, int EBits>
+__device__ __forceinline__ void quantize_group_on_grid(const Launch& p, const Block& k, float (&v)[kChunks][8],
+                                                       const OldError<EBits>& old, uint32_t key, uint8_t* data,
+                                                       float* scale, const ErrorRow& er, uint32_t* red) {
+    with_grid(p.midrise, [&](auto midrise) {
+        quantize_group<Bits, EBits, decltype(midrise)::value>(p, k, v, old, key, data, scale, er, red);
+    });
 }
 
 // c = v + e (when there is an error buffer), in place; returns the thread's absmax key of c.
@@ -429,129 +513,95 @@ __device__ __forceinline__ uint32_t compensate(float (&v)[kChunks][8], const Old
     return key;
 }
 
+__device__ __forceinline__ void zero_values(float (&v)[kChunks][8]) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[c][i] = 0.0f;
+}
+
 // ------------------------------------------------------------------------------------------------ hop 1
-struct Hop1Params {
-    const void* grad;
-    int64_t numel, part, cols, groups_per_row;
-    int world, local, nodes, group_size, team_log2;
-    float hadamard_scale;  // fp32(1 / sqrt(group_size))
-    ErrorArgs err;
-    float one_minus_beta;
-    WireArgs out;
-};
-
-// Shared memory for the butterfly's cross-warp exchange: only kernels that rotate groups of more than 512
-// (teams wider than a warp) use it, the others declare none.
-template <bool Rotate>
-struct Exchange {
-    __device__ static float* get() { return nullptr; }
-};
-
-template <>
-struct Exchange<true> {
-    __device__ static float* get() {
-        __shared__ float xchg[kValuesPerThread * kBlock];
-        return xchg;
-    }
-};
-
+// Block row = slot of the send buffer; slot d*M + n carries partition row n*L + d of its gradient.
 template <int DT, int Bits, int EBits, bool Rotate>
-__global__ void __launch_bounds__(kBlock) hop1_kernel(const Hop1Params p) {
+__global__ void __launch_bounds__(kBlock) hop1_kernel(const Launch p) {
     __shared__ uint32_t red[kBlock / 32];
-    const int team = 1 << p.team_log2;
-    const int lane = threadIdx.x & (team - 1);
-    const int64_t group = (int64_t)blockIdx.x * (kBlock >> p.team_log2) + (threadIdx.x >> p.team_log2);
-    const bool active = group < p.groups_per_row;
-    const int64_t col0 = group * p.group_size;
-    ChunkSigns signs{};
-    if (Rotate) signs = chunk_signs(lane, team);
-    for (int64_t slot = blockIdx.y; slot < p.world; slot += gridDim.y) {
-        const int64_t row = (slot % p.nodes) * p.local + slot / p.nodes;  // slot d*M + n carries row n*L + d
-        const int64_t row_start = row * p.part;
-        const int64_t row_valid = max((int64_t)0, min(p.part, p.numel - row_start));
-        const ErrorRow er = error_row<EBits>(p.err, slot, col0, group);
-        float v[kChunks][8];
-        OldError<EBits> old;
-        uint32_t key = 0;
-        if (active) {
-            load_error(er, lane, team, old);
-            const int64_t first = col0 + 8 * lane;                          // chunk 0's first column
-            const int64_t last = col0 + 8 * ((kChunks - 1) * team + lane);  // last chunk's first column
-            // chunks are 8 * team elements apart, a multiple of 16 bytes: chunk 0's alignment holds for all
-            const bool fast = last + 8 <= row_valid &&
-                              aligned(static_cast<const char*>(p.grad) + (row_start + first) * Grad<DT>::kSize, 16);
-            if (fast) {
+    const Block k = locate(p);
+    const BucketItem& it = *k.item;
+    const int lane = k.lane, team = k.team;
+    const int64_t slot = k.row;
+    const int64_t row = (int64_t)((int)slot % p.nodes) * p.local + (int)slot / p.nodes;  // slot < world < 2^31
+    const int64_t part = it.part;
+    const int64_t row_start = row * part;
+    const int64_t row_valid = max((int64_t)0, min(part, it.numel - row_start));
+    const ErrorRow er = error_row<EBits>(k, slot);
+    float v[kChunks][8];
+    OldError<EBits> old;
+    uint32_t key = 0;
+    if (k.active) {
+        load_error(er, lane, team, old);
+        const int64_t first = k.col0 + 8 * lane;                          // chunk 0's first column
+        const int64_t last = k.col0 + 8 * ((kChunks - 1) * team + lane);  // last chunk's first column
+        // chunks are 8 * team elements apart, a multiple of 16 bytes: chunk 0's alignment holds for all
+        const bool fast = last + 8 <= row_valid &&
+                          aligned(static_cast<const char*>(it.grad) + (row_start + first) * Grad<DT>::kSize, 16);
+        if (fast) {
 #pragma unroll
-                for (int c = 0; c < kChunks; ++c) Grad<DT>::eight(p.grad, row_start + first + 8 * c * team, v[c]);
-            } else {
-#pragma unroll
-                for (int c = 0; c < kChunks; ++c) {
-                    const int64_t col = first + 8 * c * team;
-#pragma unroll
-                    for (int i = 0; i < 8; ++i)
-                        v[c][i] = col + i < row_valid ? Grad<DT>::one(p.grad, row_start + col + i) : 0.0f;
-                }
-            }
-            if (!Rotate) key = compensate(v, old);
+            for (int c = 0; c < kChunks; ++c) Grad<DT>::eight(it.grad, row_start + first + 8 * c * team, v[c]);
         } else {
 #pragma unroll
-            for (int c = 0; c < kChunks; ++c)
+            for (int c = 0; c < kChunks; ++c) {
+                const int64_t col = first + 8 * c * team;
 #pragma unroll
-                for (int i = 0; i < 8; ++i) v[c][i] = 0.0f;
-            zero_error(old);
+                for (int i = 0; i < 8; ++i)
+                    v[c][i] = col + i < row_valid ? Grad<DT>::one(it.grad, row_start + col + i) : 0.0f;
+            }
         }
-        if (Rotate) {  // every thread, inactive teams with zeros: the butterfly exchanges across the team
-            apply_signs(v, signs);
-            butterfly(v, lane, p.team_log2, Exchange<Rotate>::get());
-            scale_all(v, p.hadamard_scale);
-            key = compensate(v, old);
-        }
-        uint8_t* data = p.out.data + slot * p.out.data_stride + (col0 >> 3) * Bits;
-        float* scale = p.out.scale + slot * p.out.scale_stride + group;
-        quantize_group<Bits, EBits>(v, old, key, active, lane, team, p.team_log2, data, scale, er, p.err.beta,
-                                    p.one_minus_beta, red);
+        if (!Rotate) key = compensate(v, old);
+    } else {
+        zero_values(v);
+        zero_error(old);
     }
+    if (Rotate) {  // every thread, inactive teams with zeros: the butterfly exchanges across the team
+        apply_signs(v, chunk_signs(lane, team));
+        butterfly(v, lane, p.team_log2, Exchange<Rotate>::get());
+        scale_all(v, p.hadamard_scale);
+        key = compensate(v, old);
+    }
+    quantize_group_on_grid<Bits, EBits>(p, k, v, old, key, wire_data<Bits>(p.out, slot, k),
+                                        wire_scale(p.out, slot, k, p.group_log2), er, red);
 }
 
 // ------------------------------------------------------------------------------------------------ hop 2
-struct Hop2Params {
-    WireArgs in;
-    int64_t cols, groups_per_row;
-    int local, nodes, group_size, team_log2;
-    ErrorArgs err;
-    float one_minus_beta;
-    WireArgs out;
-};
-
 constexpr int kBlocksPerBatch = 4;  // received blocks whose loads are issued together
 
-// v = sum over the `local` received blocks of dequant(block), in block order (fp32), for row m of the output.
-// Loads of kBlocksPerBatch blocks are issued before any of them is used.
-template <int InBits>
-__device__ __forceinline__ void sum_blocks(const WireArgs& in, int local, int nodes, int64_t m, int64_t group,
-                                           int64_t col0, int lane, int team, float (&v)[kChunks][8]) {
-    const int64_t byte0 = (col0 >> 3) * InBits;
-    for (int b0 = 0; b0 < local; b0 += kBlocksPerBatch) {
+// v = sum over the `local` received blocks of dequant(block) for output row m (block j = input row j*nodes + m),
+// in block order (fp32), codes of the input grid (Midrise: value (k + 0.5) * scale). Loads of kBlocksPerBatch
+// blocks are issued before any of them is used.
+template <int InBits, bool Midrise>
+__device__ __forceinline__ void sum_blocks(const Launch& p, const Block& k, int64_t m, float (&v)[kChunks][8]) {
+    for (int b0 = 0; b0 < p.local; b0 += kBlocksPerBatch) {
         uint64_t w[kBlocksPerBatch][kChunks];
         float s[kBlocksPerBatch];
 #pragma unroll
         for (int j = 0; j < kBlocksPerBatch; ++j) {
-            if (b0 + j < local) {
-                const int64_t row = (int64_t)(b0 + j) * nodes + m;
-                const uint8_t* data = in.data + row * in.data_stride + byte0;
-                s[j] = in.scale[row * in.scale_stride + group];
+            if (b0 + j < p.local) {
+                const int64_t row = (int64_t)(b0 + j) * p.nodes + m;
+                const uint8_t* data = wire_data<InBits>(p.in, row, k);
+                s[j] = *wire_scale(p.in, row, k, p.group_log2);
 #pragma unroll
-                for (int c = 0; c < kChunks; ++c) w[j][c] = load_word<InBits>(data + (int64_t)(c * team + lane) * InBits);
+                for (int c = 0; c < kChunks; ++c)
+                    w[j][c] = load_word<InBits>(data + (int64_t)(c * k.team + k.lane) * InBits);
             }
         }
 #pragma unroll
         for (int j = 0; j < kBlocksPerBatch; ++j) {
-            if (b0 + j < local) {
+            if (b0 + j < p.local) {
 #pragma unroll
                 for (int c = 0; c < kChunks; ++c)
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
-                        const float d = f_mul((float)unpack_value<InBits>(w[j][c], i), s[j]);
+                        const float code = (float)unpack_value<InBits>(w[j][c], i);
+                        const float d = f_mul(Midrise ? f_add(code, 0.5f) : code, s[j]);
                         v[c][i] = b0 + j == 0 ? d : f_add(v[c][i], d);
                     }
             }
@@ -559,51 +609,40 @@ __device__ __forceinline__ void sum_blocks(const WireArgs& in, int local, int no
     }
 }
 
+template <int InBits>
+__device__ __forceinline__ void sum_blocks_on_grid(const Launch& p, const Block& k, int64_t m,
+                                                   float (&v)[kChunks][8]) {
+    with_grid(p.midrise, [&](auto midrise) { sum_blocks<InBits, decltype(midrise)::value>(p, k, m, v); });
+}
+
+// Block row = output row m (node); the input bits are a run-time switch (p.in_bits).
 template <int Bits, int EBits>
-__global__ void __launch_bounds__(kBlock) hop2_kernel(const Hop2Params p) {
+__global__ void __launch_bounds__(kBlock) hop2_kernel(const Launch p, int in_bits) {
     __shared__ uint32_t red[kBlock / 32];
-    const int team = 1 << p.team_log2;
-    const int lane = threadIdx.x & (team - 1);
-    const int64_t group = (int64_t)blockIdx.x * (kBlock >> p.team_log2) + (threadIdx.x >> p.team_log2);
-    const bool active = group < p.groups_per_row;
-    const int64_t col0 = group * p.group_size;
-    for (int64_t m = blockIdx.y; m < p.nodes; m += gridDim.y) {
-        const ErrorRow er = error_row<EBits>(p.err, m, col0, group);
-        float v[kChunks][8];
-        OldError<EBits> old;
-        uint32_t key = 0;
-        if (active) {
-            load_error(er, lane, team, old);
-            switch (p.in.bits) {
-                case 2: sum_blocks<2>(p.in, p.local, p.nodes, m, group, col0, lane, team, v); break;
-                case 3: sum_blocks<3>(p.in, p.local, p.nodes, m, group, col0, lane, team, v); break;
-                case 4: sum_blocks<4>(p.in, p.local, p.nodes, m, group, col0, lane, team, v); break;
-                default: sum_blocks<8>(p.in, p.local, p.nodes, m, group, col0, lane, team, v); break;
-            }
-            key = compensate(v, old);
-        } else {
-#pragma unroll
-            for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-                for (int i = 0; i < 8; ++i) v[c][i] = 0.0f;
-            zero_error(old);
+    const Block k = locate(p);
+    const int64_t m = k.row;
+    const ErrorRow er = error_row<EBits>(k, m);
+    float v[kChunks][8];
+    OldError<EBits> old;
+    uint32_t key = 0;
+    if (k.active) {
+        load_error(er, k.lane, k.team, old);
+        switch (in_bits) {
+            case 2: sum_blocks_on_grid<2>(p, k, m, v); break;
+            case 3: sum_blocks_on_grid<3>(p, k, m, v); break;
+            case 4: sum_blocks_on_grid<4>(p, k, m, v); break;
+            default: sum_blocks_on_grid<8>(p, k, m, v); break;
         }
-        uint8_t* data = p.out.data + m * p.out.data_stride + (col0 >> 3) * Bits;
-        float* scale = p.out.scale + m * p.out.scale_stride + group;
-        quantize_group<Bits, EBits>(v, old, key, active, lane, team, p.team_log2, data, scale, er, p.err.beta,
-                                    p.one_minus_beta, red);
+        key = compensate(v, old);
+    } else {
+        zero_values(v);
+        zero_error(old);
     }
+    quantize_group_on_grid<Bits, EBits>(p, k, v, old, key, wire_data<Bits>(p.out, m, k),
+                                        wire_scale(p.out, m, k, p.group_log2), er, red);
 }
 
 // ------------------------------------------------------------------------------------------------ final
-struct FinalParams {
-    WireArgs in;
-    int64_t part, valid, chunks;
-    int rows, group_log2;
-    float world;
-    void* out;
-};
-
 template <int OutDT>
 __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count, const float (&x)[8]) {
     if constexpr (OutDT == kFloat32) {
@@ -630,95 +669,63 @@ __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count,
     }
 }
 
-constexpr int kFinalChunks = 4;  // chunks of 8 output columns per thread (kBlock apart: coalesced)
-
-template <int Bits, int OutDT>
-__global__ void __launch_bounds__(kBlock) final_kernel(const FinalParams p) {
-    const int64_t stride = (int64_t)gridDim.x * kBlock * kFinalChunks;
-    for (int64_t base = (int64_t)blockIdx.x * kBlock * kFinalChunks + threadIdx.x; base < p.chunks; base += stride) {
-        float total[kFinalChunks][8];
-        for (int r = 0; r < p.rows; ++r) {
-            uint64_t w[kFinalChunks];
-            float s[kFinalChunks];
-            const uint8_t* row = p.in.data + r * p.in.data_stride;
-            const float* scales = p.in.scale + r * p.in.scale_stride;
+// v = sum over the p.rows received rows of dequant(row) for the thread's chunks, in row order; loads of
+// kBlocksPerBatch rows are issued before any is used.
+template <int Bits, bool Midrise>
+__device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, float (&v)[kChunks][8]) {
+    for (int r0 = 0; r0 < p.rows; r0 += kBlocksPerBatch) {
+        uint64_t w[kBlocksPerBatch][kChunks];
+        float s[kBlocksPerBatch];
 #pragma unroll
-            for (int k = 0; k < kFinalChunks; ++k) {
-                const int64_t chunk = base + (int64_t)k * kBlock;
-                if (chunk < p.chunks) {
-                    w[k] = load_word<Bits>(row + chunk * Bits);
-                    s[k] = scales[(chunk * 8) >> p.group_log2];
-                }
-            }
+        for (int j = 0; j < kBlocksPerBatch; ++j) {
+            if (r0 + j < p.rows) {
+                const uint8_t* data = wire_data<Bits>(p.in, r0 + j, k);
+                s[j] = *wire_scale(p.in, r0 + j, k, p.group_log2);
 #pragma unroll
-            for (int k = 0; k < kFinalChunks; ++k) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const float d = f_mul((float)unpack_value<Bits>(w[k], i), s[k]);
-                    total[k][i] = r == 0 ? d : f_add(total[k][i], d);
-                }
+                for (int c = 0; c < kChunks; ++c)
+                    w[j][c] = load_word<Bits>(data + (int64_t)(c * k.team + k.lane) * Bits);
             }
         }
 #pragma unroll
-        for (int k = 0; k < kFinalChunks; ++k) {
-            const int64_t chunk = base + (int64_t)k * kBlock;
-            if (chunk >= p.chunks) continue;
-            const int64_t col = chunk * 8;
+        for (int j = 0; j < kBlocksPerBatch; ++j) {
+            if (r0 + j < p.rows) {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) total[k][i] = col + i < p.valid ? f_div(total[k][i], p.world) : 0.0f;
-            store_out<OutDT>(p.out, col, p.part - col, total[k]);
+                for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const float code = (float)unpack_value<Bits>(w[j][c], i);
+                        const float d = f_mul(Midrise ? f_add(code, 0.5f) : code, s[j]);
+                        v[c][i] = r0 + j == 0 ? d : f_add(v[c][i], d);
+                    }
+            }
         }
     }
 }
 
-// With Hadamard rotation: the same sum, then each group rotated back, on the team layout of the hops (a group per
-// team of group_size / 16 threads), since the inverse butterfly needs a whole group.
-struct FinalRotatedParams {
-    WireArgs in;
-    int64_t part, valid, groups_per_row;
-    int rows, group_size, team_log2;
-    float world, hadamard_scale;
-    void* out;
-};
-
-template <int Bits, int OutDT>
-__global__ void __launch_bounds__(kBlock) final_rotated_kernel(const FinalRotatedParams p) {
-    const int team = 1 << p.team_log2;
-    const int lane = threadIdx.x & (team - 1);
-    const int64_t group = (int64_t)blockIdx.x * (kBlock >> p.team_log2) + (threadIdx.x >> p.team_log2);
-    const bool active = group < p.groups_per_row;
-    const int64_t col0 = group * p.group_size;
+// One output row per parameter; with Rotate each group's sum is rotated back (d * (H t) * s) before / W.
+template <int Bits, int OutDT, bool Rotate>
+__global__ void __launch_bounds__(kBlock) final_kernel(const Launch p) {
+    const Block k = locate(p);
+    const BucketItem& it = *k.item;
     float v[kChunks][8];
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[c][i] = 0.0f;
-    if (active) {
-        for (int r = 0; r < p.rows; ++r) {
-            const uint8_t* data = p.in.data + r * p.in.data_stride + (col0 >> 3) * Bits;
-            const float s = p.in.scale[r * p.in.scale_stride + group];
-#pragma unroll
-            for (int c = 0; c < kChunks; ++c) {
-                const uint64_t w = load_word<Bits>(data + (int64_t)(c * team + lane) * Bits);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const float d = f_mul((float)unpack_value<Bits>(w, i), s);
-                    v[c][i] = r == 0 ? d : f_add(v[c][i], d);
-                }
-            }
-        }
+    if (k.active)
+        with_grid(p.midrise, [&](auto midrise) { sum_rows<Bits, decltype(midrise)::value>(p, k, v); });
+    else
+        zero_values(v);
+    if (Rotate) {  // every thread, inactive teams with zeros
+        butterfly(v, k.lane, p.team_log2, Exchange<Rotate>::get());
+        scale_all(v, p.hadamard_scale);
+        apply_signs(v, chunk_signs(k.lane, k.team));
     }
-    butterfly(v, lane, p.team_log2, Exchange<true>::get());
-    scale_all(v, p.hadamard_scale);
-    apply_signs(v, chunk_signs(lane, team));
-    if (!active) return;
+    if (!k.active) return;
+    const float world = (float)p.world;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
-        const int64_t col = col0 + 8 * (c * team + lane);
-        if (col >= p.part) continue;
+        const int64_t col = k.col0 + 8 * (c * k.team + k.lane);
+        if (col >= it.part) continue;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[c][i] = col + i < p.valid ? f_div(v[c][i], p.world) : 0.0f;
-        store_out<OutDT>(p.out, col, p.part - col, v[c]);
+        for (int i = 0; i < 8; ++i) v[c][i] = col + i < it.valid ? f_div(v[c][i], world) : 0.0f;
+        store_out<OutDT>(it.out, col, it.part - col, v[c]);
     }
 }
 
@@ -754,26 +761,41 @@ bool with_dtype(int dtype, F&& f) {
     }
 }
 
-int log2_exact(int64_t v) {
+template <typename F>
+void with_rotation(bool rotate, F&& f) {
+    if (rotate)
+        f(std::true_type{});
+    else
+        f(std::false_type{});
+}
+
+int log2_of(int64_t v) {
     int l = 0;
-    while ((int64_t)1 << l < v) ++l;
-    return ((int64_t)1 << l) == v ? l : -1;
+    while ((int64_t)1 << (l + 1) <= v) ++l;
+    return l;
 }
 
-const char* check_group_size(int group_size) {
-    if (group_size < kMinGroup || group_size > kMaxGroup || log2_exact(group_size) < 0)
-        return "LoCo kernels: group_size must be a power of two from 32 to 4096";
-    return nullptr;
-}
+// fp32(1 / sqrt(group_size)), rounded like the reference (double, then fp32).
+float hadamard_scale(int group_size) { return (float)(1.0 / sqrt((double)group_size)); }
 
-bool valid_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 8; }
-
-const char* check_error(const ErrorArgs& err) {
-    if (err.bits != 0 && err.bits != 8 && err.bits != 32) return "LoCo kernels: error bits must be 0, 8 or 32";
-    if (err.bits != 0 && err.values == nullptr) return "LoCo kernels: error values pointer is null";
-    if (err.bits == 8 && err.scale == nullptr) return "LoCo kernels: int8 error without scales";
-    if (!(err.beta >= 0.0f && err.beta < 1.0f)) return "LoCo kernels: beta must satisfy 0 <= beta < 1";
-    return nullptr;
+Launch make_launch(const HopArgs& a, const BucketItem* items, int count, WireArgs in, WireArgs out, int rows) {
+    Launch p;
+    p.items = items;
+    p.count = count;
+    p.group_log2 = log2_of(a.group_size);
+    p.team_log2 = log2_of(a.group_size / kValuesPerThread);
+    p.world = a.world;
+    p.local = a.local;
+    p.nodes = a.world / a.local;
+    p.rows = rows;
+    p.midrise = a.grid == kMidrise;
+    p.beta = a.beta;
+    p.one_minus_beta = math::f_sub(1.0f, a.beta);
+    p.hadamard_scale = hadamard_scale(a.group_size);
+    p.levels = levels(a.bits, a.grid);
+    p.in = in;
+    p.out = out;
+    return p;
 }
 
 const char* launched() {
@@ -781,104 +803,60 @@ const char* launched() {
     return status == cudaSuccess ? nullptr : cudaGetErrorString(status);
 }
 
-// Grid over (column groups, rows): teams of group_size / 16 threads, kBlock / team groups per block.
-const char* group_grid(int64_t groups_per_row, int64_t rows, int group_size, dim3* grid, int* team_log2) {
-    *team_log2 = log2_exact(group_size / kValuesPerThread);
-    const int64_t per_block = kBlock >> *team_log2;
-    const int64_t blocks = (groups_per_row + per_block - 1) / per_block;
-    if (blocks > 0x7fffffffLL) return "LoCo kernels: too many groups per row for one launch";
-    *grid = dim3((unsigned)blocks, (unsigned)(rows < kMaxGridY ? rows : kMaxGridY), 1);
-    return nullptr;
-}
-
-// fp32(1 / sqrt(group_size)), rounded like the reference (double, then fp32).
-float hadamard_scale(int group_size) { return (float)(1.0 / sqrt((double)group_size)); }
-
-const char* final_rotated(WireArgs in, int rows, int64_t cols, int group_size, int world, int64_t part,
-                          int64_t valid, void* out, int out_dtype, cudaStream_t stream) {
-    FinalRotatedParams p{in, part, valid, cols / group_size, rows, group_size, 0, (float)world,
-                         hadamard_scale(group_size), out};
-    dim3 grid;
-    if (const char* m = group_grid(p.groups_per_row, 1, group_size, &grid, &p.team_log2)) return m;
-    bool ok = with_dtype(out_dtype, [&](auto dt) {
-        with_bits(in.bits, [&](auto bits) {
-            final_rotated_kernel<decltype(bits)::value, decltype(dt)::value><<<grid, kBlock, 0, stream>>>(p);
-        });
-    });
-    if (!ok) return "LoCo kernels: output dtype must be float32, float16 or bfloat16";
-    return launched();
-}
+constexpr const char* kBadArguments = "LoCo kernels: bits, error bits or dtype outside the compiled set";
 
 }  // namespace
 
-const char* hop1(const void* grad, int grad_dtype, int64_t numel, int world, int local, int64_t part, int64_t cols,
-                 int group_size, bool hadamard, ErrorArgs err, WireArgs out, cudaStream_t stream) {
-    if (const char* m = check_group_size(group_size)) return m;
-    if (const char* m = check_error(err)) return m;
-    if (!valid_bits(out.bits)) return "LoCo kernels: gradient bits must be 2, 3, 4 or 8";
-    if (world < 1 || local < 1 || world % local != 0) return "LoCo kernels: world must be a positive multiple of local";
-    if (numel < 0 || part < 0 || part * (int64_t)world < numel) return "LoCo kernels: part must be ceil(numel / world)";
-    if (cols < part || cols % group_size != 0) return "LoCo kernels: cols must be part rounded up to the group size";
-    if (cols == 0) return nullptr;
-    Hop1Params p{grad, numel, part, cols, cols / group_size, world, local, world / local, group_size, 0,
-                 hadamard_scale(group_size), err, math::f_sub(1.0f, err.beta), out};
-    dim3 grid;
-    if (const char* m = group_grid(p.groups_per_row, world, group_size, &grid, &p.team_log2)) return m;
-    bool ok = with_dtype(grad_dtype, [&](auto dt) {
-        with_bits(out.bits, [&](auto bits) {
-            with_error_bits(err.bits, [&](auto ebits) {
-                if (hadamard)
-                    hop1_kernel<decltype(dt)::value, decltype(bits)::value, decltype(ebits)::value, true>
-                        <<<grid, kBlock, 0, stream>>>(p);
-                else
-                    hop1_kernel<decltype(dt)::value, decltype(bits)::value, decltype(ebits)::value, false>
-                        <<<grid, kBlock, 0, stream>>>(p);
+const char* quantize_bucket(const HopArgs& a, int grad_dtype, int error_bits, const BucketItem* items, int count,
+                            int64_t blocks, WireArgs out, cudaStream_t stream) {
+    if (blocks == 0) return nullptr;
+    const Launch p = make_launch(a, items, count, WireArgs{}, out, 0);
+    bool ok = false;
+    with_dtype(grad_dtype, [&](auto dt) {
+        with_bits(a.bits, [&](auto bits) {
+            with_error_bits(error_bits, [&](auto ebits) {
+                with_rotation(a.hadamard, [&](auto rotate) {
+                    hop1_kernel<decltype(dt)::value, decltype(bits)::value, decltype(ebits)::value,
+                                decltype(rotate)::value><<<(unsigned)blocks, kBlock, 0, stream>>>(p);
+                    ok = true;
+                });
             });
         });
     });
-    if (!ok) return "LoCo kernels: gradient dtype must be float32, float16 or bfloat16";
-    return launched();
+    return ok ? launched() : kBadArguments;
 }
 
-const char* hop2(WireArgs in, int local, int nodes, int64_t cols, int group_size, ErrorArgs err, WireArgs out,
-                 cudaStream_t stream) {
-    if (const char* m = check_group_size(group_size)) return m;
-    if (const char* m = check_error(err)) return m;
-    if (!valid_bits(out.bits) || !valid_bits(in.bits)) return "LoCo kernels: gradient bits must be 2, 3, 4 or 8";
-    if (local < 1 || nodes < 1) return "LoCo kernels: local and nodes must be positive";
-    if (cols < 0 || cols % group_size != 0) return "LoCo kernels: cols must be a multiple of the group size";
-    if (cols == 0) return nullptr;
-    Hop2Params p{in, cols, cols / group_size, local, nodes, group_size, 0, err, math::f_sub(1.0f, err.beta), out};
-    dim3 grid;
-    if (const char* m = group_grid(p.groups_per_row, nodes, group_size, &grid, &p.team_log2)) return m;
-    with_bits(out.bits, [&](auto bits) {
-        with_error_bits(err.bits, [&](auto ebits) {
-            hop2_kernel<decltype(bits)::value, decltype(ebits)::value><<<grid, kBlock, 0, stream>>>(p);
+const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem* items, int count, int64_t blocks,
+                              WireArgs in, WireArgs out, cudaStream_t stream) {
+    if (blocks == 0) return nullptr;
+    Launch p = make_launch(a, items, count, in, out, 0);
+    p.local = a.in_blocks;  // the blocks summed: rows j * nodes + m of `in`
+    bool ok = false;
+    with_bits(a.bits, [&](auto bits) {
+        with_error_bits(error_bits, [&](auto ebits) {
+            hop2_kernel<decltype(bits)::value, decltype(ebits)::value><<<(unsigned)blocks, kBlock, 0, stream>>>(
+                p, a.in_bits);
+            ok = true;
         });
     });
-    return launched();
+    return ok ? launched() : kBadArguments;
 }
 
-const char* final_mean(WireArgs in, int rows, int64_t cols, int group_size, bool hadamard, int world, int64_t part,
-                       int64_t valid, void* out, int out_dtype, cudaStream_t stream) {
-    if (const char* m = check_group_size(group_size)) return m;
-    if (!valid_bits(in.bits)) return "LoCo kernels: gradient bits must be 2, 3, 4 or 8";
-    if (rows < 1 || world < 1) return "LoCo kernels: rows and world must be positive";
-    if (part < 0 || cols < part || cols % group_size != 0) return "LoCo kernels: cols must be part rounded up";
-    if (valid < 0 || valid > part) return "LoCo kernels: valid must be in [0, part]";
-    if (part == 0) return nullptr;
-    if (hadamard) return final_rotated(in, rows, cols, group_size, world, part, valid, out, out_dtype, stream);
-    FinalParams p{in, part, valid, (part + 7) / 8, rows, log2_exact(group_size), (float)world, out};
-    const int64_t per_block = (int64_t)kBlock * kFinalChunks;
-    const int64_t blocks_needed = (p.chunks + per_block - 1) / per_block;
-    const unsigned blocks = (unsigned)(blocks_needed < (1LL << 30) ? blocks_needed : (1LL << 30));
-    bool ok = with_dtype(out_dtype, [&](auto dt) {
-        with_bits(in.bits, [&](auto bits) {
-            final_kernel<decltype(bits)::value, decltype(dt)::value><<<blocks, kBlock, 0, stream>>>(p);
+const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem* items, int count, int64_t blocks,
+                              WireArgs in, int rows, cudaStream_t stream) {
+    if (blocks == 0) return nullptr;
+    const Launch p = make_launch(a, items, count, in, WireArgs{}, rows);
+    bool ok = false;
+    with_dtype(out_dtype, [&](auto dt) {
+        with_bits(a.bits, [&](auto bits) {
+            with_rotation(a.hadamard, [&](auto rotate) {
+                final_kernel<decltype(bits)::value, decltype(dt)::value, decltype(rotate)::value>
+                    <<<(unsigned)blocks, kBlock, 0, stream>>>(p);
+                ok = true;
+            });
         });
     });
-    if (!ok) return "LoCo kernels: output dtype must be float32, float16 or bfloat16";
-    return launched();
+    return ok ? launched() : kBadArguments;
 }
 
 }  // namespace loco

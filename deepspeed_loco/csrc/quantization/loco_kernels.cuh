@@ -37,48 +37,76 @@ namespace loco {
 // ------------------------------------------------------------------------------------------------------
 
 enum GradDType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+enum QuantGrid : int { kSymmetric = 0, kMidrise = 1 };
 
-// A block of rows on the wire: packed values uint8 (rows, cols * bits / 8) with a row stride of
-// `data_stride` bytes, and one fp32 scale per group, (rows, cols / group_size), row stride `scale_stride`
-// floats. Both have unit stride along a row.
+// Everything a hop's kernel needs besides tensors: the C form of deepspeed_loco.layout.HopArgs, filled once at
+// the binding boundary (which validates it). `bits`: this hop's wire bits (2, 3, 4, 8); `in_bits` /
+// `in_blocks`: the previous hop's bits and the number of blocks summed (hop 2); `beta` rounded to fp32.
+struct HopArgs {
+    int world, local, bits, group_size;
+    float beta;
+    int grid;  // QuantGrid of the wire values (the int8 error buffer is always symmetric, qmax 127)
+    bool hadamard;
+    int in_bits, in_blocks;
+};
+
+// A bucket's wire buffer: rows of `data_stride` bytes, packed values first, the fp32 scales of the row at
+// `scale` (row stride `scale_stride` floats). Parameter columns [col, col + cols) of row r: values at
+// data + r * data_stride + col * bits / 8, scales at scale + r * scale_stride + col / group_size.
 struct WireArgs {
     uint8_t* data;
     int64_t data_stride;
     float* scale;
     int64_t scale_stride;
-    int bits;  // 2, 3, 4 or 8
 };
 
-// An error-feedback buffer (rows, cols): bits 0 = none (plain quantization), 8 = int8 values + fp32 scale
-// per group (`scale`, row stride `scale_stride`), 32 = fp32 values. `values` has unit stride along a row
-// and a row stride of `values_stride` elements.
-struct ErrorArgs {
-    int bits;
-    void* values;
-    int64_t values_stride;
-    float* scale;
-    int64_t scale_stride;
-    float beta;  // already rounded to fp32; 1 - beta is formed in fp32 by the launcher
+// One parameter of a bucket, as the kernels' device-side table holds it. The grid of a launch covers every
+// group of every parameter: parameter i owns blocks [first_block, first_block + rows * blocks_per_row).
+struct BucketItem {
+    const void* grad;     // hop 1: the contiguous gradient
+    void* out;            // final: the mean partition (part elements of the output dtype, contiguous)
+    int64_t numel;        // hop 1: gradient elements
+    int64_t part;         // hop 1 and final: ZeRO-3 partition size ceil(numel / world)
+    int64_t valid;        // final: columns of this rank's partition below numel (the rest is written as zero)
+    int64_t cols;         // padded partition P' (a multiple of the group size)
+    int64_t col;          // first column of the parameter in the bucket's wire rows
+    void* err_values;     // error buffer (rows, cols): int8 or fp32 values with row stride err_stride elements,
+    float* err_scale;     //   int8: one fp32 scale per group, row stride err_scale_stride; unused without error
+    int64_t err_stride, err_scale_stride;
+    int64_t first_block, blocks_per_row;
 };
+
+constexpr int kBlock = 256;         // threads per block
+constexpr int kChunks = 2;          // chunks of 8 values per thread: a group of S values has a team of S / 16
+constexpr int kValuesPerThread = 8 * kChunks;
+
+// Blocks that cover one row of `cols` columns in groups of `group_size` (a power of two from 32 to 4096).
+inline int64_t blocks_per_row(int64_t cols, int group_size) {
+    const int64_t groups_per_block = kBlock / (group_size / kValuesPerThread);
+    const int64_t groups = cols / group_size;
+    return (groups + groups_per_block - 1) / groups_per_block;
+}
 
 #if !defined(LOCO_NO_LAUNCHERS)
-// hop 1: partition `grad` (numel elements, dtype `grad_dtype`) into `world` rows of `part` = ceil(numel/world)
-// elements padded to `cols`, in slot order (slot d*M + n carries row n*L + d), compensate with `err`
-// (world, cols), quantize to `out` (world rows) and update `err` in place.
-// `hadamard`: each group is rotated (H (d * x) * s, s = fp32(1/sqrt(group_size))) before compensation.
-const char* hop1(const void* grad, int grad_dtype, int64_t numel, int world, int local, int64_t part,
-                 int64_t cols, int group_size, bool hadamard, ErrorArgs err, WireArgs out, cudaStream_t stream);
+// Each launcher runs one kernel over the `count` parameters of `items` (a device array, `blocks` blocks in all)
+// on `stream`. Arguments are validated by the binding.
 
-// hop 2: sum the `local` dequantized blocks of `in` ((local*nodes) rows; block i = rows [i*nodes,
-// (i+1)*nodes)) in block order, compensate with `err` (nodes, cols), quantize to `out` (nodes rows).
-const char* hop2(WireArgs in, int local, int nodes, int64_t cols, int group_size, ErrorArgs err, WireArgs out,
-                 cudaStream_t stream);
+// hop 1: partition each gradient into `world` rows of `part` elements padded to `cols`, in slot order (slot
+// d*M + n carries row n*L + d), [rotate each group,] compensate with its error (world, cols), quantize into
+// `out` (world rows) and update the error in place. All gradients have dtype `grad_dtype`.
+const char* quantize_bucket(const HopArgs& args, int grad_dtype, int error_bits, const BucketItem* items,
+                            int count, int64_t blocks, WireArgs out, cudaStream_t stream);
 
-// final: out[j] = (sum over the `rows` rows of dequant(in)[row, j]) / world for j < `part`, zero for
-// j >= `valid`; `out` is contiguous, `part` elements of `out_dtype`. `hadamard`: the row sum of each group is
-// rotated back (d * (H t) * s) before the division.
-const char* final_mean(WireArgs in, int rows, int64_t cols, int group_size, bool hadamard, int world,
-                       int64_t part, int64_t valid, void* out, int out_dtype, cudaStream_t stream);
+// hop 2: sum the `in_blocks` dequantized blocks of `in` (in_blocks * nodes rows; block i = rows [i*nodes,
+// (i+1)*nodes), nodes = world / local) in block order, compensate with the error (nodes, cols), quantize into
+// `out` (nodes rows).
+const char* requantize_bucket(const HopArgs& args, int error_bits, const BucketItem* items, int count,
+                              int64_t blocks, WireArgs in, WireArgs out, cudaStream_t stream);
+
+// final: item.out[j] = (sum over the `rows` rows of dequant(in)[row, col + j], [rotated back per group]) /
+// world for j < valid, zero for valid <= j < part (`out_dtype`, contiguous).
+const char* final_mean_bucket(const HopArgs& args, int out_dtype, const BucketItem* items, int count,
+                              int64_t blocks, WireArgs in, int rows, cudaStream_t stream);
 #endif
 
 // ------------------------------------------------------------------------------------------------------
@@ -135,17 +163,41 @@ LOCO_HD float f_max(float a, float b) { return a > b ? a : b; }
 LOCO_HD uint32_t abs_key(float v) { return float_bits(v) & 0x7fffffffu; }
 LOCO_HD bool key_finite(uint32_t key) { return key < kInfBits; }
 
+// The codes of a grid of `bits` bits: scale = absmax / divisor; code k in [low, high] stands for (k + half) * scale.
+// symmetric: divisor qmax = 2^(b-1) - 1, k = rint(c / scale) in [-qmax, qmax], half 0;
+// midrise: divisor 2^(b-1) - 0.5, k = floor(c / scale) in [-2^(b-1), 2^(b-1) - 1], half 0.5 (every code used).
+struct Levels {
+    float divisor, low, high, half;
+};
+
+LOCO_HD Levels levels(int bits, int grid) {
+    const float h = (float)(1 << (bits - 1));
+    Levels l;
+    l.divisor = grid == kMidrise ? h - 0.5f : h - 1.0f;
+    l.low = grid == kMidrise ? -h : 1.0f - h;
+    l.high = h - 1.0f;
+    l.half = grid == kMidrise ? 0.5f : 0.0f;
+    return l;
+}
+
+// Value of code k (as float): (k + half) * scale, rounded once after the exact sum. For half = 0 the sum is k.
+LOCO_HD float dequant(float k, float half, float scale) { return f_mul(f_add(k, half), scale); }
+
 // Per-group quantization rule derived from the group's absmax key.
 struct Rule {
-    float scale;  // absmax / qmax; NaN for a non-finite group; 0 for a zero (or underflowing) group
+    float scale;  // absmax / divisor; NaN for a non-finite group; 0 for a zero (or underflowing) group
     float inv;    // fl(1 / scale) when mode == kReciprocal
     int mode;
 };
 constexpr int kAllZero = 0;     // q = 0 for every element (zero, underflowing or non-finite group)
-constexpr int kReciprocal = 1;  // q from c * inv, exact division near half-integers
+constexpr int kReciprocal = 1;  // q from c * inv, exact division near rounding boundaries
 constexpr int kDivide = 2;      // q from c / scale (scale outside [2^-125, 2^125])
 
-LOCO_HD Rule make_rule(uint32_t key, float qmax) {
+// Distance from an integer under which floor(c * inv) may differ from floor(fl(c / scale)) (midrise; the bounds
+// of kTieGuard apply: the two quotients are less than 2^-16 + 2^-18 apart).
+constexpr float kNearInteger = 0.00006103515625f;  // 2^-14
+
+LOCO_HD Rule make_rule(uint32_t key, float divisor) {
     Rule r;
     r.inv = 0.0f;
     if (!key_finite(key)) {
@@ -153,7 +205,7 @@ LOCO_HD Rule make_rule(uint32_t key, float qmax) {
         r.mode = kAllZero;
         return r;
     }
-    r.scale = f_div(bits_float(key), qmax);
+    r.scale = f_div(bits_float(key), divisor);
     if (!(r.scale > 0.0f)) {
         r.mode = kAllZero;
     } else if (r.scale >= 2.350988701644575e-38f /* 2^-125 */ && r.scale <= 4.253529586511730e+37f /* 2^125 */) {
@@ -166,66 +218,82 @@ LOCO_HD Rule make_rule(uint32_t key, float qmax) {
 }
 
 struct Quantized {
-    int q;     // in [-qmax, qmax]
+    int q;     // in [low, high]
     float qf;  // (float)q, +0 for 0
 };
 
-// q = clamp(rint(c / scale), -qmax, qmax) with IEEE division, 0 for kAllZero groups.
-LOCO_HD Quantized quantize(float c, const Rule& rule, float qmax) {
+// One value's code with IEEE division: symmetric clamp(rint(c / scale)), midrise clamp(floor(c / scale)); 0 for
+// kAllZero groups. The reciprocal product decides when it is far enough from a rounding boundary.
+template <bool Midrise>
+LOCO_HD Quantized quantize(float c, const Rule& rule, const Levels& lv) {
     Quantized out;
-    if (rule.mode == kAllZero) {
-        out.q = 0;
-        out.qf = 0.0f;
-        return out;
-    }
+    out.q = 0;
+    out.qf = 0.0f;
+    if (rule.mode == kAllZero) return out;
     if (rule.mode == kReciprocal) {
-        const float t = f_min(f_max(f_mul(c, rule.inv), -qmax), qmax);
+        const float p = f_mul(c, rule.inv);
+        const float t = Midrise ? p : f_min(f_max(p, lv.low), lv.high);
         const float shifted = f_add(t, kRoundMagic);
         const float rounded = f_sub(shifted, kRoundMagic);
         const float gap = f_sub(t, rounded);
-        if (gap <= kTieGuard && gap >= -kTieGuard) {
+        if (!Midrise && gap <= kTieGuard && gap >= -kTieGuard) {
             out.q = (int)(float_bits(shifted) - kRoundMagicBits);
             out.qf = rounded;
             return out;
         }
+        if (Midrise && (c == 0.0f || gap >= kNearInteger || gap <= -kNearInteger)) {
+            out.qf = f_min(f_max(f_sub(rounded, gap < 0.0f ? 1.0f : 0.0f), lv.low), lv.high);
+            out.q = (int)out.qf;
+            out.qf = (float)out.q;  // +0 for 0
+            return out;
+        }
     }
-    const float q = f_min(f_max(f_rint(f_div(c, rule.scale)), -qmax), qmax);
+    const float quotient = f_div(c, rule.scale);
+    const float q = f_min(f_max(Midrise ? floorf(quotient) : f_rint(quotient), lv.low), lv.high);
     out.q = (int)q;
     out.qf = (float)out.q;
     return out;
 }
 
-// The kernels' form of `quantize` for the values one thread holds: qf[c][i] = (float)q, +0 for 0. The reciprocal
-// product is computed for all values without branches; if any of them lies within 2^-14 of a half-integer the
-// whole set is redone with IEEE division (rare), so the result always equals `quantize` element by element.
-template <int C>
-LOCO_HD void quantize_chunks(const float (&v)[C][8], const Rule& rule, float qmax, float (&qf)[C][8]) {
+// The kernels' form of `quantize` for the values one thread holds: qf[c][i] = (float)code, +0 for 0. The reciprocal
+// product is computed for all values without branches; if any of them lies within 2^-14 of a rounding boundary
+// (a half-integer for symmetric, a nonzero value's integer for midrise) the whole set is redone with IEEE
+// division (rare), so the result always equals `quantize` element by element.
+template <bool Midrise, int C>
+LOCO_HD void quantize_chunks(const float (&v)[C][8], const Rule& rule, const Levels& lv, float (&qf)[C][8]) {
     if (rule.mode == kReciprocal) {
-        float worst = 0.0f;
+        float worst = Midrise ? 1.0f : 0.0f;  // midrise: nearest distance to an integer; symmetric: farthest
         LOCO_UNROLL
         for (int c = 0; c < C; ++c) {
             LOCO_UNROLL
             for (int i = 0; i < 8; ++i) {
-                const float t = f_min(f_max(f_mul(v[c][i], rule.inv), -qmax), qmax);
+                const float p = f_mul(v[c][i], rule.inv);
+                const float t = Midrise ? p : f_min(f_max(p, lv.low), lv.high);
                 const float rounded = f_sub(f_add(t, kRoundMagic), kRoundMagic);
-                worst = f_max(worst, fabsf(f_sub(t, rounded)));
-                qf[c][i] = rounded;
+                const float gap = f_sub(t, rounded);
+                if (Midrise) {
+                    worst = f_min(worst, v[c][i] == 0.0f ? 1.0f : fabsf(gap));
+                    qf[c][i] = f_min(f_max(f_sub(rounded, gap < 0.0f ? 1.0f : 0.0f), lv.low), lv.high);
+                } else {
+                    worst = f_max(worst, fabsf(gap));
+                    qf[c][i] = rounded;
+                }
             }
         }
-        if (worst <= kTieGuard) return;
+        if (Midrise ? worst >= kNearInteger : worst <= kTieGuard) return;
     }
     LOCO_UNROLL
     for (int c = 0; c < C; ++c) {
         LOCO_UNROLL
-        for (int i = 0; i < 8; ++i) qf[c][i] = rule.mode == kAllZero ? 0.0f : quantize(v[c][i], rule, qmax).qf;
+        for (int i = 0; i < 8; ++i) qf[c][i] = rule.mode == kAllZero ? 0.0f : quantize<Midrise>(v[c][i], rule, lv).qf;
     }
 }
 
 // q (two's complement, low bits are what is packed) from an integer-valued qf with |qf| < 2^22.
 LOCO_HD int q_of(float qf) { return (int)(float_bits(f_add(qf, kRoundMagic)) - kRoundMagicBits); }
 
-// Residual and LoCo update: e' = beta*e + (1-beta)*(c - q*scale), each operation rounded in this order.
-LOCO_HD float residual(float c, float qf, float scale) { return f_sub(c, f_mul(qf, scale)); }
+// Residual and LoCo update: e' = beta*e + (1-beta)*(c - dequant(q)), each operation rounded in this order.
+LOCO_HD float residual(float c, float qf, float half, float scale) { return f_sub(c, dequant(qf, half, scale)); }
 LOCO_HD float update(float e, float r, float beta, float one_minus_beta) {
     return f_add(f_mul(e, beta), f_mul(r, one_minus_beta));
 }

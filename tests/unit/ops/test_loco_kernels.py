@@ -15,9 +15,10 @@ import secrets
 import pytest
 import torch
 
+from deepspeed_loco.layout import HopArgs, WireLayout
 from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
-from deepspeed_loco.layout.wire import WireLayout
+from deepspeed_loco.ops.quantizer import grid_levels
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (fused LoCo kernels)")
 
@@ -28,6 +29,7 @@ GROUPS = [32, 256, 4096]
 SHAPES = [(7,), (33, 5), (1000, 3)]
 ERRORS = [(None, 0.8), (8, 0.0), (8, 0.8), (32, 0.0), (32, 0.8)]  # (error_bits, beta)
 HADAMARD_GROUPS = [32, 256, 512, 1024, 4096]  # teams of 2, 16, 32 (one warp), 64 and 256 threads
+GRIDS = ["symmetric", "midrise"]
 
 
 @pytest.fixture(scope="module")
@@ -98,58 +100,63 @@ def _check_error(actual, expected, seed):
         assert _bits_equal(actual.scale, expected.scale), f"error scales differ (seed {seed})"
 
 
-def _run_hop1(cuda, grad, world, local, error, beta, bits, group_size, seed, hadamard=False):
-    """Runs kernel (on GPU) and reference (on CPU) and compares every output."""
-    cols = ref.padded_partition_size(grad.numel(), world, group_size)
-    data = _poison((world, cols * bits // 8), torch.uint8, "cuda")
-    scale = _poison((world, cols // group_size), torch.float32, "cuda")
-    gpu_error = _to_cuda(error)
-    cuda.hop1_(grad.cuda(), world, local, gpu_error, beta, bits, group_size, data, scale, hadamard=hadamard)
-    ref_data = torch.empty(world, cols * bits // 8, dtype=torch.uint8)
-    ref_scale = torch.empty(world, cols // group_size)
-    ref.hop1_(grad, world, local, error, beta, bits, group_size, ref_data, ref_scale, hadamard=hadamard)
-    assert _bits_equal(data, ref_data), f"packed data differ (seed {seed})"
-    assert _bits_equal(scale, ref_scale), f"scales differ (seed {seed})"
-    _check_error(gpu_error, error, seed)
+def _widths(numels, world, group_size):
+    return tuple(ref.padded_partition_size(n, world, group_size) for n in numels)
+
+
+def _run_hop1(cuda, grads, args, errors, seed):
+    """quantize_bucket_ of the kernels (on GPU) and of the reference (on CPU) into poisoned copies of one wire
+    buffer: the whole buffer (every byte, inside and outside the parameters' columns) and every error must match."""
+    wire = WireLayout(_widths([g.numel() for g in grads], args.world_size, args.group_size), args.bits,
+                      args.group_size)
+    expected = _poison((args.world_size, wire.row_bytes), torch.uint8, "cpu")
+    actual = expected.cuda()
+    gpu_errors = [_to_cuda(e) for e in errors]
+    cuda.quantize_bucket_([g.cuda() for g in grads], gpu_errors, args, wire, actual)
+    ref.quantize_bucket_(grads, errors, args, wire, expected)
+    assert torch.equal(actual.cpu(), expected), f"hop-1 wire buffer differs (seed {seed})"
+    for gpu, cpu in zip(gpu_errors, errors):
+        _check_error(gpu, cpu, seed)
 
 
 def _hop1_cases():
-    """Unrotated: dtype x (W, L) x bits x error x group size, the shape cycling. Rotated (Hadamard): dtype x bits x
-    error x group size of every team width (2 .. 256 threads), layouts and shapes cycling."""
+    """Unrotated: dtype x (W, L) x bits x error x group size, the shape and grid cycling. Rotated (Hadamard): dtype x
+    bits x error x group size of every team width (2 .. 256 threads), layouts, shapes and grids cycling."""
     cases = []
     for i, (dtype, (world, local), bits, (error_bits, beta), group_size) in enumerate(
             itertools.product(DTYPES, LAYOUTS, BITS, ERRORS, GROUPS)):
         cases.append((dtype, world, local, bits, error_bits, beta, group_size, SHAPES[(i + i // 3) % len(SHAPES)],
-                      False))
+                      False, GRIDS[i // 5 % 2]))
     for i, (dtype, bits, (error_bits, beta), group_size) in enumerate(
             itertools.product(DTYPES, BITS, ERRORS, HADAMARD_GROUPS)):
         world, local = LAYOUTS[i % len(LAYOUTS)]
         cases.append((dtype, world, local, bits, error_bits, beta, group_size, SHAPES[(i + i // 4) % len(SHAPES)],
-                      True))
+                      True, GRIDS[i // 5 % 2]))
     return cases
 
 
-@pytest.mark.parametrize("dtype,world,local,bits,error_bits,beta,group_size,shape,hadamard", _hop1_cases())
-def test_hop1_matches_reference(cuda, dtype, world, local, bits, error_bits, beta, group_size, shape, hadamard):
+@pytest.mark.parametrize("dtype,world,local,bits,error_bits,beta,group_size,shape,hadamard,grid", _hop1_cases())
+def test_hop1_matches_reference(cuda, dtype, world, local, bits, error_bits, beta, group_size, shape, hadamard, grid):
     """Packed data, scales and error (in the rotated basis with Hadamard) identical to the reference."""
     gen, seed = _generator()
     numel = torch.Size(shape).numel()
     grad = _values(numel, gen).view(shape).to(dtype)
     cols = ref.padded_partition_size(numel, world, group_size)
     error = _error_buffer(world, cols, group_size, error_bits, gen)
-    _run_hop1(cuda, grad, world, local, error, beta, bits, group_size, seed, hadamard=hadamard)
+    _run_hop1(cuda, [grad], HopArgs(world, local, bits, group_size, beta, hadamard, grid), [error], seed)
 
 
+@pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(4099, 37), (1, 1 << 17)])
 @pytest.mark.parametrize("hadamard,group_size", [(False, 256), (True, 256), (True, 2048)])
-def test_hop1_larger_tensors_match_reference(cuda, dtype, shape, hadamard, group_size):
+def test_hop1_larger_tensors_match_reference(cuda, dtype, shape, hadamard, group_size, grid):
     """Many groups per row, vector loads on aligned rows ((1, 2^17): P divisible by 8) and scalar tails."""
     gen, seed = _generator()
     grad = _values(torch.Size(shape).numel(), gen).view(shape).to(dtype)
     cols = ref.padded_partition_size(grad.numel(), 8, group_size)
-    _run_hop1(cuda, grad, 8, 4, _error_buffer(8, cols, group_size, 8, gen), 0.8, 4, group_size, seed,
-              hadamard=hadamard)
+    _run_hop1(cuda, [grad], HopArgs(8, 4, 4, group_size, 0.8, hadamard, grid),
+              [_error_buffer(8, cols, group_size, 8, gen)], seed)
 
 
 def _recv(rows, cols, bits, group_size, gen):
@@ -159,72 +166,90 @@ def _recv(rows, cols, bits, group_size, gen):
     return data, scale
 
 
-def _run_hop2(cuda, recv_data, recv_scale, local, in_bits, error, beta, bits, group_size, seed):
-    rows, cols = recv_data.shape[0] // local, recv_data.shape[1] * 8 // in_bits
-    data = _poison((rows, cols * bits // 8), torch.uint8, "cuda")
-    scale = _poison((rows, cols // group_size), torch.float32, "cuda")
+def _wire_buffer(data, scale, bits, group_size):
+    """A one-parameter wire buffer (rows, row_bytes) holding ``data`` and ``scale``, and its layout."""
+    wire = WireLayout((data.shape[1] * 8 // bits,), bits, group_size)
+    buffer = wire.empty(data.shape[0], "cpu")
+    buffer[:, :wire.data_bytes] = data
+    buffer[:, wire.data_bytes:].view(torch.float32).copy_(scale)
+    return buffer, wire
+
+
+def _run_hop2(cuda, recv_data, recv_scale, error, args, seed):
+    """requantize_bucket_ of one parameter: the whole send buffer and the error must match the reference."""
+    recv, in_wire = _wire_buffer(recv_data, recv_scale, args.in_bits, args.group_size)
+    wire = WireLayout(in_wire.widths, args.bits, args.group_size)
+    nodes = args.world_size // args.local_size
+    expected = _poison((nodes, wire.row_bytes), torch.uint8, "cpu")
+    actual = expected.cuda()
     gpu_error = _to_cuda(error)
-    cuda.hop2_(recv_data.cuda(), recv_scale.cuda(), local, in_bits, gpu_error, beta, bits, group_size, data, scale)
-    ref_data = torch.empty(rows, cols * bits // 8, dtype=torch.uint8)
-    ref_scale = torch.empty(rows, cols // group_size)
-    ref.hop2_(recv_data, recv_scale, local, in_bits, error, beta, bits, group_size, ref_data, ref_scale)
-    assert _bits_equal(data, ref_data), f"packed data differ (seed {seed})"
-    assert _bits_equal(scale, ref_scale), f"scales differ (seed {seed})"
+    cuda.requantize_bucket_(recv.cuda(), in_wire, [gpu_error], args, wire, actual)
+    ref.requantize_bucket_(recv, in_wire, [error], args, wire, expected)
+    assert torch.equal(actual.cpu(), expected), f"hop-2 wire buffer differs (seed {seed})"
     _check_error(gpu_error, error, seed)
 
 
-@pytest.mark.parametrize("world,local,in_bits,bits,error_bits,beta,group_size", [
-    (world, local, in_bits, bits, error_bits, beta, GROUPS[i % len(GROUPS)])
+def _hop2_args(world, local, in_bits, bits, group_size, beta, grid):
+    return HopArgs(world, local, bits, group_size, beta, grid=grid, in_bits=in_bits, in_blocks=local)
+
+
+@pytest.mark.parametrize("world,local,in_bits,bits,error_bits,beta,group_size,grid", [
+    (world, local, in_bits, bits, error_bits, beta, GROUPS[i % len(GROUPS)], GRIDS[i // 3 % 2])
     for i, ((world, local), in_bits, bits, (error_bits, beta)) in enumerate(itertools.product(LAYOUTS, BITS, BITS, ERRORS))
 ])
-def test_hop2_matches_reference(cuda, world, local, in_bits, bits, error_bits, beta, group_size):
+def test_hop2_matches_reference(cuda, world, local, in_bits, bits, error_bits, beta, group_size, grid):
     gen, seed = _generator()
     nodes = world // local
     cols = group_size * int(torch.randint(1, 4, (1,), generator=gen))
     recv_data, recv_scale = _recv(local * nodes, cols, in_bits, group_size, gen)
     error = _error_buffer(nodes, cols, group_size, error_bits, gen)
-    _run_hop2(cuda, recv_data, recv_scale, local, in_bits, error, beta, bits, group_size, seed)
+    _run_hop2(cuda, recv_data, recv_scale, error, _hop2_args(world, local, in_bits, bits, group_size, beta, grid), seed)
+
+
+def _run_final(cuda, recv_data, recv_scale, args, numel, rank, dtype, seed):
+    recv, wire = _wire_buffer(recv_data, recv_scale, args.bits, args.group_size)
+    [out] = cuda.final_mean_bucket(recv.cuda(), wire, args, [numel], rank, dtype)
+    [expected] = ref.final_mean_bucket(recv, wire, args, [numel], rank, dtype)
+    assert out.dtype == dtype and out.shape == expected.shape and out.is_cuda
+    assert _bits_equal(out, expected, nan_payload=False), f"final mean differs (seed {seed})"
+    return out
 
 
 FINAL_SIZES = [(7, 4, 0), (7, 4, 1), (7, 4, 3), (165, 6, 5), (3000, 6, 2), (1 << 16, 4, 3), (100003, 8, 7)]
 
 
-@pytest.mark.parametrize("dtype,group_size,bits,numel,world,rank,rows", [
-    (dtype, group_size, bits, numel, world, rank, 1 + i % 4)
+@pytest.mark.parametrize("dtype,group_size,bits,numel,world,rank,rows,grid", [
+    (dtype, group_size, bits, numel, world, rank, 1 + i % 4, GRIDS[i // 7 % 2])
     for i, (dtype, group_size, bits, (numel, world, rank)) in enumerate(itertools.product(DTYPES, GROUPS, BITS,
                                                                                            FINAL_SIZES))
 ])
-def test_final_mean_matches_reference(cuda, dtype, group_size, bits, rows, numel, world, rank):
+def test_final_mean_matches_reference(cuda, dtype, group_size, bits, rows, numel, world, rank, grid):
     gen, seed = _generator()
     cols = ref.padded_partition_size(numel, world, group_size)
     recv_data, recv_scale = _recv(rows, cols, bits, group_size, gen)
-    out = cuda.final_mean(recv_data.cuda(), recv_scale.cuda(), bits, group_size, world, numel, rank, dtype)
-    expected = ref.final_mean(recv_data, recv_scale, bits, group_size, world, numel, rank, dtype)
-    assert out.dtype == dtype and out.shape == expected.shape and out.is_cuda
-    assert _bits_equal(out, expected, nan_payload=False), f"final mean differs (seed {seed})"
+    _run_final(cuda, recv_data, recv_scale, HopArgs(world, 1, bits, group_size, 0.8, grid=grid), numel, rank, dtype,
+               seed)
 
 
-@pytest.mark.parametrize("dtype,group_size,bits,numel,world,rank,rows", [
-    (dtype, group_size, bits, numel, world, rank, 1 + i % 4)
+@pytest.mark.parametrize("dtype,group_size,bits,numel,world,rank,rows,grid", [
+    (dtype, group_size, bits, numel, world, rank, 1 + i % 4, GRIDS[i // 2 % 2])
     for i, (dtype, group_size, bits) in enumerate(itertools.product(DTYPES, HADAMARD_GROUPS, BITS))
     for numel, world, rank in [FINAL_SIZES[i % len(FINAL_SIZES)]]
 ])
-def test_final_mean_with_hadamard_matches_reference(cuda, dtype, group_size, bits, rows, numel, world, rank):
-    """The inverse rotation fused into the final kernel (team layout): same output as the reference."""
+def test_final_mean_with_hadamard_matches_reference(cuda, dtype, group_size, bits, rows, numel, world, rank, grid):
+    """The inverse rotation fused into the final kernel: same output as the reference."""
     gen, seed = _generator()
     cols = ref.padded_partition_size(numel, world, group_size)
     recv_data, recv_scale = _recv(rows, cols, bits, group_size, gen)
-    out = cuda.final_mean(recv_data.cuda(), recv_scale.cuda(), bits, group_size, world, numel, rank, dtype,
-                          hadamard=True)
-    expected = ref.final_mean(recv_data, recv_scale, bits, group_size, world, numel, rank, dtype, hadamard=True)
-    assert out.dtype == dtype and out.shape == expected.shape and out.is_cuda
-    assert _bits_equal(out, expected, nan_payload=False), f"rotated final mean differs (seed {seed})"
+    _run_final(cuda, recv_data, recv_scale, HopArgs(world, 1, bits, group_size, 0.8, True, grid), numel, rank, dtype,
+               seed)
 
 
+@pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("hadamard", [False, True])
 @pytest.mark.parametrize("error_bits", [None, 8, 32])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_non_finite_inputs_match_reference(cuda, dtype, error_bits, hadamard):
+def test_non_finite_inputs_match_reference(cuda, dtype, error_bits, hadamard, grid):
     """inf / NaN gradients: NaN scale and q = 0 for their groups, their error groups stored as zero (with
     Hadamard, the rotation spreads them over their whole group first)."""
     gen, seed = _generator()
@@ -234,82 +259,78 @@ def test_non_finite_inputs_match_reference(cuda, dtype, error_bits, hadamard):
     grad[1500] = -float("inf")
     grad = grad.to(dtype)
     cols = ref.padded_partition_size(grad.numel(), 4, 32)
-    _run_hop1(cuda, grad, 4, 2, _error_buffer(4, cols, 32, error_bits, gen), 0.8, 4, 32, seed, hadamard=hadamard)
+    _run_hop1(cuda, [grad], HopArgs(4, 2, 4, 32, 0.8, hadamard, grid), [_error_buffer(4, cols, 32, error_bits, gen)],
+              seed)
     recv_data, recv_scale = _recv(4, 256, 4, 32, gen)
     recv_scale[1, 3] = float("nan")
     recv_scale[2, 5] = float("inf")
-    _run_hop2(cuda, recv_data, recv_scale, 2, 4, _error_buffer(2, 256, 32, error_bits, gen), 0.8, 4, 32, seed)
-    out = cuda.final_mean(recv_data.cuda(), recv_scale.cuda(), 4, 32, 4, 1000, 1, dtype, hadamard=hadamard)
-    expected = ref.final_mean(recv_data, recv_scale, 4, 32, 4, 1000, 1, dtype, hadamard=hadamard)
-    assert out.isnan().any() and _bits_equal(out, expected, nan_payload=False), f"final mean differs (seed {seed})"
+    _run_hop2(cuda, recv_data, recv_scale, _error_buffer(2, 256, 32, error_bits, gen),
+              _hop2_args(4, 2, 4, 4, 32, 0.8, grid), seed)
+    out = _run_final(cuda, recv_data, recv_scale, HopArgs(4, 1, 4, 32, 0.8, hadamard, grid), 1000, 1, dtype, seed)
+    assert out.isnan().any()
 
 
+@pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("bits", BITS)
-def test_ties_denormals_and_huge_groups_match_reference(cuda, bits):
-    """Quotients exactly at and one ulp around half-integers (the kernels' exact-division fallback), groups whose
-    scale is denormal or above 2^125 (exact division throughout); without error and with int8 error storage."""
+def test_ties_denormals_and_huge_groups_match_reference(cuda, bits, grid):
+    """Quotients exactly at and one ulp around the grid's rounding boundaries (half-integers for symmetric, integers
+    for mid-rise: the kernels' exact-division fallback), groups whose scale is denormal or above 2^125 (exact
+    division throughout); without error and with int8 error storage."""
     gen, seed = _generator()
-    group_size, qmax, step = 256, (1 << (bits - 1)) - 1, 2.0 ** -3
-    halves = ((torch.arange(-qmax, qmax, dtype=torch.float64) + 0.5) * step).float()
+    group_size, step = 256, 2.0 ** -3
+    divisor, low, high = grid_levels(bits, grid)
+    offset = 0.5 if grid == "symmetric" else 0.0
+    bounds = ((torch.arange(low, high, dtype=torch.float64) + offset) * step).float()
     group = torch.zeros(group_size)
-    group[:halves.numel()] = halves
+    group[:bounds.numel()] = bounds
     near = torch.stack([group, torch.nextafter(group, torch.full_like(group, 1e9)),
                         torch.nextafter(group, torch.full_like(group, -1e9))])
-    near[:, -1] = qmax * step  # absmax qmax * step in every group: scale = step exactly, quotients c / step
+    near[:, -1] = divisor * step  # absmax divisor * step in every group: scale = step exactly, quotients c / step
     tiny = _values(2 * group_size, gen) * 1e-40
     huge = _values(2 * group_size, gen).clamp(-3, 3) * 1e38
     grad = torch.cat([near.reshape(-1), tiny, huge, _values(group_size + 77, gen)])
     cols = ref.padded_partition_size(grad.numel(), 2, group_size)
-    _run_hop1(cuda, grad, 2, 2, None, 0.0, bits, group_size, seed)
-    _run_hop1(cuda, grad, 2, 2, _error_buffer(2, cols, group_size, 8, gen), 0.0, bits, group_size, seed)
+    _run_hop1(cuda, [grad], HopArgs(2, 2, bits, group_size, 0.0, grid=grid), [None], seed)
+    _run_hop1(cuda, [grad], HopArgs(2, 2, bits, group_size, 0.0, grid=grid),
+              [_error_buffer(2, cols, group_size, 8, gen)], seed)
 
 
-@pytest.mark.parametrize("bits,in_bits,hadamard", [(4, 4, False), (3, 2, False), (2, 8, True), (8, 3, True)])
-def test_outputs_land_in_strided_wire_views_and_nothing_else_changes(cuda, bits, in_bits, hadamard):
-    """Parameter 1 of a three-parameter bucket is written through WireLayout views of a poisoned buffer: the whole
-    buffer must equal the reference applied to a CPU copy (so columns outside the views are untouched)."""
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("bits,in_bits,hadamard,error_bits", [(4, 4, False, 8), (3, 2, False, 32), (2, 8, True, 8),
+                                                              (8, 3, True, None)])
+def test_bucket_of_many_parameters_in_one_launch_per_hop(cuda, bits, in_bits, hadamard, error_bits, grid):
+    """A bucket of parameters of mixed sizes (one group, many groups, ragged tails, 33 small ones) through hop 1,
+    hop 2 and the final mean, one kernel call each: every wire byte, error and mean identical to the reference."""
     gen, seed = _generator()
     world, local, group_size = 6, 2, 32
-    grads = [_values(n, gen).to(torch.bfloat16) for n in (100, 1000, 37)]
-    widths = tuple(ref.padded_partition_size(g.numel(), world, group_size) for g in grads)
-    hop1 = WireLayout(widths, bits, group_size)
-    offset = hop1.offsets()[1]
-    buffer = _poison((world, hop1.row_bytes), torch.uint8, "cpu")
-    expected = buffer.clone()
-    actual = buffer.cuda()
-    error = _error_buffer(world, widths[1], group_size, 8, gen)
-    gpu_error = _to_cuda(error)
-    cuda.hop1_(grads[1].cuda(), world, local, gpu_error, 0.8, bits, group_size, *hop1.views(actual, 1, offset),
-               hadamard=hadamard)
-    ref.hop1_(grads[1], world, local, error, 0.8, bits, group_size, *hop1.views(expected, 1, offset),
-              hadamard=hadamard)
-    assert torch.equal(actual.cpu(), expected), f"hop-1 wire buffer differs (seed {seed})"
-    _check_error(gpu_error, error, seed)
-
     nodes = world // local
-    hop2_in = WireLayout(widths, in_bits, group_size)
-    hop2_out = WireLayout(widths, bits, group_size)
-    received = _poison((world, hop2_in.row_bytes), torch.uint8, "cpu")
-    for row in range(world):  # finite scales for the parameter read (others stay poison)
-        received_scales = hop2_in.views(received, 1, offset)[1]
-        received_scales[row] = torch.rand(received_scales.shape[1], generator=gen)
-    send = _poison((nodes, hop2_out.row_bytes), torch.uint8, "cpu")
-    expected, actual = send.clone(), send.cuda()
-    received_gpu = received.cuda()
-    error = _error_buffer(nodes, widths[1], group_size, 32, gen)
-    gpu_error = _to_cuda(error)
-    cuda.hop2_(*hop2_in.views(received_gpu, 1, offset), local, in_bits, gpu_error, 0.8, bits, group_size,
-               *hop2_out.views(actual, 1, offset))
-    ref.hop2_(*hop2_in.views(received, 1, offset), local, in_bits, error, 0.8, bits, group_size,
-              *hop2_out.views(expected, 1, offset))
-    assert torch.equal(actual.cpu(), expected), f"hop-2 wire buffer differs (seed {seed})"
-    _check_error(gpu_error, error, seed)
+    numels = [100, 1000, 37, 1, 5000] + [4096] * 33 + [123457]
+    grads = [_values(n, gen).to(torch.bfloat16) for n in numels]
+    widths = _widths(numels, world, group_size)
+    args1 = HopArgs(world, local, in_bits, group_size, 0.8, hadamard, grid)
+    errors1 = [_error_buffer(world, w, group_size, error_bits, gen) for w in widths]
+    _run_hop1(cuda, grads, args1, errors1, seed)
 
-    out = cuda.final_mean(*hop2_out.views(actual, 1, offset), bits, group_size, world, 1000, 4, torch.bfloat16,
-                          hadamard=hadamard)
-    want = ref.final_mean(*hop2_out.views(expected, 1, offset), bits, group_size, world, 1000, 4, torch.bfloat16,
-                          hadamard=hadamard)
-    assert _bits_equal(out, want, nan_payload=False), f"final mean from wire views differs (seed {seed})"
+    in_wire, wire = WireLayout(widths, in_bits, group_size), WireLayout(widths, bits, group_size)
+    recv = in_wire.empty(world, "cpu")
+    recv.copy_(torch.randint(0, 256, recv.shape, dtype=torch.uint8, generator=gen))
+    for i, offset in enumerate(in_wire.offsets()):  # finite scales
+        in_wire.views(recv, i, offset)[1].copy_(torch.rand(world, widths[i] // group_size, generator=gen))
+    args2 = HopArgs(world, local, bits, group_size, 0.8, hadamard, grid, in_bits=in_bits, in_blocks=local)
+    errors2 = [_error_buffer(nodes, w, group_size, error_bits, gen) for w in widths]
+    expected = _poison((nodes, wire.row_bytes), torch.uint8, "cpu")
+    actual, gpu_errors = expected.cuda(), [_to_cuda(e) for e in errors2]
+    cuda.requantize_bucket_(recv.cuda(), in_wire, gpu_errors, args2, wire, actual)
+    ref.requantize_bucket_(recv, in_wire, errors2, args2, wire, expected)
+    assert torch.equal(actual.cpu(), expected), f"hop-2 wire buffer differs (seed {seed})"
+    for gpu, cpu in zip(gpu_errors, errors2):
+        _check_error(gpu, cpu, seed)
+
+    outs = cuda.final_mean_bucket(actual, wire, args2, numels, 4, torch.bfloat16)
+    wants = ref.final_mean_bucket(expected, wire, args2, numels, 4, torch.bfloat16)
+    assert len(outs) == len(numels)
+    for i, (out, want) in enumerate(zip(outs, wants)):
+        assert out.shape == want.shape and _bits_equal(out, want, nan_payload=False), (i, seed)
 
 
 def test_dispatcher_picks_the_cuda_kernels_and_logs_one_line(cuda, caplog, monkeypatch):
@@ -327,17 +348,16 @@ def test_dispatcher_picks_the_cuda_kernels_and_logs_one_line(cuda, caplog, monke
     ops._reset()
 
 
-def test_unsupported_group_size_falls_back_to_the_reference_with_a_warning(cuda, caplog):
-    gen, seed = _generator()
-    grad = _values(500, gen).cuda()
-    data = torch.empty(2, 288 * 4 // 8, dtype=torch.uint8, device="cuda")  # P = 250, P' = 288 = 6 groups of 48
-    scale = torch.empty(2, 6, device="cuda")
-    with caplog.at_level("WARNING", logger="deepspeed_loco"):
-        cuda.hop1_(grad, 2, 2, None, 0.8, 4, 48, data, scale)
-    assert any("group_size 48" in r.getMessage() for r in caplog.records)
-    expected = torch.empty_like(data), torch.empty_like(scale)
-    ref.hop1_(grad, 2, 2, None, 0.8, 4, 48, *expected)  # the fallback is the reference on the same device
-    assert torch.equal(data, expected[0]) and _bits_equal(scale, expected[1].cpu()), seed
+def test_invalid_arguments_raise_at_the_binding(cuda):
+    """Bits and group size are validated by the config and at the binding, which names the argument."""
+    grad = torch.randn(500, device="cuda")
+    wire = WireLayout((288,), 4, 48)  # P = 250, P' = 288 = 6 groups of 48
+    send = wire.empty(2, "cuda")
+    with pytest.raises(RuntimeError, match="group_size = 48 must be a power of two from 32 to 4096"):
+        cuda.quantize_bucket_([grad], [None], HopArgs(2, 2, 4, 48, 0.8), wire, send)
+    wire = WireLayout((256,), 5, 32)
+    with pytest.raises(RuntimeError, match="bits = 5 must be 2, 3, 4 or 8"):
+        cuda.quantize_bucket_([grad], [None], HopArgs(2, 2, 5, 32, 0.8), wire, wire.empty(2, "cuda"))
 
 
 def _free_gpu_bytes():
@@ -359,20 +379,22 @@ def test_more_than_2_31_elements(cuda):
     error.scale.uniform_(0, 0.01)
     windows = [(0, 2), ((1 << 31) // group_size - 1, (1 << 31) // group_size + 1), (groups - 3, groups)]
     before = [(error.values[:, a * group_size:b * group_size].cpu(), error.scale[:, a:b].cpu()) for a, b in windows]
-    data = torch.empty(1, cols * bits // 8, dtype=torch.uint8, device="cuda")
-    scale = torch.empty(1, groups, device="cuda")
-    cuda.hop1_(grad, 1, 1, error, 0.8, bits, group_size, data, scale)
-    out = cuda.final_mean(data, scale, bits, group_size, 1, numel, 0, torch.bfloat16)
+    args = HopArgs(1, 1, bits, group_size, 0.8)
+    wire = WireLayout((cols,), bits, group_size)
+    send = wire.empty(1, "cuda")
+    cuda.quantize_bucket_([grad], [error], args, wire, send)
+    data, scale = wire.views(send, 0, 0)
+    [out] = cuda.final_mean_bucket(send, wire, args, [numel], 0, torch.bfloat16)
     assert out.shape == (numel,)
     for (a, b), (values, scales) in zip(windows, before):
         lo, hi = a * group_size, min(b * group_size, numel)
         window_error = ErrorBuffer(values.clone(), scales.clone(), group_size)
         want_data = torch.empty(1, (b - a) * group_size * bits // 8, dtype=torch.uint8)
         want_scale = torch.empty(1, b - a)
-        ref.hop1_(grad[lo:hi].cpu(), 1, 1, window_error, 0.8, bits, group_size, want_data, want_scale)
+        ref.hop1_(grad[lo:hi].cpu(), window_error, args, want_data, want_scale)
         assert torch.equal(data[:, lo * bits // 8:b * group_size * bits // 8].cpu(), want_data), (a, seed)
         assert _bits_equal(scale[:, a:b], want_scale), (a, seed)
         assert torch.equal(error.values[:, lo:b * group_size].cpu(), window_error.values), (a, seed)
         assert _bits_equal(error.scale[:, a:b], window_error.scale), (a, seed)
-        want_out = ref.final_mean(want_data, want_scale, bits, group_size, 1, hi - lo, 0, torch.bfloat16)
+        want_out = ref.final_mean(want_data, want_scale, args, hi - lo, 0, torch.bfloat16)
         assert _bits_equal(out[lo:hi], want_out, nan_payload=False), (a, seed)

@@ -16,43 +16,53 @@ import torch
 
 from deepspeed_loco import ops
 from deepspeed_loco.ops import loco_reference as ref
-from deepspeed_loco.ops.quantizer import dequantize_groups, pack, quantize_groups, unpack
+from deepspeed_loco.layout import HopArgs, WireLayout
+from deepspeed_loco.ops.quantizer import dequantize_groups, grid_levels, pack, quantize_groups, unpack
 
 _SHIM = r"""
 #define LOCO_NO_LAUNCHERS
 #include "loco_kernels.cuh"
 using namespace loco::math;
 
-static float qmax_of(int bits) { return (float)((1 << (bits - 1)) - 1); }
-
-extern "C" void host_quantize(const float* c, long long n, int group, int bits, signed char* q, float* scale) {
+// grid: 0 symmetric, 1 midrise (loco::QuantGrid)
+template <bool Midrise>
+static void quantize_all(const float* c, long long n, int group, int bits, signed char* q, float* scale) {
+    const Levels lv = levels(bits, Midrise ? loco::kMidrise : loco::kSymmetric);
     for (long long g = 0; g < n / group; ++g) {
         uint32_t key = 0;
         for (int i = 0; i < group; ++i) { uint32_t k = abs_key(c[g * group + i]); key = k > key ? k : key; }
-        const Rule rule = make_rule(key, qmax_of(bits));
+        const Rule rule = make_rule(key, lv.divisor);
         scale[g] = rule.scale;
         for (int piece = 0; piece < group; piece += 16) {  // as a kernel thread holds them: 2 chunks of 8
             float v[2][8], qf[2][8];
             for (int i = 0; i < 16; ++i) v[i / 8][i % 8] = c[g * group + piece + i];
-            quantize_chunks<2>(v, rule, qmax_of(bits), qf);
+            quantize_chunks<Midrise>(v, rule, lv, qf);
             for (int i = 0; i < 16; ++i) {
                 q[g * group + piece + i] = (signed char)q_of(qf[i / 8][i % 8]);
-                const Quantized one = quantize(c[g * group + piece + i], rule, qmax_of(bits));
+                const Quantized one = quantize<Midrise>(c[g * group + piece + i], rule, lv);
                 if (one.q != q_of(qf[i / 8][i % 8]) || float_bits(one.qf) != float_bits(qf[i / 8][i % 8])) q[0] = 99;
             }
         }
     }
 }
 
-extern "C" void host_update(const float* c, const float* e, long long n, int group, int bits, float beta, float* out) {
+extern "C" void host_quantize(const float* c, long long n, int group, int bits, int grid, signed char* q,
+                              float* scale) {
+    if (grid == 1) quantize_all<true>(c, n, group, bits, q, scale); else quantize_all<false>(c, n, group, bits, q, scale);
+}
+
+extern "C" void host_update(const float* c, const float* e, long long n, int group, int bits, int grid, float beta,
+                            float* out) {
     const float omb = f_sub(1.0f, beta);
+    const Levels lv = levels(bits, grid);
     for (long long g = 0; g < n / group; ++g) {
         uint32_t key = 0;
         for (int i = 0; i < group; ++i) { uint32_t k = abs_key(c[g * group + i]); key = k > key ? k : key; }
-        const Rule rule = make_rule(key, qmax_of(bits));
+        const Rule rule = make_rule(key, lv.divisor);
         for (int i = 0; i < group; ++i) {
             const long long j = g * group + i;
-            out[j] = update(e[j], residual(c[j], quantize(c[j], rule, qmax_of(bits)).qf, rule.scale), beta, omb);
+            const float qf = grid == 1 ? quantize<true>(c[j], rule, lv).qf : quantize<false>(c[j], rule, lv).qf;
+            out[j] = update(e[j], residual(c[j], qf, lv.half, rule.scale), beta, omb);
         }
     }
 }
@@ -118,17 +128,20 @@ def _ptr(t):
     return ctypes.c_void_p(t.data_ptr())
 
 
-def _adversarial(group_size, bits, gen):
-    """fp32 groups: lognormal magnitudes, exact and near ties, denormal, huge, zero, underflowing, non-finite."""
+def _adversarial(group_size, bits, gen, grid="symmetric"):
+    """fp32 groups: lognormal magnitudes, exact and near rounding boundaries (half-integer quotients for the
+    symmetric grid, integer quotients for mid-rise), denormal, huge, zero, underflowing, non-finite."""
+    divisor, low, high = grid_levels(bits, grid)
     qmax, step = (1 << (bits - 1)) - 1, 2.0 ** -5
     groups = [torch.randn(64, group_size, generator=gen) * 10.0 ** (torch.rand(64, 1, generator=gen) * 8 - 4)]
     ties = torch.zeros(group_size)
-    count = min(2 * qmax, group_size - 1)
-    ties[:count] = ((torch.arange(count, dtype=torch.float64) - qmax + 0.5) * step).float()
-    ties[-1] = qmax * step
+    count = min(high - low, group_size - 1)
+    offset = 0.5 if grid == "symmetric" else 0.0  # quotients on the boundaries of the grid's rounding
+    ties[:count] = ((torch.arange(count, dtype=torch.float64) + low + offset) * step).float()
+    ties[-1] = divisor * step  # absmax: scale = step exactly
     for direction in (0.0, 1e9, -1e9):
         moved = ties if direction == 0 else torch.nextafter(ties, torch.full_like(ties, direction))
-        moved[-1] = qmax * step
+        moved[-1] = divisor * step
         groups.append(moved.unsqueeze(0))
     groups.append(torch.randn(2, group_size, generator=gen) * 1e-40)  # denormal scale: exact division
     groups.append(torch.randn(2, group_size, generator=gen).clamp(-3, 3) * 1e38)  # scale > 2^125 for small bits
@@ -141,35 +154,43 @@ def _adversarial(group_size, bits, gen):
     groups.append(bad)
     # random multiples of a power-of-two scale: many exact quotients, some exact ties
     multiples = torch.randint(-4 * qmax, 4 * qmax + 1, (8, group_size), generator=gen).float() * 0.25 * step
-    multiples[:, -1] = qmax * step
+    multiples[:, -1] = divisor * step
     groups.append(multiples)
     return torch.cat(groups).reshape(-1)
 
 
+GRIDS = {"symmetric": 0, "midrise": 1}  # loco::QuantGrid
+
+
+@pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("group_size", [32, 256])
 @pytest.mark.parametrize("bits", BITS)
-def test_host_quantizer_is_bit_identical_to_the_reference(host, bits, group_size):
+def test_host_quantizer_is_bit_identical_to_the_reference(host, bits, group_size, grid):
     gen = torch.Generator().manual_seed(1000 * bits + group_size)
-    c = _adversarial(group_size, bits, gen)
+    c = torch.cat([_adversarial(group_size, bits, gen, g) for g in GRIDS])  # both grids' boundaries
     q = torch.empty(c.numel(), dtype=torch.int8)
     scale = torch.empty(c.numel() // group_size)
-    host.host_quantize(_ptr(c), ctypes.c_longlong(c.numel()), group_size, bits, _ptr(q), _ptr(scale))
-    want_q, want_scale = quantize_groups(c, bits, group_size)
+    host.host_quantize(_ptr(c), ctypes.c_longlong(c.numel()), group_size, bits, GRIDS[grid], _ptr(q), _ptr(scale))
+    want_q, want_scale = quantize_groups(c, bits, group_size, grid)
     assert torch.equal(q, want_q)
     assert torch.equal(scale.view(torch.int32), want_scale.view(torch.int32))
+    if grid == "midrise" and group_size > 1 << bits:  # every code occurs on the boundary groups
+        assert set(q.unique().tolist()) == set(range(-(1 << (bits - 1)), 1 << (bits - 1)))
 
 
+@pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("beta", [0.0, 0.8, 0.3])
 @pytest.mark.parametrize("bits", BITS)
-def test_host_loco_update_is_bit_identical_to_the_reference(host, bits, beta):
+def test_host_loco_update_is_bit_identical_to_the_reference(host, bits, beta, grid):
     gen = torch.Generator().manual_seed(bits)
-    c = _adversarial(32, bits, gen)
+    c = _adversarial(32, bits, gen, grid)
     e = torch.randn(c.numel(), generator=gen) * 0.01
     out = torch.empty_like(c)
-    host.host_update(_ptr(c), _ptr(e), ctypes.c_longlong(c.numel()), 32, bits, ctypes.c_float(beta), _ptr(out))
-    q, scale = quantize_groups(c, bits, 32)
+    host.host_update(_ptr(c), _ptr(e), ctypes.c_longlong(c.numel()), 32, bits, GRIDS[grid], ctypes.c_float(beta),
+                     _ptr(out))
+    q, scale = quantize_groups(c, bits, 32, grid)
     beta32 = torch.tensor(beta, dtype=torch.float32)
-    want = e * beta32 + (c - dequantize_groups(q, scale, 32)) * (1 - beta32)
+    want = e * beta32 + (c - dequantize_groups(q, scale, 32, grid)) * (1 - beta32)
     assert torch.equal(out.view(torch.int32), want.view(torch.int32))
 
 
@@ -249,15 +270,16 @@ def test_dispatcher_environment_variable(monkeypatch, caplog):
 
 def test_cuda_wrappers_fall_back_to_the_reference_for_cpu_tensors_with_a_warning(caplog):
     from deepspeed_loco.ops import loco_cuda
-    grad = torch.randn(100, 3)
-    cols = ref.padded_partition_size(grad.numel(), 4, 32)
-    data, scale = torch.empty(4, cols // 2, dtype=torch.uint8), torch.empty(4, cols // 32)
-    want = torch.empty_like(data), torch.empty_like(scale)
+    grads = [torch.randn(100, 3), torch.randn(17)]
+    args = HopArgs(4, 2, 4, 32, 0.8, grid="midrise")
+    wire = WireLayout(tuple(ref.padded_partition_size(g.numel(), 4, 32) for g in grads), 4, 32)
+    send, want = wire.empty(4, "cpu"), wire.empty(4, "cpu")
     with caplog.at_level(logging.WARNING, logger="deepspeed_loco"):
-        loco_cuda.hop1_(grad, 4, 2, None, 0.8, 4, 32, data, scale)
-        out = loco_cuda.final_mean(data, scale, 4, 32, 4, grad.numel(), 1, torch.float32)
-    ref.hop1_(grad, 4, 2, None, 0.8, 4, 32, *want)
-    assert torch.equal(data, want[0]) and torch.equal(scale, want[1])
-    assert torch.equal(out, ref.final_mean(data, scale, 4, 32, 4, grad.numel(), 1, torch.float32))
+        loco_cuda.quantize_bucket_(grads, [None, None], args, wire, send)
+        out = loco_cuda.final_mean_bucket(send, wire, args, [g.numel() for g in grads], 1, torch.float32)
+    ref.quantize_bucket_(grads, [None, None], args, wire, want)
+    assert torch.equal(send, want)
+    expected = ref.final_mean_bucket(send, wire, args, [g.numel() for g in grads], 1, torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(out, expected))
     messages = [r.getMessage() for r in caplog.records]
-    assert any("hop1_" in m and "not on a CUDA device" in m for m in messages), messages
+    assert any("quantize_bucket_" in m and "not on a CUDA device" in m for m in messages), messages
