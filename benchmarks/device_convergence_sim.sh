@@ -17,10 +17,12 @@ export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1  # 
 python3 -c "from deepspeed_loco.ops import loco_cuda; loco_cuda.load()" >"$OUT/build.log" 2>&1 \
     || { tail -30 "$OUT/build.log"; exit 1; }
 echo "wheels + kernel build: $(( $(date +%s) - start )) s"
-if [ "$PROBE" = 1 ] && ! timeout 120 python3 benchmarks/convergence_sim.py run --arm loco8-2h --seed 0 --steps 30 --eval-every 15 \
-        --tag probe --diagnostics 1 --out "$OUT/probe.jsonl" >"$OUT/probe.log" 2>&1 \
-        || ! grep -q "loco_cuda" "$OUT/probe.log"; then
-    echo "probe failed:"; tail -40 "$OUT/probe.log"; exit 1
+if [ "$PROBE" = 1 ]; then
+    if ! timeout 120 python3 benchmarks/convergence_sim.py run --arm loco8-2h --seed 0 --steps 30 --eval-every 15 \
+            --tag probe --diagnostics 1 --out "$OUT/probe.jsonl" >"$OUT/probe.log" 2>&1 \
+            || ! grep -q "loco_cuda" "$OUT/probe.log"; then
+        echo "probe failed:"; tail -40 "$OUT/probe.log"; exit 1
+    fi
 fi
 [ "$PROBE" = 1 ] && echo "probe ok at $(( $(date +%s) - start )) s: $(tail -1 "$OUT/probe.log")"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
