@@ -141,7 +141,8 @@ def loco_cases(shape, dtype, config):
         ("plain hop1 (no err)", lambda i: plain[i][0](), sets, grad_bytes + wire_bytes(WORLD, intra),
          lambda: transient_bytes(plain[0][0])),
         ("loco hop2 (int8 err)", lambda i: loco[i][1](), sets,
-         wire_bytes(WORLD, intra) + 2 * err_bytes(NODES) + wire_bytes(NODES, inter), lambda: transient_bytes(loco[0][1])),
+         wire_bytes(WORLD, intra) + 2 * err_bytes(NODES) + wire_bytes(NODES, inter),
+         lambda: transient_bytes(loco[0][1])),
         ("loco final mean", lambda i: loco[i][2](), sets, wire_bytes(NODES, inter) + part * es,
          lambda: transient_bytes(loco[0][2], part * es)),
     ], (grads, loco, plain)

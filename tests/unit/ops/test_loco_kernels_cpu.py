@@ -48,7 +48,10 @@ static void quantize_all(const float* c, long long n, int group, int bits, signe
 
 extern "C" void host_quantize(const float* c, long long n, int group, int bits, int grid, signed char* q,
                               float* scale) {
-    if (grid == 1) quantize_all<true>(c, n, group, bits, q, scale); else quantize_all<false>(c, n, group, bits, q, scale);
+    if (grid == 1)
+        quantize_all<true>(c, n, group, bits, q, scale);
+    else
+        quantize_all<false>(c, n, group, bits, q, scale);
 }
 
 extern "C" void host_update(const float* c, const float* e, long long n, int group, int bits, int grid, float beta,
