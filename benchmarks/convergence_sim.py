@@ -15,7 +15,7 @@ Every arm of a seed starts from the same weights and sees the same batches.
 
 A matrix is ``TAG:STEPS:SEEDS:ARMS[:SETTINGS]``; SETTINGS is a comma list of ``key=value`` over the run flags
 (``size``, ``micro_batch``, ``lr``, ``warmup``, ``group_size``, ``err_beta``, ``reset_T``, ``ef_hops``,
-``diagnostics``, ``dtype``, ``eval_every``, ``text``). Runs of one tag are compared with each other; ``launch`` orders the
+``diagnostics``, ``dtype``, ``eval_every``, ``text``, ``quant_grid``). Runs of one tag are compared with each other; ``launch`` orders the
 runs matrix by matrix and seed by seed, so a budget that runs out leaves whole seeds.
 """
 import argparse
@@ -41,7 +41,8 @@ GAP_REFERENCE = "plain2"  # every arm is placed on the way from plain 2/2-bit qg
 SERIES_WINDOW = 10  # per-step diagnostics are stored as means over windows of this many steps
 SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "size": str, "micro_batch": int, "lr": float, "warmup": int, "group_size": int, "err_beta": float,
-    "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str
+    "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
+    "quant_grid": str
 }
 
 
@@ -60,6 +61,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16: forward/backward under autocast")
     p.add_argument("--eval-every", dest="eval_every", type=int, default=50)
     p.add_argument("--eval-windows", dest="eval_windows", type=int, default=256)
+    p.add_argument("--quant-grid", dest="quant_grid", choices=("symmetric", "midrise"), default="symmetric")
     p.add_argument("--text", help="training text instead of the bundled plays: a file or a folder of .txt files "
                                   "(loco_lab.data.ByteCorpus.from_path)")
     p.add_argument("--nodes", type=int, default=2)
@@ -135,7 +137,8 @@ def run_one(args) -> dict:
             return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
         return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
-    loco = {"group_size": args.group_size, "err_beta": args.err_beta, "reset_T": args.reset_T}
+    loco = {"group_size": args.group_size, "err_beta": args.err_beta, "reset_T": args.reset_T,
+            "quant_grid": args.quant_grid}
     hops = None if args.ef_hops == "all" else tuple(args.ef_hops.split("+"))
     (result, ) = simulate(lambda: ByteLlama(cfg), batches, [arm], steps=args.steps, nodes=args.nodes,
                           local=args.local, loco=loco, optimizer_fn=optimizer, scheduler_fn=schedule,
@@ -150,6 +153,7 @@ def run_one(args) -> dict:
                   "model": cfg.to_dict(), "nodes": args.nodes, "local": args.local, "micro_batch": args.micro_batch,
                   "lr": args.lr, "warmup": args.warmup, "dtype": args.dtype, "group_size": args.group_size,
                   "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops,
+                  "quant_grid": args.quant_grid,
                   "eval_windows": args.eval_windows, "device": torch.cuda.get_device_name(device)
                   if device.type == "cuda" else "cpu", "kernels": kernels},
         "final_val_loss": result.final_val_loss,
