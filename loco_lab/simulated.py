@@ -23,6 +23,7 @@ def run_simulated(spec: RunSpec, seeds: Sequence[int],
     ``on_step(label, seed, step, loss)`` reports progress."""
     corpus = load_corpus(spec.text)
     device = torch.device(spec.device)
+    sizes = [p.numel() for p in ByteLlama(spec.model).parameters()]
     records = []
     for seed in seeds:
         results = simulate(
@@ -38,7 +39,7 @@ def run_simulated(spec: RunSpec, seeds: Sequence[int],
             autocast_dtype=torch.bfloat16 if spec.dtype == "bf16" else None,
             grad_mode="vmap" if device.type == "cuda" else "loop",  # on CPU, vmap's attention fallback is slower
             on_step=(lambda result, step, loss: on_step(result.label, seed, step, loss)) if on_step else None)
-        records += [_record(spec, arm, seed, result) for arm, result in zip(spec.arms, results)]
+        records += [_record(spec, arm, seed, result, sizes) for arm, result in zip(spec.arms, results)]
     return records
 
 
@@ -71,9 +72,9 @@ def _warmup_cosine(spec: RunSpec) -> Callable[[int], float]:
     return factor
 
 
-def _record(spec: RunSpec, arm, seed: int, result: ArmResult) -> dict:
-    """A demo result record (the keys the report reads) from one simulated run."""
-    sizes = [p.numel() for p in ByteLlama(spec.model).parameters()]
+def _record(spec: RunSpec, arm, seed: int, result: ArmResult, sizes: List[int]) -> dict:
+    """A demo result record (the keys the report reads) from one simulated run of a model whose parameters have
+    ``sizes`` elements."""
     last_k = max(1, spec.steps // 10)
     loco = zeropp_loco_param(arm, group_size=spec.group_size, quant_grid=spec.quant_grid, local_world_size=spec.local)
     plan = plan_hops(spec.world_size, spec.local, LocoConfig.from_dict(loco)) if loco else None

@@ -42,7 +42,6 @@ RESET_KEYS = ("world_size", "local_size", "group_size", "error_bits", "hadamard"
 # does not depend on the wire's bit width
 INFO_KEYS = ("intra_node_bits", "inter_node_bits")
 SIGNATURE_KEYS = RESET_KEYS + INFO_KEYS
-ON_CORRUPT_CHOICES = ("error", "reset")
 
 
 class LocoCheckpointError(RuntimeError):
@@ -319,4 +318,4 @@ MISSING = object()  # a checkpoint file without a LoCo entry
 
 __all__ = ["LocoCheckpointError", "LocoCheckpointMismatch", "STATE_KEY", "FORMAT_VERSION", "state_dict",
            "load_state_dict", "parse_state_dict", "apply_plan", "LoadDecision", "decide_load", "apply_decision",
-           "MISSING", "ON_CORRUPT_CHOICES"]
+           "MISSING"]
