@@ -123,7 +123,7 @@ def spec_from_args(args) -> "RunSpec":  # noqa: F821
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="deepspeed-loco", description="deepspeed-loco tools")
+    parser = argparse.ArgumentParser(prog="python3 -m loco_lab.cli", description="the deepspeed-loco demo app")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _demo_parser(sub)
     args = parser.parse_args(argv)
