@@ -17,8 +17,6 @@ from typing import Tuple
 
 import torch
 
-from deepspeed_loco.layout.partition import SCALE_BYTES, packed_bytes  # noqa: F401 (re-exported)
-
 
 def qmax(bits: int) -> int:
     """Largest quantized magnitude for ``bits`` (symmetric, no lopsided negative value)."""
