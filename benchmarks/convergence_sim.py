@@ -10,13 +10,22 @@ Every arm of a seed starts from the same weights and sees the same batches.
     # many runs side by side (separate processes on one GPU), matrices in priority order
     python3 benchmarks/convergence_sim.py launch --parallel 14 --budget 480 --out runs.jsonl \\
         --matrix "m600:600:0,1,2:full,plain4,loco4" --matrix "beta95:600:0,1,2:loco2:err_beta=0.95"
-    # tables (summary.md, summary.json) and plots (PNG) from runs.jsonl
-    python3 benchmarks/convergence_sim.py summarize --runs runs.jsonl --out benchmarks/results/convergence_sim
+    # tables (summary.md, summary.json) and plots (PNG) from runs.jsonl; a tag without full / plain2 runs
+    # (here: mid-rise 8/2+H only) borrows them from a reference tag of the same steps and model
+    python3 benchmarks/convergence_sim.py summarize --runs runs.jsonl --out benchmarks/results/convergence_sim \\
+        --reference corpus600mr=corpus600
 
 A matrix is ``TAG:STEPS:SEEDS:ARMS[:SETTINGS]``; SETTINGS is a comma list of ``key=value`` over the run flags
 (``size``, ``micro_batch``, ``lr``, ``warmup``, ``group_size``, ``err_beta``, ``reset_T``, ``ef_hops``,
 ``diagnostics``, ``dtype``, ``eval_every``, ``text``, ``quant_grid``). Runs of one tag are compared with each other; ``launch`` orders the
 runs matrix by matrix and seed by seed, so a budget that runs out leaves whole seeds.
+
+``summarize --reference TAG=REFTAG``: the tag TAG has no ``full`` or ``plain2`` arm of its own (for example it
+changes only the quantizer, such as ``quant_grid=midrise``), so those arms are taken from REFTAG, whose runs must
+have the same training setup (``REFERENCE_MATCH``: steps, model, text, layout, batch, schedule, dtype); the quantizer
+settings may differ. The borrowed rows are marked ``ARM @REFTAG``, the "vs full" and "gap closed" columns name
+REFTAG, and paired differences against a borrowed arm use the seeds both tags ran (a seed starts from the same
+weights and sees the same batches in every tag).
 """
 import argparse
 import fcntl
@@ -38,6 +47,9 @@ from deepspeed_loco.simulation.arms import parse_arm  # noqa: E402
 ARMS_17 = ("full,plain4,loco4,plain4h,loco4h,plain3,loco3,plain3h,loco3h,plain2,loco2,plain2h,loco2h,"
            "plain8-2,loco8-2,plain8-2h,loco8-2h")
 GAP_REFERENCE = "plain2"  # every arm is placed on the way from plain 2/2-bit qgZ to full precision
+REFERENCE_ARMS = ("full", GAP_REFERENCE)  # what a tag may borrow from its reference tag (summarize --reference)
+REFERENCE_MATCH = ("steps", "size", "params", "model", "text", "nodes", "local", "micro_batch", "lr", "warmup",
+                   "dtype", "eval_windows")  # setup keys a reference tag's runs must share with the tag's
 SERIES_WINDOW = 10  # per-step diagnostics are stored as means over windows of this many steps
 SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "size": str, "micro_batch": int, "lr": float, "warmup": int, "group_size": int, "err_beta": float,
@@ -90,6 +102,8 @@ def parse_args(argv=None):
     summ = sub.add_parser("summarize", help="summary.md, summary.json and PNGs from runs.jsonl files")
     summ.add_argument("--runs", nargs="+", required=True)
     summ.add_argument("--out", required=True)
+    summ.add_argument("--reference", action="append", default=[], metavar="TAG=REFTAG",
+                      help="TAG's missing full / plain2 arms come from REFTAG (same steps and model); repeatable")
     return p.parse_args(argv)
 
 
@@ -267,7 +281,8 @@ def summarize(args) -> str:
     Per tag (runs of one tag share their settings): one row per arm over its seeds (mean +- sd, n), its place on
     the way from plain 2/2 to full, gradient fidelity and the update diagnostics; then paired differences over
     the seeds both arms ran: LoCo - plain at the same bits and Hadamard, and every arm - full, each with a 95%
-    t-interval (none for n = 1).
+    t-interval (none for n = 1). ``args.reference`` (``TAG=REFTAG`` strings) fills a tag's missing ``full`` and
+    ``plain2`` from REFTAG (see the module's doc).
     """
     runs = [json.loads(line) for path in args.runs for line in open(path) if line.strip()]
     if not runs:
@@ -276,23 +291,31 @@ def summarize(args) -> str:
     by_tag = {}
     for r in runs:
         by_tag.setdefault(r["tag"], {}).setdefault(r["key"], {})[r["seed"]] = r
+    references = _parse_references(getattr(args, "reference", []), by_tag)
     order = ARMS_17.split(",")
     lines, tables = [], {}
-    for tag, arms in by_tag.items():
+    for tag, own in by_tag.items():
+        setup = next(iter(next(iter(own.values())).values()))["setup"]
+        arms, ref_tag = dict(own), references.get(tag)
+        borrowed = _borrow(arms, tag, setup, ref_tag, by_tag.get(ref_tag, {}))
         keys = [k for k in order if k in arms] + sorted(k for k in arms if k not in order)
-        setup = next(iter(arms[keys[0]].values()))["setup"]
+        names = {k: f"{k} @{ref_tag}" if k in borrowed else k for k in keys}
         lines += [f"### {tag}", "", _setup_line(setup), ""]
-        rows, table = _arm_rows(arms, keys), []
+        if borrowed:
+            lines += [f"Rows marked @{ref_tag} are tag {ref_tag}'s runs (same training setup; this tag has no "
+                      f"{' or '.join(borrowed)} run of its own); paired differences with them use the seeds both "
+                      "tags ran.", ""]
+        rows, table = _arm_rows(arms, keys, names, ref_tag if borrowed else None), []
         lines += _md(rows)
         table.append(rows)
         pairs = [(f"loco{k[5:]}", k) for k in keys if k.startswith("plain") and f"loco{k[5:]}" in arms]
         pairs += [(k, "full") for k in keys if k != "full" and "full" in arms]
-        diff_rows = _paired_rows(arms, pairs)
+        diff_rows = _paired_rows(arms, [p for p in pairs if not set(p) <= borrowed], names)
         lines += ["", "Paired differences of the final validation loss over the seeds both arms ran (negative: the "
                       "first arm is better); 95% t-interval over seeds:", ""] + _md(diff_rows) + [""]
         table.append(diff_rows)
         tables[tag] = table
-        _plot(arms, keys, tag, os.path.join(args.out, f"curves_{tag}.png"))
+        _plot(arms, keys, names, tag, os.path.join(args.out, f"curves_{tag}.png"))
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
@@ -302,13 +325,40 @@ def summarize(args) -> str:
     return text
 
 
+def _parse_references(specs, by_tag) -> dict:
+    """``["TAG=REFTAG", ...]`` -> ``{TAG: REFTAG}``; both tags must have runs."""
+    references = {}
+    for spec in specs:
+        tag, sep, ref = spec.partition("=")
+        if not sep or not tag or not ref or tag == ref:
+            raise SystemExit(f"--reference {spec!r}: expected TAG=REFTAG with two different tags")
+        missing = [t for t in (tag, ref) if t not in by_tag]
+        if missing:
+            raise SystemExit(f"--reference {spec!r}: no runs of tag {', '.join(missing)}")
+        references[tag] = ref
+    return references
+
+
+def _borrow(arms, tag, setup, ref_tag, ref_arms) -> set:
+    """Adds to ``arms`` the ``REFERENCE_ARMS`` it lacks from ``ref_arms`` (tag ``ref_tag``); returns their keys."""
+    borrowed = {k for k in REFERENCE_ARMS if k not in arms and k in ref_arms}
+    for k in borrowed:
+        ref_setup = next(iter(ref_arms[k].values()))["setup"]
+        differ = [key for key in REFERENCE_MATCH if setup.get(key) != ref_setup.get(key)]
+        if differ:
+            raise SystemExit(f"--reference {tag}={ref_tag}: the tags' runs differ in {', '.join(differ)}")
+        arms[k] = ref_arms[k]
+    return borrowed
+
+
 def _setup_line(setup: dict) -> str:
     m = setup["model"]
     return (f"{setup['size']} model ({m['layers']} x {m['dim']}, ctx {m['seq_len']}, {setup['params'] / 1e6:.2f}M "
             f"parameters), {setup['steps']} steps, {setup['nodes']} nodes x {setup['local']} ranks, micro-batch "
             f"{setup['micro_batch']} per rank, AdamW lr {setup['lr']:g} ({setup['warmup']} warm-up steps, cosine to "
             f"0.1 lr), {setup['dtype']}, group {setup['group_size']}, err_beta {setup['err_beta']}, reset_T "
-            f"{setup['reset_T']}, error feedback on hops: {setup['ef_hops']}; {setup['device']} ({setup['kernels']})")
+            f"{setup['reset_T']}, error feedback on hops: {setup['ef_hops']}, grid {setup.get('quant_grid', 'symmetric')}"
+            f"; text {setup.get('text') or 'bundled plays'}; {setup['device']} ({setup['kernels']})")
 
 
 def _mean_sd(values):
@@ -323,11 +373,13 @@ def _pm(values, digits=4):
     return f"{mean:.{digits}f}" + (f" +- {sd:.{digits}f}" if n > 1 else "") if n else "-"
 
 
-def _arm_rows(arms, keys):
+def _arm_rows(arms, keys, names, ref_tag=None):
+    """One row per arm; ``names``: the arm's shown name; ``ref_tag``: the tag full / plain2 were borrowed from."""
     stat = {k: _mean_sd([r["final_val_loss"] for r in arms[k].values()])[0] for k in keys}
     full, ref = stat.get("full"), stat.get(GAP_REFERENCE)
-    rows = [["arm", "n", "final val loss", "best val loss", "train loss (last 50)", "vs full", "gap closed",
-             "grad rel err", "sum rel err", "nonzero share", "released share", "update RMS / lr", "wire bits"]]
+    of = f" (@{ref_tag})" if ref_tag else ""
+    rows = [["arm", "n", "final val loss", "best val loss", "train loss (last 50)", f"vs full{of}",
+             f"gap closed{of}", "grad rel err", "sum rel err", "nonzero share", "released share", "update RMS / lr", "wire bits"]]
     for k in keys:
         runs = list(arms[k].values())
         arm = parse_arm(k)
@@ -335,7 +387,7 @@ def _arm_rows(arms, keys):
         bits = "32" if arm.kind == "full" else "/".join(
             f"{8 * wire_bytes_per_element(b, group):.3f}" for b in dict.fromkeys((arm.intra_bits, arm.inter_bits)))
         gap = (f"{(ref - stat[k]) / (ref - full):.0%}" if None not in (full, ref) and ref != full else "-")
-        rows.append([k, str(len(runs)), _pm([r["final_val_loss"] for r in runs]),
+        rows.append([names[k], str(len(runs)), _pm([r["final_val_loss"] for r in runs]),
                      _pm([min(v for _, v in r["validation"]) for r in runs]),
                      _pm([statistics.fmean(r["train_losses"][-50:]) for r in runs]),
                      f"{(stat[k] - full) / full:+.2%}" if full else "-", gap,
@@ -346,7 +398,7 @@ def _arm_rows(arms, keys):
     return rows
 
 
-def _paired_rows(arms, pairs):
+def _paired_rows(arms, pairs, names):
     from scipy.stats import t as student_t
     rows = [["first - second", "n", "mean difference", "sd", "95% CI", "CI excludes 0"]]
     for first, second in pairs:
@@ -358,7 +410,7 @@ def _paired_rows(arms, pairs):
             ci, excludes = f"[{mean - half:+.4f}, {mean + half:+.4f}]", "yes" if abs(mean) > half else "no"
         else:
             ci, excludes = "- (n = 1)", "-"
-        rows.append([f"{first} - {second}", str(n), f"{mean:+.4f}", f"{sd:.4f}" if n > 1 else "-", ci, excludes])
+        rows.append([f"{names[first]} - {names[second]}", str(n), f"{mean:+.4f}", f"{sd:.4f}" if n > 1 else "-", ci, excludes])
     return rows
 
 
@@ -367,7 +419,7 @@ def _md(rows):
                                                                               for r in rows[1:]]
 
 
-def _plot(arms, keys, tag, path) -> None:
+def _plot(arms, keys, names, tag, path) -> None:
     """Seed-mean validation loss, training loss (EMA) and update RMS / lr (10-step means) per arm, one PNG."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -377,7 +429,7 @@ def _plot(arms, keys, tag, path) -> None:
     for k in keys:
         runs = list(arms[k].values())
         arm = parse_arm(k)
-        style = dict(color=_color(arm), linestyle="-" if arm.kind != "plain" else "--", linewidth=1.3, label=k)
+        style = dict(color=_color(arm), linestyle="-" if arm.kind != "plain" else "--", linewidth=1.3, label=names[k])
         steps = [s for s, _ in runs[0]["validation"]]
         val.plot(steps, [statistics.fmean(r["validation"][i][1] for r in runs) for i in range(len(steps))], **style)
         losses = [statistics.fmean(v) for v in zip(*(r["train_losses"] for r in runs))]
