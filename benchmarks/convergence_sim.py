@@ -310,7 +310,7 @@ def summarize(args) -> str:
         table.append(rows)
         pairs = [(f"loco{k[5:]}", k) for k in keys if k.startswith("plain") and f"loco{k[5:]}" in arms]
         pairs += [(k, "full") for k in keys if k != "full" and "full" in arms]
-        diff_rows = _paired_rows(arms, [p for p in pairs if not set(p) <= borrowed], names)
+        diff_rows = _paired_rows(arms, [p for p in pairs if not set(p) <= set(borrowed)], names)
         lines += ["", "Paired differences of the final validation loss over the seeds both arms ran (negative: the "
                       "first arm is better); 95% t-interval over seeds:", ""] + _md(diff_rows) + [""]
         table.append(diff_rows)
@@ -339,9 +339,9 @@ def _parse_references(specs, by_tag) -> dict:
     return references
 
 
-def _borrow(arms, tag, setup, ref_tag, ref_arms) -> set:
+def _borrow(arms, tag, setup, ref_tag, ref_arms) -> list:
     """Adds to ``arms`` the ``REFERENCE_ARMS`` it lacks from ``ref_arms`` (tag ``ref_tag``); returns their keys."""
-    borrowed = {k for k in REFERENCE_ARMS if k not in arms and k in ref_arms}
+    borrowed = [k for k in REFERENCE_ARMS if k not in arms and k in ref_arms]
     for k in borrowed:
         ref_setup = next(iter(ref_arms[k].values()))["setup"]
         differ = [key for key in REFERENCE_MATCH if setup.get(key) != ref_setup.get(key)]
@@ -357,8 +357,9 @@ def _setup_line(setup: dict) -> str:
             f"parameters), {setup['steps']} steps, {setup['nodes']} nodes x {setup['local']} ranks, micro-batch "
             f"{setup['micro_batch']} per rank, AdamW lr {setup['lr']:g} ({setup['warmup']} warm-up steps, cosine to "
             f"0.1 lr), {setup['dtype']}, group {setup['group_size']}, err_beta {setup['err_beta']}, reset_T "
-            f"{setup['reset_T']}, error feedback on hops: {setup['ef_hops']}, grid {setup.get('quant_grid', 'symmetric')}"
-            f"; text {setup.get('text') or 'bundled plays'}; {setup['device']} ({setup['kernels']})")
+            f"{setup['reset_T']}, error feedback on hops: {setup['ef_hops']}, grid "
+            f"{setup.get('quant_grid', 'symmetric')}; text {setup.get('text') or 'bundled plays'}; {setup['device']} "
+            f"({setup['kernels']})")
 
 
 def _mean_sd(values):
@@ -379,7 +380,8 @@ def _arm_rows(arms, keys, names, ref_tag=None):
     full, ref = stat.get("full"), stat.get(GAP_REFERENCE)
     of = f" (@{ref_tag})" if ref_tag else ""
     rows = [["arm", "n", "final val loss", "best val loss", "train loss (last 50)", f"vs full{of}",
-             f"gap closed{of}", "grad rel err", "sum rel err", "nonzero share", "released share", "update RMS / lr", "wire bits"]]
+             f"gap closed{of}", "grad rel err", "sum rel err", "nonzero share", "released share", "update RMS / lr",
+             "wire bits"]]
     for k in keys:
         runs = list(arms[k].values())
         arm = parse_arm(k)
@@ -410,7 +412,8 @@ def _paired_rows(arms, pairs, names):
             ci, excludes = f"[{mean - half:+.4f}, {mean + half:+.4f}]", "yes" if abs(mean) > half else "no"
         else:
             ci, excludes = "- (n = 1)", "-"
-        rows.append([f"{names[first]} - {names[second]}", str(n), f"{mean:+.4f}", f"{sd:.4f}" if n > 1 else "-", ci, excludes])
+        rows.append([f"{names[first]} - {names[second]}", str(n), f"{mean:+.4f}", f"{sd:.4f}" if n > 1 else "-", ci,
+                     excludes])
     return rows
 
 
