@@ -1,20 +1,66 @@
 #!/usr/bin/env bash
-# One device call: install the carried wheelhouse, JIT-build the LoCo kernels, run every kernel-vs-reference test
-# and the CUDA reduce test, then time the kernels. Logs and JSON go to $OUT (default ./device_out).
-# Usage (repository root, wheelhouse .whl/ from benchmarks/device_wheelhouse.sh): bash benchmarks/device_kernels.sh
+# One device call for the kernels: install the carried wheelhouse, JIT-build the LoCo kernels (and, with VARIANT,
+# a second build with those extra nvcc flags, side by side), time them on a quiet GPU (benchmarks/kernels.py), take
+# the SASS and an Nsight Compute profile of hop 1 where the tools exist, then run every kernel-vs-reference test and
+# the CUDA reduce test, optionally with convergence runs side by side (CONVERGENCE: benchmarks/convergence_sim.py
+# launch arguments, stopped after CONVERGENCE_BUDGET_S seconds). Logs and JSON go to $OUT (default ./device_out).
+# Usage (repository root, wheelhouse .whl/ from benchmarks/device_wheelhouse.sh):
+#   [VARIANT="-DLOCO_MIN_BLOCKS=4"] [CONVERGENCE='--matrix ...'] bash benchmarks/device_kernels.sh [kernels.py args]
 set -uo pipefail
 OUT=${OUT:-device_out}
+VARIANT=${VARIANT:-}
+CONVERGENCE=${CONVERGENCE:-}
+CONVERGENCE_BUDGET_S=${CONVERGENCE_BUDGET_S:-240}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1
 export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0  # DeepSpeed 0.19.8 cannot parse "9.0a"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 start=$(date +%s)
-python3 -c "from deepspeed_loco.ops import loco_cuda; loco_cuda.load()" >"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-echo "JIT build: $(( $(date +%s) - start )) s"
+python3 -c "from deepspeed_loco.ops import loco_cuda; loco_cuda.load()" >"$OUT/build.log" 2>&1 &
+default_build=$!
+if [ -n "$VARIANT" ]; then
+    python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import kernels; kernels.variant_builder('$VARIANT').load(verbose=False)" \
+        >"$OUT/variant_build.log" 2>&1 &
+    variant_build=$!
+fi
+wait $default_build || { tail -50 "$OUT/build.log"; exit 1; }
+if [ -n "$VARIANT" ] && ! wait $variant_build; then
+    echo "variant build failed, timing without it:"; tail -20 "$OUT/variant_build.log"; VARIANT=""
+fi
+echo "JIT builds: $(( $(date +%s) - start )) s"
+
+python3 benchmarks/kernels.py --json "$OUT/kernels.json" ${VARIANT:+--variant "$VARIANT"} "$@" >"$OUT/kernels.txt" 2>&1
+echo "benchmark exit $? at $(( $(date +%s) - start )) s"
+
+so=$(find ~/.cache/torch_extensions -name "loco_ops.so" 2>/dev/null | head -1)
+if command -v cuobjdump >/dev/null && [ -n "$so" ]; then
+    cuobjdump -sass "$so" >"$OUT/loco_ops.sass" 2>&1
+    echo "SASS: $(wc -l <"$OUT/loco_ops.sass") lines"
+fi
+if command -v ncu >/dev/null; then
+    timeout 120 ncu --kernel-name regex:hop1_kernel --launch-skip 4 --launch-count 3 --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats --section SchedulerStats \
+        python3 benchmarks/kernels.py --profile-hop1 >"$OUT/ncu_hop1.txt" 2>&1
+    echo "ncu exit $?: $(grep -c "hop1_kernel" "$OUT/ncu_hop1.txt") kernel sections"
+else
+    echo "no ncu on this machine"
+fi
+
+if [ -n "$CONVERGENCE" ]; then
+    eval "python3 benchmarks/convergence_sim.py launch --parallel 15 --budget $CONVERGENCE_BUDGET_S \
+        --out $OUT/runs.jsonl --logs /tmp/convergence_sim_logs $CONVERGENCE" >"$OUT/convergence.log" 2>&1 &
+    convergence=$!
+fi
+# the binding's bad-argument test alone, with Python's fault handler (it crashed a process once)
+timeout 120 python3 -X faulthandler -m pytest -q -p no:cacheprovider tests/unit/ops/test_loco_kernels.py \
+    -k test_invalid_arguments_raise_at_the_binding >"$OUT/binding_errors.log" 2>&1
+echo "binding-error test exit $?: $(tail -1 "$OUT/binding_errors.log")"
 python3 -m pytest -q -p no:cacheprovider tests/unit/ops tests/unit/runtime/comm/test_loco_reduce_cuda.py \
-    >"$OUT/tests.log" 2>&1
-echo "tests: $(tail -1 "$OUT/tests.log")"
+    --deselect tests/unit/ops/test_loco_kernels.py::test_invalid_arguments_raise_at_the_binding >"$OUT/tests.log" 2>&1
+echo "tests: $(tail -1 "$OUT/tests.log") at $(( $(date +%s) - start )) s"
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
-python3 benchmarks/kernels.py --json "$OUT/kernels.json" "$@" >"$OUT/kernels.txt" 2>&1
-echo "benchmark exit $?"
-tail -60 "$OUT/kernels.txt"
+if [ -n "$CONVERGENCE" ]; then
+    wait $convergence
+    tail -25 "$OUT/convergence.log"
+fi
+tail -75 "$OUT/kernels.txt"

@@ -12,15 +12,23 @@ are timings only), and the ratio of ours to theirs. Last, a per-bucket table (on
 Llama-2-7B decoder layer's gradients, 256 tensors of 4096 elements and one tensor of 1,048,576, our three kernels
 without and with error feedback against DeepSpeed's two kernels on the same tensors.
 
-Inputs rotate over enough copies to exceed the L2 cache several times; times are CUDA-event medians.
+Inputs rotate over enough copies to exceed the L2 cache several times; times are CUDA-event medians of the GPU
+time alone: a spin kernel queued before each start event keeps the GPU busy while the host prepares the call, so
+host work (Python wrappers, argument checks, the parameter table) is not counted there. The bucket table also gives
+the host-inclusive time per call (wall clock over back-to-back calls, synchronized at the end).
+
+``--variant FLAGS`` also builds the kernels with extra nvcc flags (e.g. ``-DLOCO_MIN_BLOCKS=4``) as a second
+extension and repeats the LoCo rows of the largest shape with it, for A/B comparisons in one run.
 
     python3 benchmarks/kernels.py [--reps 50] [--configs 4/4 8/2 4/4+H 8/2+H] [--no-baseline] [--json out.json]
+                                  [--variant FLAGS]
 """
 import argparse
 import json
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -37,21 +45,35 @@ WORLD, LOCAL, GROUP, BETA = 16, 8, 256, 0.8
 CONFIGS = ("4/4", "8/2", "4/4+H", "8/2+H")  # intra/inter bits, +H: Hadamard
 NODES = WORLD // LOCAL
 ROTATE_BYTES = 256 << 20  # rotate inputs over at least this much (H200 L2: 50 MB)
+SPIN_CYCLES = 10_000_000  # ~5 ms of GPU clock cycles queued ahead of each timed call (longer than its host work)
 
 
 def median_ms(fn, sets, reps, warmup=5):
-    """Median over ``reps`` calls of ``fn(i)`` (``i`` cycling over ``sets`` input sets), timed with CUDA events."""
+    """Median GPU time (ms) over ``reps`` calls of ``fn(i)`` (``i`` cycling over ``sets`` input sets): CUDA events
+    around each call, behind a spin kernel that hides the call's host work."""
     for i in range(warmup):
         fn(i % sets)
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
+        torch.cuda._sleep(SPIN_CYCLES)
         starts[i].record()
         fn(i % sets)
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def call_ms(fn, reps):
+    """Host-inclusive time (ms) per call: wall clock over ``reps`` back-to-back calls and a final synchronize."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3 / reps
 
 
 def transient_bytes(fn, own_output_bytes=0):
@@ -193,27 +215,32 @@ def bucket_rows(quantizer, reps):
     error feedback, each hop alone and the three together, against DeepSpeed's two kernels on the same tensors."""
     print(f"\nbuckets (fp16, 4/4, W={WORLD}): one launch per hop per bucket; median ms")
     print(f"{'bucket':18s} {'tensors':>7s} {'elements':>11s} {'arm':>6s} {'hop1':>8s} {'hop2':>8s} {'final':>8s} "
-          f"{'3 kernels':>9s} {'DeepSpeed 2':>11s} {'ratio':>6s}")
+          f"{'3 kernels':>9s} {'DeepSpeed 2':>11s} {'ratio':>6s} {'3 calls, host-incl.':>19s} "
+          f"{'DeepSpeed, host-incl.':>21s}")
     rows = []
     for name, shapes in BUCKETS.items():
         grads = [torch.randn(shape, device="cuda", dtype=torch.float16) for shape in shapes]
         numel = sum(g.numel() for g in grads)
-        ds_ms, ds_tensors = None, 0
+        ds_ms, ds_call, ds_tensors = None, None, 0
         if quantizer is not None:
             ds_fn, ds_tensors = deepspeed_bucket(quantizer, grads)
             ds_ms = median_ms(lambda i: ds_fn(), 1, reps) if ds_tensors else None
+            ds_call = call_ms(ds_fn, reps) if ds_tensors else None
         for arm, error in (("plain", False), ("loco", True)):
             hop1, hop2, final, keep = bucket_calls(grads, "4/4", error)
             times = [median_ms(lambda i, f=f: f(), 1, reps) for f in (hop1, hop2, final)]
             total = median_ms(lambda i: (hop1(), hop2(), final()), 1, reps)
+            total_call = call_ms(lambda: (hop1(), hop2(), final()), reps)
             ratio = total / ds_ms if ds_ms else None
             rows.append(dict(bucket=name, tensors=len(grads), elements=numel, arm=arm, hop1_ms=times[0],
                              hop2_ms=times[1], final_ms=times[2], total_ms=total, deepspeed_ms=ds_ms,
-                             deepspeed_tensors=ds_tensors, ratio_to_deepspeed=ratio))
+                             deepspeed_tensors=ds_tensors, ratio_to_deepspeed=ratio, total_call_ms=total_call,
+                             deepspeed_call_ms=ds_call))
             ds_text = f"{ds_ms:11.4f}" if ds_ms else f"{'-':>11s}"
             ratio_text = f"{ratio:6.2f}" if ratio else f"{'-':>6s}"
+            ds_call_text = f"{ds_call:21.4f}" if ds_call else f"{'-':>21s}"
             print(f"{name:18s} {len(grads):7d} {numel:11d} {arm:>6s} {times[0]:8.4f} {times[1]:8.4f} {times[2]:8.4f} "
-                  f"{total:9.4f} {ds_text} {ratio_text}", flush=True)
+                  f"{total:9.4f} {ds_text} {ratio_text} {total_call:19.4f} {ds_call_text}", flush=True)
             del keep
         del grads
         torch.cuda.empty_cache()
@@ -221,7 +248,37 @@ def bucket_rows(quantizer, reps):
     for arm in ("plain", "loco"):
         many, one = by[("256 x 4096", arm)], by[("1 x 1048576", arm)]
         print(f"{arm}: 256 tensors of 4096 / one tensor of 1048576: " + ", ".join(
-            f"{k[:-3]} {many[k] / one[k]:.2f}" for k in ("hop1_ms", "hop2_ms", "final_ms", "total_ms")))
+            f"{k[:-3]} {many[k] / one[k]:.2f}" for k in ("hop1_ms", "hop2_ms", "final_ms", "total_ms",
+                                                          "total_call_ms")))
+    return rows
+
+
+def variant_builder(flags):
+    """A builder of the kernels as a second extension, ``loco_ops_variant``, compiled with extra nvcc ``flags``."""
+    from deepspeed_loco.ops.op_builder import LocoBuilder
+
+    class VariantBuilder(LocoBuilder):
+        def nvcc_args(self):
+            return super().nvcc_args() + flags.split()
+
+    return VariantBuilder(name="loco_ops_variant")
+
+
+def variant_rows(flags, configs, reps, copy_bw):
+    """The LoCo rows of the largest shape (both dtypes) with the kernels built with extra nvcc ``flags``."""
+    default = loco_cuda.load()
+    loco_cuda._op = variant_builder(flags).load(verbose=False)
+    print(f"\nvariant build: nvcc {flags}")
+    rows = []
+    try:
+        for dname, dtype in DTYPES.items():
+            for config in configs:
+                cases, keep = loco_cases(SHAPES[-1], dtype, config)
+                rows += run_cases(cases, config + " v", SHAPES[-1], dname, reps, copy_bw)
+                del keep
+                torch.cuda.empty_cache()
+    finally:
+        loco_cuda._op = default
     return rows
 
 
@@ -268,6 +325,15 @@ def print_ratios(rows, configs):
         print(f"{'':33s}{kernel:32s} {str(shape):>13s} {dname:>5s} {ratios}")
 
 
+def profile_hop1():
+    """Hop 1 at the largest shape, bf16, 4/4: LoCo (twice), plain, LoCo + Hadamard, one launch each."""
+    grad = [torch.randn(SHAPES[-1], device="cuda", dtype=torch.bfloat16)]
+    loco, plain, rotated = bucket_calls(grad, "4/4"), bucket_calls(grad, "4/4", error=False), bucket_calls(grad, "4/4+H")
+    for call in (loco[0], loco[0], plain[0], rotated[0]):
+        call()
+    torch.cuda.synchronize()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=50)
@@ -275,6 +341,11 @@ def main():
     parser.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS),
                         help="intra/inter bits, '+H' for the Hadamard rotation")
+    parser.add_argument("--profile-hop1", action="store_true",
+                        help="only run hop 1 at (16384, 16384) bf16 4/4 (each set-up launch, then LoCo twice, plain, LoCo + "
+                             "Hadamard) for a profiler: skip the first 4 launches")
+    parser.add_argument("--variant", type=str, default=None,
+                        help="extra nvcc flags of a second build whose LoCo rows (largest shape) are printed too")
     args = parser.parse_args()
     for config in args.configs:
         try:
@@ -285,6 +356,9 @@ def main():
             parser.error(f"--configs: {config!r}: bits must be 2, 3, 4 or 8")
 
     loco_cuda.load()
+    if args.profile_hop1:
+        profile_hop1()
+        return
     quantizer = None
     if not args.no_baseline:
         try:
@@ -321,6 +395,8 @@ def main():
     print_ratios(rows, args.configs)
     print_deepspeed_ratios(rows)
     buckets = bucket_rows(quantizer, args.reps)
+    if args.variant:
+        rows += variant_rows(args.variant, args.configs, args.reps, copy_bw)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(device=device, copy_gbps=copy_bw / 1e9, rows=rows, buckets=buckets),
                                               indent=1))

@@ -131,17 +131,21 @@ void set_errors(std::vector<loco::BucketItem>& items, const std::vector<at::Tens
     }
 }
 
-// Numbers the blocks (rows x blocks_per_row per parameter), drops parameters without columns, and copies the
-// table to the device (asynchronously, on the current stream). Returns the device table and sets `blocks`.
+// Numbers the blocks (each parameter's rows x groups (row, group) pairs, kBlock / team pairs per block), drops
+// parameters without columns, and copies the table to the device (asynchronously, on the current stream). Returns
+// the device table and sets `blocks`.
 at::Tensor upload(std::vector<loco::BucketItem>& items, int64_t rows, int64_t group_size, const at::Device& device,
                   int64_t* blocks) {
     std::vector<loco::BucketItem> kept;
     int64_t total = 0;
     for (loco::BucketItem item : items) {
         if (item.cols == 0) continue;
-        item.blocks_per_row = loco::blocks_per_row(item.cols, (int)group_size);
+        // the kernels index a parameter's pairs (and a block's overhang past them) in 32 bits
+        TORCH_CHECK(loco::row_groups(rows, item.cols, (int)group_size) <= 0xffffffffLL - loco::kBlock,
+                    "LoCo kernels: a parameter of ", rows, " x ", item.cols, " columns has 2^32 or more groups; use a "
+                    "larger group_size");
         item.first_block = total;
-        total += rows * item.blocks_per_row;
+        total += loco::blocks_for(rows, item.cols, (int)group_size);
         kept.push_back(item);
     }
     TORCH_CHECK(total <= 0x7fffffffLL, "LoCo kernels: ", total, " blocks exceed one launch; use smaller buckets");

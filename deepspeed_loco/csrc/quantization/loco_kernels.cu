@@ -3,11 +3,12 @@
 // + pack) and the final dequantize-sum-[unrotate-]mean. No torch header: the binding (loco_binding.cpp) builds the
 // bucket's parameter table on the device and calls the launchers below.
 //
-// Work split (docs/kernels.md): one 1-D grid over every group of every parameter of a bucket; a block of kBlock
-// threads belongs to one parameter and one row (found by a binary search of the table's first_block). Each
-// quantization group of S elements is handled by a team of S / 16 threads (2 .. 256), each thread holding kChunks
-// chunks of 8 consecutive values in registers (chunk c of lane l covers columns 8 * (c * team + l) .. +8 of the
-// group, so a warp's loads are contiguous). Two team reductions per group (absmax of c, absmax of the new error)
+// Work split (docs/kernels.md): one 1-D grid over every (row, group) pair of every parameter of a bucket; a block
+// of kBlock threads belongs to one parameter (found by a binary search of the table's first_block) and covers
+// kBlock / team consecutive pairs of it in row-major order (so parameters with few groups per row fill blocks too).
+// Each quantization group of S elements is handled by a team of S / 16 threads (2 .. 256), each thread holding
+// kChunks chunks of 8 consecutive values in registers (chunk c of lane l covers columns 8 * (c * team + l) .. +8 of
+// the group, so a warp's loads are contiguous). Two team reductions per group (absmax of c, absmax of the new error)
 // use warp shuffles (team <= 32) or shared memory (team > 32). Every input byte is read once and every output
 // byte written once; there is no temporary in device memory. All offsets are 64-bit.
 #include <cuda_fp16.h>
@@ -29,6 +30,12 @@ namespace {
 using namespace math;
 
 constexpr int kMaxGroup = 4096;
+
+// Resident blocks per SM that the kernels with an error buffer (hop 1 and hop 2) ask the compiler to allow, which
+// caps their registers (1: no cap). A build option for tuning (-DLOCO_MIN_BLOCKS=4 holds them at 64 registers).
+#if !defined(LOCO_MIN_BLOCKS)
+#define LOCO_MIN_BLOCKS 1
+#endif
 
 __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
     return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
@@ -134,18 +141,19 @@ struct Launch {
     int count;
     int team_log2, group_log2;
     int world, local, nodes, rows;  // rows: received rows the final mean sums
+    int item_rows;                  // rows of every parameter in this launch (hop 1: world, hop 2: nodes, final: 1)
     bool midrise;
     float beta, one_minus_beta, hadamard_scale;
     Levels levels;  // the output wire's grid (the input wire has the same grid, with its own bits)
     WireArgs in, out;
 };
 
-// Where a block works: its parameter, its row of that parameter and, per thread, its team's group.
+// Where a team works: its block's parameter, and its own row and group of that parameter.
 struct Block {
     const BucketItem* item;
     int64_t row, group, col0;  // group and its first column within the parameter
     int lane, team;
-    bool active;               // the team's group exists (the last block of a row may be partly empty)
+    bool active;               // the team's (row, group) pair exists (the last block of a parameter may be partly empty)
 };
 
 __device__ __forceinline__ Block locate(const Launch& p) {
@@ -157,15 +165,17 @@ __device__ __forceinline__ Block locate(const Launch& p) {
     }
     Block k;
     k.item = p.items + lo;
-    // a launch has fewer than 2^31 blocks: 32-bit division (a 64-bit one is a long subroutine)
-    const uint32_t local_block = (uint32_t)(b - k.item->first_block);
-    const uint32_t per_row = (uint32_t)k.item->blocks_per_row;
-    const uint32_t row = local_block / per_row;
-    k.row = row;
     k.team = 1 << p.team_log2;
     k.lane = threadIdx.x & (k.team - 1);
-    k.group = (int64_t)(local_block - row * per_row) * (kBlock >> p.team_log2) + (threadIdx.x >> p.team_log2);
-    k.active = k.group < (k.item->cols >> p.group_log2);
+    // a parameter has fewer than 2^32 (row, group) pairs (checked by the binding): 32-bit index arithmetic (a
+    // 64-bit division is a long subroutine)
+    const uint32_t pair = (uint32_t)(b - k.item->first_block) * (uint32_t)(kBlock >> p.team_log2) +
+                          (uint32_t)(threadIdx.x >> p.team_log2);
+    const uint32_t groups = (uint32_t)(k.item->cols >> p.group_log2);
+    const uint32_t row = pair / groups;
+    k.row = row;
+    k.group = pair - row * groups;
+    k.active = row < (uint32_t)p.item_rows;
     k.col0 = k.group << p.group_log2;
     return k;
 }
@@ -210,11 +220,10 @@ struct OldError {
 
 template <>
 struct OldError<8> {
-    uint2 raw[kChunks];
+    uint2 raw[kChunks];  // the int8 codes with their sign bits flipped (see math::code_value)
     float scale;
     __device__ float at(int c, int i) const {
-        const uint32_t w = i < 4 ? raw[c].x : raw[c].y;
-        return f_mul((float)(int)(int8_t)(uint8_t)(w >> (8 * (i & 3))), scale);
+        return f_mul(code_value<8, false>(((uint64_t)raw[c].y << 32) | raw[c].x, i), scale);
     }
 };
 
@@ -241,6 +250,8 @@ __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team
             out.raw[c].y = p[4] | (p[5] << 8) | (p[6] << 16) | ((uint32_t)p[7] << 24);
         }
     }
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) out.raw[c] = make_uint2(out.raw[c].x ^ 0x80808080u, out.raw[c].y ^ 0x80808080u);
 }
 
 __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<32>& out) {
@@ -264,7 +275,7 @@ __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team
 __device__ __forceinline__ void zero_error(OldError<0>&) {}
 __device__ __forceinline__ void zero_error(OldError<8>& e) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) e.raw[c] = make_uint2(0u, 0u);
+    for (int c = 0; c < kChunks; ++c) e.raw[c] = make_uint2(0x80808080u, 0x80808080u);  // codes 0
     e.scale = 0.0f;
 }
 __device__ __forceinline__ void zero_error(OldError<32>& e) {
@@ -409,6 +420,18 @@ struct Exchange<true> {
     }
 };
 // ------------------------------------------------------------------------------- compensate + quantize
+// The low bytes of the codes of 8 biased codes (math::code_of), as 8 consecutive int8 values: 3 byte permutes per 4.
+__device__ __forceinline__ uint2 pack_bytes(const float (&b)[8]) {
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t lo = __byte_perm(code_bits(b[4 * h]), code_bits(b[4 * h + 1]), 0x0040u);
+        const uint32_t hi = __byte_perm(code_bits(b[4 * h + 2]), code_bits(b[4 * h + 3]), 0x0040u);
+        w[h] = __byte_perm(lo, hi, 0x5410u);
+    }
+    return make_uint2(w[0], w[1]);
+}
+
 // v: compensated values c of the thread's chunks (all zero for an inactive team); old: the old error.
 // Quantizes the group on the wire grid (Midrise or symmetric, p.levels) to `data`/`scale`, then (EBits != 0)
 // stores the updated error to `er` (int8 storage: symmetric, qmax 127).
@@ -419,29 +442,29 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
     const int lane = k.lane, team = k.team;
     key = team_max(key, p.team_log2, red);
     const Rule rule = make_rule(key, p.levels.divisor);
-    float qf[kChunks][8];
-    quantize_chunks<Midrise>(v, rule, p.levels, qf);
+    float biased[kChunks][8];
+    quantize_chunks<Midrise>(v, rule, p.levels, biased);
     if (k.active) {
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
             uint64_t word = 0;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) word |= pack_value<Bits>(q_of(qf[c][i]), i);
+            for (int i = 0; i < 8; ++i) word |= pack_value<Bits>(code_bits(biased[c][i]), i);
             store_word<Bits>(data + (int64_t)(c * team + lane) * Bits, word);
         }
         if (lane == 0) __stcs(scale, rule.scale);
     }
     if (EBits == 0) return;
-    uint32_t ekey = 0;
+    float m = 0.0f;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c)
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            const float level = Midrise ? f_add(qf[c][i], 0.5f) : qf[c][i];
+            const float level = Midrise ? f_add(code_of(biased[c][i]), 0.5f) : code_of(biased[c][i]);
             v[c][i] = update(old.at(c, i), f_sub(v[c][i], f_mul(level, rule.scale)), p.beta, p.one_minus_beta);
-            ekey = max(ekey, abs_key(v[c][i]));
+            m = absmax_step(m, v[c][i]);
         }
-    ekey = team_max(ekey, p.team_log2, red);
+    const uint32_t ekey = team_max(key_of(m), p.team_log2, red);
     if (EBits == 32) {
         const bool finite = key_finite(ekey);
         if (!k.active) return;
@@ -466,24 +489,19 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
     // int8 storage: the symmetric quantizer with 8 bits; a non-finite group is stored as zero (scale 0, q 0).
     const Levels int8_levels = levels(8, kSymmetric);
     const Rule erule = make_rule(ekey, int8_levels.divisor);
-    quantize_chunks<false>(v, erule, int8_levels, qf);
+    quantize_chunks<false>(v, erule, int8_levels, biased);
     if (!k.active) return;
     int8_t* base = static_cast<int8_t*>(er.values);
     const bool vec = aligned(base, 8);
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
-        uint32_t lo = 0, hi = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const uint32_t b = (uint32_t)q_of(qf[c][i]) & 0xffu;
-            if (i < 4) lo |= b << (8 * i); else hi |= b << (8 * (i - 4));
-        }
+        const uint2 bytes = pack_bytes(biased[c]);
         int8_t* dst = base + 8 * (c * team + lane);
         if (vec) {
-            *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+            *reinterpret_cast<uint2*>(dst) = bytes;
         } else {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) dst[i] = (int8_t)((i < 4 ? lo : hi) >> (8 * (i & 3)));
+            for (int i = 0; i < 8; ++i) dst[i] = (int8_t)((i < 4 ? bytes.x : bytes.y) >> (8 * (i & 3)));
         }
     }
     if (lane == 0) *er.scale = key_finite(ekey) ? erule.scale : 0.0f;
@@ -502,15 +520,15 @@ __device__ __forceinline__ void quantize_group_on_grid(const Launch& p, const Bl
 // c = v + e (when there is an error buffer), in place; returns the thread's absmax key of c.
 template <int EBits>
 __device__ __forceinline__ uint32_t compensate(float (&v)[kChunks][8], const OldError<EBits>& old) {
-    uint32_t key = 0;
+    float m = 0.0f;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c)
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             if (EBits != 0) v[c][i] = f_add(v[c][i], old.at(c, i));
-            key = max(key, abs_key(v[c][i]));
+            m = absmax_step(m, v[c][i]);
         }
-    return key;
+    return key_of(m);
 }
 
 __device__ __forceinline__ void zero_values(float (&v)[kChunks][8]) {
@@ -523,7 +541,7 @@ __device__ __forceinline__ void zero_values(float (&v)[kChunks][8]) {
 // ------------------------------------------------------------------------------------------------ hop 1
 // Block row = slot of the send buffer; slot d*M + n carries partition row n*L + d of its gradient.
 template <int DT, int Bits, int EBits, bool Rotate>
-__global__ void __launch_bounds__(kBlock) hop1_kernel(const Launch p) {
+__global__ void __launch_bounds__(kBlock, EBits == 0 ? 1 : LOCO_MIN_BLOCKS) hop1_kernel(const Launch p) {
     __shared__ uint32_t red[kBlock / 32];
     const Block k = locate(p);
     const BucketItem& it = *k.item;
@@ -572,52 +590,54 @@ __global__ void __launch_bounds__(kBlock) hop1_kernel(const Launch p) {
 }
 
 // ------------------------------------------------------------------------------------------------ hop 2
-constexpr int kBlocksPerBatch = 4;  // received blocks whose loads are issued together
+constexpr int kRowsPerBatch = 4;  // received rows whose loads are issued together
 
-// v = sum over the `local` received blocks of dequant(block) for output row m (block j = input row j*nodes + m),
-// in block order (fp32), codes of the input grid (Midrise: value (k + 0.5) * scale). Loads of kBlocksPerBatch
-// blocks are issued before any of them is used.
-template <int InBits, bool Midrise>
-__device__ __forceinline__ void sum_blocks(const Launch& p, const Block& k, int64_t m, float (&v)[kChunks][8]) {
-    for (int b0 = 0; b0 < p.local; b0 += kBlocksPerBatch) {
-        uint64_t w[kBlocksPerBatch][kChunks];
-        float s[kBlocksPerBatch];
+// v = sum over j < count of dequant(row first + j * stride of `in`) for the thread's chunks, in j order (fp32), codes
+// of `Bits` bits on the launch's grid (Midrise: value (k + 0.5) * scale). The loads of kRowsPerBatch rows are issued
+// before any of them is used; codes are decoded without integer-to-float conversions (math::code_value).
+template <int Bits, bool Midrise>
+__device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, int64_t first, int64_t stride, int count,
+                                         float (&v)[kChunks][8]) {
+    for (int r0 = 0; r0 < count; r0 += kRowsPerBatch) {
+        uint64_t w[kRowsPerBatch][kChunks];
+        float s[kRowsPerBatch];
 #pragma unroll
-        for (int j = 0; j < kBlocksPerBatch; ++j) {
-            if (b0 + j < p.local) {
-                const int64_t row = (int64_t)(b0 + j) * p.nodes + m;
-                const uint8_t* data = wire_data<InBits>(p.in, row, k);
+        for (int j = 0; j < kRowsPerBatch; ++j) {
+            if (r0 + j < count) {
+                const int64_t row = first + (int64_t)(r0 + j) * stride;
+                const uint8_t* data = wire_data<Bits>(p.in, row, k);
                 s[j] = *wire_scale(p.in, row, k, p.group_log2);
 #pragma unroll
                 for (int c = 0; c < kChunks; ++c)
-                    w[j][c] = load_word<InBits>(data + (int64_t)(c * k.team + k.lane) * InBits);
+                    w[j][c] = load_word<Bits>(data + (int64_t)(c * k.team + k.lane) * Bits) ^ sign_bits<Bits>();
             }
         }
 #pragma unroll
-        for (int j = 0; j < kBlocksPerBatch; ++j) {
-            if (b0 + j < p.local) {
+        for (int j = 0; j < kRowsPerBatch; ++j) {
+            if (r0 + j < count) {
 #pragma unroll
                 for (int c = 0; c < kChunks; ++c)
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
-                        const float code = (float)unpack_value<InBits>(w[j][c], i);
-                        const float d = f_mul(Midrise ? f_add(code, 0.5f) : code, s[j]);
-                        v[c][i] = b0 + j == 0 ? d : f_add(v[c][i], d);
+                        const float d = f_mul(code_value<Bits, Midrise>(w[j][c], i), s[j]);
+                        v[c][i] = r0 + j == 0 ? d : f_add(v[c][i], d);
                     }
             }
         }
     }
 }
 
-template <int InBits>
-__device__ __forceinline__ void sum_blocks_on_grid(const Launch& p, const Block& k, int64_t m,
-                                                   float (&v)[kChunks][8]) {
-    with_grid(p.midrise, [&](auto midrise) { sum_blocks<InBits, decltype(midrise)::value>(p, k, m, v); });
+template <int Bits>
+__device__ __forceinline__ void sum_rows_on_grid(const Launch& p, const Block& k, int64_t first, int64_t stride,
+                                                 int count, float (&v)[kChunks][8]) {
+    with_grid(p.midrise, [&](auto midrise) {
+        sum_rows<Bits, decltype(midrise)::value>(p, k, first, stride, count, v);
+    });
 }
 
 // Block row = output row m (node); the input bits are a run-time switch (p.in_bits).
 template <int Bits, int EBits>
-__global__ void __launch_bounds__(kBlock) hop2_kernel(const Launch p, int in_bits) {
+__global__ void __launch_bounds__(kBlock, EBits == 0 ? 1 : LOCO_MIN_BLOCKS) hop2_kernel(const Launch p, int in_bits) {
     __shared__ uint32_t red[kBlock / 32];
     const Block k = locate(p);
     const int64_t m = k.row;
@@ -628,10 +648,11 @@ __global__ void __launch_bounds__(kBlock) hop2_kernel(const Launch p, int in_bit
     if (k.active) {
         load_error(er, k.lane, k.team, old);
         switch (in_bits) {
-            case 2: sum_blocks_on_grid<2>(p, k, m, v); break;
-            case 3: sum_blocks_on_grid<3>(p, k, m, v); break;
-            case 4: sum_blocks_on_grid<4>(p, k, m, v); break;
-            default: sum_blocks_on_grid<8>(p, k, m, v); break;
+            // the in_blocks received blocks of output row m: input rows j * nodes + m
+            case 2: sum_rows_on_grid<2>(p, k, m, p.nodes, p.local, v); break;
+            case 3: sum_rows_on_grid<3>(p, k, m, p.nodes, p.local, v); break;
+            case 4: sum_rows_on_grid<4>(p, k, m, p.nodes, p.local, v); break;
+            default: sum_rows_on_grid<8>(p, k, m, p.nodes, p.local, v); break;
         }
         key = compensate(v, old);
     } else {
@@ -669,39 +690,6 @@ __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count,
     }
 }
 
-// v = sum over the p.rows received rows of dequant(row) for the thread's chunks, in row order; loads of
-// kBlocksPerBatch rows are issued before any is used.
-template <int Bits, bool Midrise>
-__device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, float (&v)[kChunks][8]) {
-    for (int r0 = 0; r0 < p.rows; r0 += kBlocksPerBatch) {
-        uint64_t w[kBlocksPerBatch][kChunks];
-        float s[kBlocksPerBatch];
-#pragma unroll
-        for (int j = 0; j < kBlocksPerBatch; ++j) {
-            if (r0 + j < p.rows) {
-                const uint8_t* data = wire_data<Bits>(p.in, r0 + j, k);
-                s[j] = *wire_scale(p.in, r0 + j, k, p.group_log2);
-#pragma unroll
-                for (int c = 0; c < kChunks; ++c)
-                    w[j][c] = load_word<Bits>(data + (int64_t)(c * k.team + k.lane) * Bits);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < kBlocksPerBatch; ++j) {
-            if (r0 + j < p.rows) {
-#pragma unroll
-                for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) {
-                        const float code = (float)unpack_value<Bits>(w[j][c], i);
-                        const float d = f_mul(Midrise ? f_add(code, 0.5f) : code, s[j]);
-                        v[c][i] = r0 + j == 0 ? d : f_add(v[c][i], d);
-                    }
-            }
-        }
-    }
-}
-
 // One output row per parameter; with Rotate each group's sum is rotated back (d * (H t) * s) before / W.
 template <int Bits, int OutDT, bool Rotate>
 __global__ void __launch_bounds__(kBlock) final_kernel(const Launch p) {
@@ -709,7 +697,7 @@ __global__ void __launch_bounds__(kBlock) final_kernel(const Launch p) {
     const BucketItem& it = *k.item;
     float v[kChunks][8];
     if (k.active)
-        with_grid(p.midrise, [&](auto midrise) { sum_rows<Bits, decltype(midrise)::value>(p, k, v); });
+        sum_rows_on_grid<Bits>(p, k, 0, 1, p.rows, v);
     else
         zero_values(v);
     if (Rotate) {  // every thread, inactive teams with zeros
@@ -788,6 +776,7 @@ Launch make_launch(const HopArgs& a, const BucketItem* items, int count, WireArg
     p.local = a.local;
     p.nodes = a.world / a.local;
     p.rows = rows;
+    p.item_rows = a.world;
     p.midrise = a.grid == kMidrise;
     p.beta = a.beta;
     p.one_minus_beta = math::f_sub(1.0f, a.beta);
@@ -831,6 +820,7 @@ const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem
     if (blocks == 0) return nullptr;
     Launch p = make_launch(a, items, count, in, out, 0);
     p.local = a.in_blocks;  // the blocks summed: rows j * nodes + m of `in`
+    p.item_rows = p.nodes;
     bool ok = false;
     with_bits(a.bits, [&](auto bits) {
         with_error_bits(error_bits, [&](auto ebits) {
@@ -845,7 +835,8 @@ const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem
 const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem* items, int count, int64_t blocks,
                               WireArgs in, int rows, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    const Launch p = make_launch(a, items, count, in, WireArgs{}, rows);
+    Launch p = make_launch(a, items, count, in, WireArgs{}, rows);
+    p.item_rows = 1;
     bool ok = false;
     with_dtype(out_dtype, [&](auto dt) {
         with_bits(a.bits, [&](auto bits) {

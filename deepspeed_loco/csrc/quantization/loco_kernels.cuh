@@ -61,7 +61,8 @@ struct WireArgs {
 };
 
 // One parameter of a bucket, as the kernels' device-side table holds it. The grid of a launch covers every
-// group of every parameter: parameter i owns blocks [first_block, first_block + rows * blocks_per_row).
+// (row, group) pair of every parameter: parameter i owns blocks [first_block, next item's first_block), each block
+// kBlock / team consecutive pairs in row-major order (so a parameter with a few groups per row still fills blocks).
 struct BucketItem {
     const void* grad;     // hop 1: the contiguous gradient
     void* out;            // final: the mean partition (part elements of the output dtype, contiguous)
@@ -73,18 +74,21 @@ struct BucketItem {
     void* err_values;     // error buffer (rows, cols): int8 or fp32 values with row stride err_stride elements,
     float* err_scale;     //   int8: one fp32 scale per group, row stride err_scale_stride; unused without error
     int64_t err_stride, err_scale_stride;
-    int64_t first_block, blocks_per_row;
+    int64_t first_block;
 };
 
 constexpr int kBlock = 256;         // threads per block
 constexpr int kChunks = 2;          // chunks of 8 values per thread: a group of S values has a team of S / 16
 constexpr int kValuesPerThread = 8 * kChunks;
 
-// Blocks that cover one row of `cols` columns in groups of `group_size` (a power of two from 32 to 4096).
-inline int64_t blocks_per_row(int64_t cols, int group_size) {
-    const int64_t groups_per_block = kBlock / (group_size / kValuesPerThread);
-    const int64_t groups = cols / group_size;
-    return (groups + groups_per_block - 1) / groups_per_block;
+// (row, group) pairs of a parameter with `rows` rows of `cols` columns in groups of `group_size` (a power of two
+// from 32 to 4096); the kernels index them with 32-bit arithmetic, so the binding keeps them below 2^32.
+inline int64_t row_groups(int64_t rows, int64_t cols, int group_size) { return rows * (cols / group_size); }
+
+// Blocks that cover those pairs, kBlock / (group_size / kValuesPerThread) pairs per block.
+inline int64_t blocks_for(int64_t rows, int64_t cols, int group_size) {
+    const int64_t per_block = kBlock / (group_size / kValuesPerThread);
+    return (row_groups(rows, cols, group_size) + per_block - 1) / per_block;
 }
 
 #if !defined(LOCO_NO_LAUNCHERS)
@@ -159,8 +163,21 @@ LOCO_HD float f_rint(float a) { return rintf(a); }
 LOCO_HD float f_min(float a, float b) { return a < b ? a : b; }
 LOCO_HD float f_max(float a, float b) { return a > b ? a : b; }
 
-// Key whose unsigned maximum over a group is both the absmax (as bits) and the finiteness test.
-LOCO_HD uint32_t abs_key(float v) { return float_bits(v) & 0x7fffffffu; }
+// A group's key is the bits of max |v| taken with NaN propagation (any NaN gives the NaN 0x7fffffff): as an
+// unsigned integer it orders like |v|, so team maxima of keys are keys, and it is both the absmax and the
+// finiteness test (key >= kInfBits: inf or NaN in the group). absmax_step is one instruction on the device.
+LOCO_HD float absmax_step(float m, float v) {
+#if defined(__CUDA_ARCH__)
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(v)));
+    return r;
+#else
+    const float a = fabsf(v);
+    if (m != m || a != a) return bits_float(0x7fffffffu);
+    return a > m ? a : m;
+#endif
+}
+LOCO_HD uint32_t key_of(float absmax) { return float_bits(absmax); }
 LOCO_HD bool key_finite(uint32_t key) { return key < kInfBits; }
 
 // The codes of a grid of `bits` bits: scale = absmax / divisor; code k in [low, high] stands for (k + half) * scale.
@@ -255,12 +272,19 @@ LOCO_HD Quantized quantize(float c, const Rule& rule, const Levels& lv) {
     return out;
 }
 
-// The kernels' form of `quantize` for the values one thread holds: qf[c][i] = (float)code, +0 for 0. The reciprocal
-// product is computed for all values without branches; if any of them lies within 2^-14 of a rounding boundary
-// (a half-integer for symmetric, a nonzero value's integer for midrise) the whole set is redone with IEEE
-// division (rare), so the result always equals `quantize` element by element.
+// A code k as the kernels carry it between quantizing and packing: the float M + k (M = kRoundMagic). Its low
+// bits are k in two's complement (what is packed), and k = biased - M exactly (|k| < 2^22).
+LOCO_HD float code_of(float biased) { return f_sub(biased, kRoundMagic); }
+LOCO_HD uint32_t code_bits(float biased) { return float_bits(biased); }
+
+// The kernels' form of `quantize` for the values one thread holds: biased[c][i] = M + code (see code_of). The
+// reciprocal product is computed for all values without branches; if any of them lies within 2^-14 of a rounding
+// boundary (a half-integer for symmetric, a nonzero value's integer for midrise) the whole set is redone with IEEE
+// division (rare), so the codes always equal `quantize`'s element by element. Precondition: every |v| is at most
+// the absmax the rule was made from (a group's own values), which keeps the product inside the grid's codes
+// (|v * inv| <= divisor * (1 + 2^-22) < high + 0.5), so no clamp is needed on the reciprocal path.
 template <bool Midrise, int C>
-LOCO_HD void quantize_chunks(const float (&v)[C][8], const Rule& rule, const Levels& lv, float (&qf)[C][8]) {
+LOCO_HD void quantize_chunks(const float (&v)[C][8], const Rule& rule, const Levels& lv, float (&biased)[C][8]) {
     if (rule.mode == kReciprocal) {
         float worst = Midrise ? 1.0f : 0.0f;  // midrise: nearest distance to an integer; symmetric: farthest
         LOCO_UNROLL
@@ -268,15 +292,14 @@ LOCO_HD void quantize_chunks(const float (&v)[C][8], const Rule& rule, const Lev
             LOCO_UNROLL
             for (int i = 0; i < 8; ++i) {
                 const float p = f_mul(v[c][i], rule.inv);
-                const float t = Midrise ? p : f_min(f_max(p, lv.low), lv.high);
-                const float rounded = f_sub(f_add(t, kRoundMagic), kRoundMagic);
-                const float gap = f_sub(t, rounded);
+                const float shifted = f_add(p, kRoundMagic);
+                const float gap = f_sub(p, f_sub(shifted, kRoundMagic));
                 if (Midrise) {
                     worst = f_min(worst, v[c][i] == 0.0f ? 1.0f : fabsf(gap));
-                    qf[c][i] = f_min(f_max(f_sub(rounded, gap < 0.0f ? 1.0f : 0.0f), lv.low), lv.high);
+                    biased[c][i] = gap < 0.0f ? f_sub(shifted, 1.0f) : shifted;  // floor; exact (ulp 1 near M)
                 } else {
                     worst = f_max(worst, fabsf(gap));
-                    qf[c][i] = rounded;
+                    biased[c][i] = shifted;
                 }
             }
         }
@@ -285,12 +308,10 @@ LOCO_HD void quantize_chunks(const float (&v)[C][8], const Rule& rule, const Lev
     LOCO_UNROLL
     for (int c = 0; c < C; ++c) {
         LOCO_UNROLL
-        for (int i = 0; i < 8; ++i) qf[c][i] = rule.mode == kAllZero ? 0.0f : quantize<Midrise>(v[c][i], rule, lv).qf;
+        for (int i = 0; i < 8; ++i)
+            biased[c][i] = rule.mode == kAllZero ? kRoundMagic : f_add(quantize<Midrise>(v[c][i], rule, lv).qf, kRoundMagic);
     }
 }
-
-// q (two's complement, low bits are what is packed) from an integer-valued qf with |qf| < 2^22.
-LOCO_HD int q_of(float qf) { return (int)(float_bits(f_add(qf, kRoundMagic)) - kRoundMagicBits); }
 
 // Residual and LoCo update: e' = beta*e + (1-beta)*(c - dequant(q)), each operation rounded in this order.
 LOCO_HD float residual(float c, float qf, float half, float scale) { return f_sub(c, dequant(qf, half, scale)); }
@@ -298,16 +319,38 @@ LOCO_HD float update(float e, float r, float beta, float one_minus_beta) {
     return f_add(f_mul(e, beta), f_mul(r, one_minus_beta));
 }
 
-// Sign-extends value j (0..7) of a packed little-endian word of 8 values of `Bits` bits.
+// Packed words: 8 codes of `Bits` bits, little-endian (value j at bits [Bits*j, Bits*j + Bits)).
 template <int Bits>
-LOCO_HD int unpack_value(uint64_t word, int j) {
-    const int64_t shifted = (int64_t)(word << (64 - Bits * (j + 1)));
-    return (int)(shifted >> (64 - Bits));
+LOCO_HD uint64_t pack_value(uint32_t code_bits, int j) {
+    return ((uint64_t)(code_bits & ((1u << Bits) - 1u))) << (Bits * j);
 }
 
+// The sign bit of every value of a packed word; word ^ kSignBits<Bits> holds each code k as k + 2^(Bits-1).
 template <int Bits>
-LOCO_HD uint64_t pack_value(int q, int j) {
-    return ((uint64_t)((uint32_t)q & ((1u << Bits) - 1u))) << (Bits * j);
+LOCO_HD constexpr uint64_t sign_bits() {
+    uint64_t m = 0;
+    for (int j = 0; j < 8; ++j) m |= (uint64_t)1 << (Bits * j + Bits - 1);
+    return m;
+}
+
+// The value of code j of a packed word whose sign bits were flipped (`offset_word` = word ^ sign_bits<Bits>()):
+// k as a float (symmetric) or k + 0.5 (midrise), exact and without an integer-to-float conversion: the offset
+// code u = k + h (h = 2^(Bits-1)) is placed in the mantissa of 1.5 * 2^23 (or of 1.5 * 2^22 as 2u, for halves)
+// and the constant M + h (M + h - 0.5) subtracted, both exact.
+template <int Bits, bool Midrise>
+LOCO_HD float code_value(uint64_t offset_word, int j) {
+    constexpr uint32_t h = 1u << (Bits - 1);
+#if defined(__CUDA_ARCH__)
+    if (Bits == 8 && !Midrise)  // one byte permute: byte j and the top three bytes of M
+        return f_sub(__uint_as_float(__byte_perm((uint32_t)(offset_word >> (32 * (j >> 2))), kRoundMagicBits,
+                                                 0x7650u + (uint32_t)(j & 3))),
+                     kRoundMagic + (float)h);
+#endif
+    constexpr int up = Midrise ? 1 : 0;
+    const int at = Bits * j - up;
+    const uint32_t field = (uint32_t)(at >= 0 ? offset_word >> at : offset_word << up) & (((1u << Bits) - 1u) << up);
+    if (Midrise) return f_sub(bits_float(0x4ac00000u | field), 6291456.0f + (float)h - 0.5f);  // 1.5 * 2^22
+    return f_sub(bits_float(kRoundMagicBits | field), kRoundMagic + (float)h);
 }
 
 // Randomized Hadamard rotation (deepspeed_loco/ops/hadamard.py): column i of every group is negated before the

@@ -30,17 +30,19 @@ static void quantize_all(const float* c, long long n, int group, int bits, signe
     const Levels lv = levels(bits, Midrise ? loco::kMidrise : loco::kSymmetric);
     for (long long g = 0; g < n / group; ++g) {
         uint32_t key = 0;
-        for (int i = 0; i < group; ++i) { uint32_t k = abs_key(c[g * group + i]); key = k > key ? k : key; }
-        const Rule rule = make_rule(key, lv.divisor);
+        float m = 0.0f;
+        for (int i = 0; i < group; ++i) m = absmax_step(m, c[g * group + i]);
+        const Rule rule = make_rule(key_of(m), lv.divisor);
         scale[g] = rule.scale;
         for (int piece = 0; piece < group; piece += 16) {  // as a kernel thread holds them: 2 chunks of 8
-            float v[2][8], qf[2][8];
+            float v[2][8], biased[2][8];
             for (int i = 0; i < 16; ++i) v[i / 8][i % 8] = c[g * group + piece + i];
-            quantize_chunks<Midrise>(v, rule, lv, qf);
+            quantize_chunks<Midrise>(v, rule, lv, biased);
             for (int i = 0; i < 16; ++i) {
-                q[g * group + piece + i] = (signed char)q_of(qf[i / 8][i % 8]);
+                const float b = biased[i / 8][i % 8];
+                q[g * group + piece + i] = (signed char)(code_bits(b) & 0xffu);  // the low bits are the code
                 const Quantized one = quantize<Midrise>(c[g * group + piece + i], rule, lv);
-                if (one.q != q_of(qf[i / 8][i % 8]) || float_bits(one.qf) != float_bits(qf[i / 8][i % 8])) q[0] = 99;
+                if (float_bits(one.qf) != float_bits(code_of(b)) || one.q != (int)code_of(b)) q[0] = 99;
             }
         }
     }
@@ -60,8 +62,9 @@ extern "C" void host_update(const float* c, const float* e, long long n, int gro
     const Levels lv = levels(bits, grid);
     for (long long g = 0; g < n / group; ++g) {
         uint32_t key = 0;
-        for (int i = 0; i < group; ++i) { uint32_t k = abs_key(c[g * group + i]); key = k > key ? k : key; }
-        const Rule rule = make_rule(key, lv.divisor);
+        float m = 0.0f;
+        for (int i = 0; i < group; ++i) m = absmax_step(m, c[g * group + i]);
+        const Rule rule = make_rule(key_of(m), lv.divisor);
         for (int i = 0; i < group; ++i) {
             const long long j = g * group + i;
             const float qf = grid == 1 ? quantize<true>(c[j], rule, lv).qf : quantize<false>(c[j], rule, lv).qf;
@@ -75,28 +78,34 @@ extern "C" void host_pack(const signed char* q, long long n, int bits, unsigned 
         uint64_t word = 0;
         for (int j = 0; j < 8; ++j) {
             switch (bits) {
-                case 2: word |= pack_value<2>(q[8 * w + j], j); break;
-                case 3: word |= pack_value<3>(q[8 * w + j], j); break;
-                case 4: word |= pack_value<4>(q[8 * w + j], j); break;
-                default: word |= pack_value<8>(q[8 * w + j], j); break;
+                case 2: word |= pack_value<2>((uint32_t)q[8 * w + j], j); break;
+                case 3: word |= pack_value<3>((uint32_t)q[8 * w + j], j); break;
+                case 4: word |= pack_value<4>((uint32_t)q[8 * w + j], j); break;
+                default: word |= pack_value<8>((uint32_t)q[8 * w + j], j); break;
             }
         }
         for (int b = 0; b < bits; ++b) out[w * bits + b] = (unsigned char)(word >> (8 * b));
     }
 }
 
-extern "C" void host_unpack(const unsigned char* data, long long n, int bits, signed char* q) {
+template <int Bits>
+static void unpack_values(const unsigned char* data, long long n, int midrise, float* out) {
     for (long long w = 0; w < n / 8; ++w) {
         uint64_t word = 0;
-        for (int b = 0; b < bits; ++b) word |= (uint64_t)data[w * bits + b] << (8 * b);
-        for (int j = 0; j < 8; ++j) {
-            switch (bits) {
-                case 2: q[8 * w + j] = (signed char)unpack_value<2>(word, j); break;
-                case 3: q[8 * w + j] = (signed char)unpack_value<3>(word, j); break;
-                case 4: q[8 * w + j] = (signed char)unpack_value<4>(word, j); break;
-                default: q[8 * w + j] = (signed char)unpack_value<8>(word, j); break;
-            }
-        }
+        for (int b = 0; b < Bits; ++b) word |= (uint64_t)data[w * Bits + b] << (8 * b);
+        word ^= sign_bits<Bits>();
+        for (int j = 0; j < 8; ++j)
+            out[8 * w + j] = midrise ? code_value<Bits, true>(word, j) : code_value<Bits, false>(word, j);
+    }
+}
+
+// The value of every packed code: k (symmetric) or k + 0.5 (midrise), as the kernels decode them.
+extern "C" void host_unpack(const unsigned char* data, long long n, int bits, int midrise, float* out) {
+    switch (bits) {
+        case 2: unpack_values<2>(data, n, midrise, out); break;
+        case 3: unpack_values<3>(data, n, midrise, out); break;
+        case 4: unpack_values<4>(data, n, midrise, out); break;
+        default: unpack_values<8>(data, n, midrise, out); break;
     }
 }
 
@@ -206,9 +215,12 @@ def test_host_packing_matches_the_reference_layout(host, bits):
     host.host_pack(_ptr(q), ctypes.c_longlong(q.numel()), bits, _ptr(packed))
     assert torch.equal(packed, pack(q, bits))
     raw = torch.randint(0, 256, (4096 * bits // 8,), dtype=torch.uint8, generator=gen)
-    values = torch.empty(4096, dtype=torch.int8)
-    host.host_unpack(_ptr(raw), ctypes.c_longlong(values.numel()), bits, _ptr(values))
-    assert torch.equal(values, unpack(raw, bits))
+    codes = unpack(raw, bits).float()
+    assert set(codes.unique().tolist()) == set(range(-(1 << (bits - 1)), 1 << (bits - 1)))  # every code occurs
+    for midrise, want in ((0, codes), (1, codes + 0.5)):
+        values = torch.empty(4096)
+        host.host_unpack(_ptr(raw), ctypes.c_longlong(values.numel()), bits, midrise, _ptr(values))
+        assert torch.equal(values.view(torch.int32), want.view(torch.int32))  # bit for bit: +0.0 for code 0
 
 
 def test_host_bf16_rounding_matches_torch(host):
