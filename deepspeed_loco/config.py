@@ -15,7 +15,7 @@ SUPPORTED_ERROR_BITS = (8, 32)
 MIN_GROUP_SIZE = 32
 MAX_GROUP_SIZE = 4096
 ON_CORRUPT_CHECKPOINT = ("error", "reset")
-QUANT_GRIDS = ("symmetric", "midrise")
+QUANT_GRIDS = ("auto", "symmetric", "midrise")
 
 
 class LocoConfigError(ValueError):
@@ -49,7 +49,9 @@ class LocoConfig(BaseModel):
         after the final sum); the same fixed signs on every rank.
     quant_grid: the gradient quantization grid of ``b`` bits with group scale ``s``. "symmetric": levels ``k*s``,
         ``k`` in ``[-qmax, qmax]``, ``qmax = 2^(b-1) - 1``, ``s = absmax / qmax``. "midrise": levels ``(k + 0.5)*s``,
-        ``k`` in ``[-2^(b-1), 2^(b-1) - 1]``, ``s = absmax / (2^(b-1) - 0.5)``: every code is used.
+        ``k`` in ``[-2^(b-1), 2^(b-1) - 1]``, ``s = absmax / (2^(b-1) - 0.5)``: every code is used. "auto" (the
+        default): "midrise" when a hop of the reduce sends 2 bits (measured better there, ``docs/config.md``),
+        otherwise "symmetric" (what DeepSpeed's qgZ and its LoCo used); the hop plan resolves it.
     """
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, validate_default=True)
 
@@ -64,7 +66,7 @@ class LocoConfig(BaseModel):
     local_world_size: Annotated[Optional[int], _rule("an integer >= 1, or null for the launcher's", ge=1)] = None
     on_corrupt_checkpoint: Annotated[Literal[ON_CORRUPT_CHECKPOINT], _rule('"error" or "reset"')] = "error"
     hadamard: Annotated[bool, _rule("true or false")] = False
-    quant_grid: Annotated[Literal[QUANT_GRIDS], _rule('"symmetric" or "midrise"')] = "symmetric"
+    quant_grid: Annotated[Literal[QUANT_GRIDS], _rule('"auto", "symmetric" or "midrise"')] = "auto"
 
     def __init__(self, **values: Any):
         """Validates ``values``; raises :class:`LocoConfigError` naming every bad or unknown key."""

@@ -48,7 +48,7 @@ class RunSpec:
     out_dir: str = "."
     fidelity: bool = True  # measure the communicated gradient against the exact mean (demo/fidelity.py)
     text: Optional[str] = None  # the user's own training text (a file or a folder of .txt); None: the bundled plays
-    quant_grid: str = "symmetric"
+    quant_grid: str = "auto"
 
     def __post_init__(self):
         if self.device not in DEVICES:

@@ -79,7 +79,8 @@ class Hop:
 
 @dataclass(frozen=True)
 class HopPlan:
-    """The ordered hops of a reduce over ``world_size = M * local_size`` ranks (empty for a world of one)."""
+    """The ordered hops of a reduce over ``world_size = M * local_size`` ranks (empty for a world of one);
+    ``grid`` is the resolved quantization grid of every hop ("symmetric" or "midrise", never "auto")."""
     world_size: int
     local_size: int
     group_size: int
@@ -120,6 +121,14 @@ class HopPlan:
         return replace(self, hops=tuple(replace(hop, exchange=exchanges[hop.name]) for hop in self.hops))
 
 
+def resolve_grid(quant_grid: str, hops: Sequence[Hop]) -> str:
+    """The grid every hop of ``hops`` uses for ``zeropp_loco_param.quant_grid``: "auto" is "midrise" when a hop
+    sends 2 bits and "symmetric" otherwise; "symmetric" and "midrise" are themselves."""
+    if quant_grid != "auto":
+        return quant_grid
+    return "midrise" if any(hop.bits <= 2 for hop in hops) else "symmetric"
+
+
 def plan_hops(world_size: int, local_size: int, config) -> HopPlan:
     """The hops of a :class:`~deepspeed_loco.config.LocoConfig` on ``world_size`` ranks, ``local_size`` per node
     (``world_size % local_size == 0``, checked by the caller), without exchanges."""
@@ -129,5 +138,5 @@ def plan_hops(world_size: int, local_size: int, config) -> HopPlan:
         hops.append(Hop(INTRA_NODE, config.intra_node_bits, rows=world_size, peers=local_size))
     if world_size > 1 and nodes > 1:
         hops.append(Hop(INTER_NODE, config.inter_node_bits, rows=nodes, peers=nodes))
-    return HopPlan(world_size, local_size, config.group_size, config.err_beta, config.hadamard, config.quant_grid,
-                   config.error_bits, config.error_feedback, tuple(hops))
+    return HopPlan(world_size, local_size, config.group_size, config.err_beta, config.hadamard,
+                   resolve_grid(config.quant_grid, hops), config.error_bits, config.error_feedback, tuple(hops))

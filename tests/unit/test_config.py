@@ -53,9 +53,9 @@ def test_on_corrupt_checkpoint_defaults_to_error_and_accepts_reset():
     assert LocoConfig.from_dict({"on_corrupt_checkpoint": "reset"}).on_corrupt_checkpoint == "reset"
 
 
-@pytest.mark.parametrize("value", ["symmetric", "midrise"])
-def test_quant_grid_accepts_both_grids_and_defaults_to_symmetric(value):
-    assert LocoConfig.from_dict({}).quant_grid == "symmetric"
+@pytest.mark.parametrize("value", ["auto", "symmetric", "midrise"])
+def test_quant_grid_accepts_auto_and_both_grids_and_defaults_to_auto(value):
+    assert LocoConfig.from_dict({}).quant_grid == "auto"
     assert LocoConfig.from_dict({"quant_grid": value}).quant_grid == value
 
 
@@ -63,7 +63,7 @@ def test_quant_grid_accepts_both_grids_and_defaults_to_symmetric(value):
 def test_quant_grid_rejects_anything_else(value):
     with pytest.raises(LocoConfigError) as err:
         LocoConfig.from_dict({"quant_grid": value})
-    assert f'zeropp_loco_param.quant_grid = {value!r} is invalid: it must be "symmetric" or "midrise"' in str(err.value)
+    assert f'zeropp_loco_param.quant_grid = {value!r} is invalid: it must be "auto", "symmetric" or "midrise"' in str(err.value)
 
 
 def test_every_bad_key_is_named_in_one_error():

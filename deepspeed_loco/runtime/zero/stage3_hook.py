@@ -92,7 +92,8 @@ class LocoHook:
         kernels = getattr(kernels, "__name__", type(kernels).__name__).rsplit(".", 1)[-1]
         mode = "LoCo error feedback" if cfg.error_feedback else "plain qgZ (error feedback off)"
         return (f"deepspeed-loco active: {mode}; {topo.describe()}; bits intra/inter {cfg.intra_node_bits}/"
-                f"{cfg.inter_node_bits}, group {cfg.group_size}, grid {cfg.quant_grid}, hadamard "
+                f"{cfg.inter_node_bits}, group {cfg.group_size}, grid {topo.plan(cfg).grid}"
+                f"{' (auto)' if cfg.quant_grid == 'auto' else ''}, hadamard "
                 f"{'on' if cfg.hadamard else 'off'}; {describe_wire(cfg, topo)}; err_beta {cfg.err_beta}, reset_T "
                 f"{cfg.reset_T}; error buffers {buffer_bytes / 2**20:.2f} MiB ({buffer_bytes / max(numel, 1):.3f} B "
                 f"per parameter element, int{cfg.error_bits}) on this rank; kernels: {kernels}")

@@ -121,14 +121,16 @@ def test_error_feedback_on_no_hop_is_plain_qgz_and_on_every_hop_is_loco():
 
 
 def test_diagnostics_record_what_error_feedback_released():
-    plain, loco = _run(["plain2", "loco2"], diagnostics=True)
+    # the symmetric 2-bit grid has a zero level that plain qgZ leaves many coordinates at ("auto" would pick mid-rise)
+    symmetric = {"loco": {"quant_grid": "symmetric"}}
+    plain, loco = _run(["plain2", "loco2"], diagnostics=True, **symmetric)
     assert plain.released_fractions == [] and len(loco.released_fractions) == STEPS
     # released coordinates are nonzero in LoCo's mean: their share is at most the nonzero share, and some exist
     assert all(0 <= r <= n for r, n in zip(loco.released_fractions, loco.nonzero_fractions))
     assert max(loco.released_fractions) > 0
     assert all(u > 0 for u in plain.update_rms) and len(plain.update_rms) == STEPS
     # diagnostics only observe: the arm trains exactly as without them
-    again, = _run(["loco2"])
+    again, = _run(["loco2"], **symmetric)
     assert again.train_losses == loco.train_losses
 
 

@@ -140,7 +140,7 @@ def test_start_up_line_and_telemetry_report_the_wire_bytes_per_element_of_each_h
     # 4-bit values and one fp32 scale per group of 32 on both hops: 0.5 + 4/32 bytes per element
     for arm in ("plain", "loco"):
         result = arms[arm][0]
-        assert "; W=4 (M=2 nodes x L=2 ranks); bits intra/inter 4/4, group 32, grid symmetric, hadamard off; wire per element: " \
+        assert "; W=4 (M=2 nodes x L=2 ranks); bits intra/inter 4/4, group 32, grid symmetric (auto), hadamard off; wire per element: " \
                "intra-node 0.625 B (4-bit + fp32 scale/32), inter-node 0.625 B (4-bit + fp32 scale/32); " \
                "err_beta" in result["startup"]
         assert result["stats"].bytes_per_element("intra_node") == result["stats"].bytes_per_element("inter_node") == 0.625
