@@ -1,8 +1,13 @@
 """Shared fixtures: process pools live for the whole session, one per world size, so that test cases share
 their process groups instead of paying a start-up each."""
+import importlib.util
+import os
+
 import pytest
 
 from tests.unit.process_pool import ProcessPool
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _POOLS = {}
 
@@ -20,3 +25,16 @@ def process_pool():
     for pool in _POOLS.values():
         pool.close()
     _POOLS.clear()
+
+
+@pytest.fixture(scope="session")
+def benchmark_module():
+    """``benchmark_module(name)``: ``benchmarks/<name>.py`` imported as a module (the benchmarks are scripts)."""
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", os.path.join(ROOT, "benchmarks", name + ".py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

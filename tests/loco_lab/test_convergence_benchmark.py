@@ -2,26 +2,19 @@
 lines, PNGs), old-format records included."""
 import argparse
 import dataclasses
-import importlib.util
 import json
-import os
 
 import pytest
 
 from loco_lab.arms import parse_arm
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SETUP = {"steps": 4, "model": {"layers": 2, "dim": 32, "seq_len": 16}, "nodes": 2, "local": 2, "device": "cpu",
          "dtype": "fp32", "micro_batch": 2, "lr": 0.003, "group_size": 256, "err_beta": 0.8}
 
 
 @pytest.fixture(scope="module")
-def convergence():
-    spec = importlib.util.spec_from_file_location("convergence_benchmark", os.path.join(ROOT, "benchmarks",
-                                                                                         "convergence.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def convergence(benchmark_module):
+    return benchmark_module("convergence")
 
 
 def _record(key, seed, val, old_format=False):

@@ -1,13 +1,10 @@
 """benchmarks/convergence_sim.py summarize: a tag without full / plain2 runs borrows them from a reference tag
 (``--reference TAG=REFTAG``), marked in the table, and paired differences use the seeds both tags ran."""
 import argparse
-import importlib.util
 import json
-import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SETUP = {"steps": 4, "size": "tiny", "params": 1000, "text": None, "model": {"layers": 2, "dim": 32, "seq_len": 16},
          "nodes": 2, "local": 2, "micro_batch": 2, "lr": 0.003, "warmup": 1, "dtype": "fp32", "group_size": 256,
          "err_beta": 0.8, "reset_T": 1024, "ef_hops": "all", "quant_grid": "symmetric", "eval_windows": 8,
@@ -15,12 +12,8 @@ SETUP = {"steps": 4, "size": "tiny", "params": 1000, "text": None, "model": {"la
 
 
 @pytest.fixture(scope="module")
-def convergence_sim():
-    spec = importlib.util.spec_from_file_location("convergence_sim", os.path.join(ROOT, "benchmarks",
-                                                                                "convergence_sim.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def convergence_sim(benchmark_module):
+    return benchmark_module("convergence_sim")
 
 
 def _record(tag, key, seed, val, **setup):
