@@ -34,8 +34,9 @@ echo "benchmark exit $? at $(( $(date +%s) - start )) s"
 
 so=$(find ~/.cache/torch_extensions -name "loco_ops.so" 2>/dev/null | head -1)
 if command -v cuobjdump >/dev/null && [ -n "$so" ]; then
-    cuobjdump -sass "$so" >"$OUT/loco_ops.sass" 2>&1
-    echo "SASS: $(wc -l <"$OUT/loco_ops.sass") lines"
+    cuobjdump -sass "$so" >/tmp/loco_ops.sass 2>&1
+    python3 benchmarks/sass_summary.py /tmp/loco_ops.sass >"$OUT/sass_summary.txt" 2>&1
+    echo "SASS: $(wc -l </tmp/loco_ops.sass) lines, summary in sass_summary.txt"
 fi
 if command -v ncu >/dev/null; then
     timeout 120 ncu --kernel-name regex:hop1_kernel --launch-skip 4 --launch-count 3 --section SpeedOfLight \
@@ -51,10 +52,16 @@ if [ -n "$CONVERGENCE" ]; then
         --out $OUT/runs.jsonl --logs /tmp/convergence_sim_logs $CONVERGENCE" >"$OUT/convergence.log" 2>&1 &
     convergence=$!
 fi
-# the binding's bad-argument test alone, with Python's fault handler (it crashed a process once)
+# the binding's bad-argument test alone, with Python's fault handler and, where gdb exists, a native backtrace
+# (it crashes the process when the binding's first argument check throws)
 timeout 120 python3 -X faulthandler -m pytest -q -p no:cacheprovider tests/unit/ops/test_loco_kernels.py \
     -k test_invalid_arguments_raise_at_the_binding >"$OUT/binding_errors.log" 2>&1
 echo "binding-error test exit $?: $(tail -1 "$OUT/binding_errors.log")"
+if command -v gdb >/dev/null; then
+    timeout 180 gdb -batch -ex run -ex bt --args python3 -m pytest -q -p no:cacheprovider \
+        tests/unit/ops/test_loco_kernels.py -k test_invalid_arguments_raise_at_the_binding >"$OUT/binding_errors_gdb.log" 2>&1
+    echo "gdb backtrace: $(grep -c '^#' "$OUT/binding_errors_gdb.log") frames in binding_errors_gdb.log"
+fi
 python3 -m pytest -q -p no:cacheprovider tests/unit/ops tests/unit/runtime/comm/test_loco_reduce_cuda.py \
     --deselect tests/unit/ops/test_loco_kernels.py::test_invalid_arguments_raise_at_the_binding >"$OUT/tests.log" 2>&1
 echo "tests: $(tail -1 "$OUT/tests.log") at $(( $(date +%s) - start )) s"
