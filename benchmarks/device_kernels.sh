@@ -29,7 +29,7 @@ if [ -n "$VARIANT" ] && ! wait $variant_build; then
 fi
 echo "JIT builds: $(( $(date +%s) - start )) s"
 
-python3 benchmarks/kernels.py --json "$OUT/kernels.json" ${VARIANT:+--variant "$VARIANT"} "$@" >"$OUT/kernels.txt" 2>&1
+python3 benchmarks/kernels.py --json "$OUT/kernels.json" ${VARIANT:+"--variant=$VARIANT"} "$@" >"$OUT/kernels.txt" 2>&1
 echo "benchmark exit $? at $(( $(date +%s) - start )) s"
 
 so=$(find ~/.cache/torch_extensions -name "loco_ops.so" 2>/dev/null | head -1)
