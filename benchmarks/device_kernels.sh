@@ -39,10 +39,16 @@ if command -v cuobjdump >/dev/null && [ -n "$so" ]; then
     echo "SASS: $(wc -l </tmp/loco_ops.sass) lines, summary in sass_summary.txt"
 fi
 if command -v ncu >/dev/null; then
-    timeout 120 ncu --kernel-name regex:hop1_kernel --launch-skip 4 --launch-count 3 --section SpeedOfLight \
-        --section Occupancy --section WarpStateStats --section SchedulerStats \
-        python3 benchmarks/kernels.py --profile-hop1 >"$OUT/ncu_hop1.txt" 2>&1
-    echo "ncu exit $?: $(grep -c "hop1_kernel" "$OUT/ncu_hop1.txt") kernel sections"
+    timeout 150 ncu --kernel-name regex:hop1_kernel --launch-skip 4 --launch-count 3 --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats --section SchedulerStats --section InstructionStats \
+        --section SourceCounters -o /tmp/ncu_hop1 python3 benchmarks/kernels.py --profile-hop1 >"$OUT/ncu_run.log" 2>&1
+    echo "ncu exit $?"
+    ncu -i /tmp/ncu_hop1.ncu-rep >"$OUT/ncu_hop1.txt" 2>&1
+    # executed instructions per SASS line of each profiled kernel (the hot spots), summarized by opcode
+    ncu -i /tmp/ncu_hop1.ncu-rep --page source --csv --print-source sass >/tmp/ncu_hop1_source.csv 2>&1
+    python3 benchmarks/sass_summary.py --ncu-source /tmp/ncu_hop1_source.csv >"$OUT/ncu_hop1_source.txt" 2>&1
+    echo "ncu: $(grep -c "hop1_kernel" "$OUT/ncu_hop1.txt") kernel sections, source csv $(wc -l </tmp/ncu_hop1_source.csv) lines"
+    gzip -c /tmp/ncu_hop1_source.csv >"$OUT/ncu_hop1_source.csv.gz"
 else
     echo "no ncu on this machine"
 fi
@@ -58,7 +64,7 @@ timeout 120 python3 -X faulthandler -m pytest -q -p no:cacheprovider tests/unit/
     -k test_invalid_arguments_raise_at_the_binding >"$OUT/binding_errors.log" 2>&1
 echo "binding-error test exit $?: $(tail -1 "$OUT/binding_errors.log")"
 if command -v gdb >/dev/null; then
-    timeout 180 gdb -batch -ex run -ex bt --args python3 -m pytest -q -p no:cacheprovider \
+    timeout 60 gdb -batch -ex run -ex bt --args python3 -m pytest -q -p no:cacheprovider \
         tests/unit/ops/test_loco_kernels.py -k test_invalid_arguments_raise_at_the_binding >"$OUT/binding_errors_gdb.log" 2>&1
     echo "gdb backtrace: $(grep -c '^#' "$OUT/binding_errors_gdb.log") frames in binding_errors_gdb.log"
 fi

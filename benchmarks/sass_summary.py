@@ -4,7 +4,12 @@ For each kernel function: static SASS instructions, and how many of them are int
 ``F2I``, ``F2F``: a quarter-rate pipe), shuffles, barriers and local-memory accesses (``LDL``/``STL``: spills).
 
     cuobjdump -sass loco_ops.so > loco_ops.sass; python3 benchmarks/sass_summary.py loco_ops.sass
+
+With ``--ncu-source`` it reads Nsight Compute's source page instead (``ncu -i REPORT --page source --csv
+--print-source sass``): per profiled kernel, the warp instructions executed in all and by opcode, and the hottest
+SASS lines, which is where a kernel's instruction budget goes.
 """
+import csv
 import re
 import sys
 from collections import Counter
@@ -29,6 +34,52 @@ def summarize(lines):
     return kernels
 
 
+def _executed(cell):
+    try:
+        return int(float(cell.replace(",", "")))
+    except ValueError:
+        return None
+
+
+def summarize_source(lines):
+    """``[(section title, [(executed warp instructions, SASS text)])]`` from an ncu source-page CSV: a section starts
+    at each header row (one with a ``Source`` column and an ``Instructions Executed`` column); a one-cell row before
+    it names the kernel when ncu prints one."""
+    sections, title, columns = [], "", None
+    for row in csv.reader(lines):
+        if not row:
+            continue
+        if "Source" in row and "Instructions Executed" in row:
+            columns = (row.index("Source"), row.index("Instructions Executed"))
+            sections.append((title or f"kernel {len(sections) + 1}", []))
+            title = ""
+            continue
+        if columns is None or len(row) <= max(columns):
+            title = " ".join(cell for cell in row if cell).strip() or title
+            continue
+        count = _executed(row[columns[1]])
+        if count is not None:
+            sections[-1][1].append((count, row[columns[0]].strip()))
+    return sections
+
+
+def main_source(path, top=40):
+    with open(path, errors="replace") as f:
+        sections = summarize_source(f)
+    if not sections:
+        print(f"no source table found in {path}")
+    for title, rows in sections:
+        total = sum(count for count, _ in rows)
+        ops = Counter()
+        for count, text in rows:
+            match = re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text)
+            ops[match.group(1) if match else "?"] += count
+        print(f"== {title}: {total} warp instructions executed, {len(rows)} SASS lines")
+        print("  by opcode: " + ", ".join(f"{op} {count}" for op, count in ops.most_common(25)))
+        for count, text in sorted(rows, key=lambda r: -r[0])[:top]:
+            print(f"  {count:12d}  {text}")
+
+
 def main(path):
     with open(path, errors="replace") as f:
         kernels = summarize(f)
@@ -39,4 +90,7 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--ncu-source":
+        main_source(sys.argv[2])
+    else:
+        main(sys.argv[1])

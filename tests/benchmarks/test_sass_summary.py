@@ -20,3 +20,24 @@ def test_counts_opcodes_per_kernel(benchmark_module):
     hop2 = kernels["_ZN4loco12_GLOBAL__N_111hop2_kernelILi4ELi8EEEvNS0_6LaunchEi"]
     assert hop1 == {"LDC": 1, "I2F": 1, "SHFL": 1, "STL": 1}
     assert hop2 == {"BAR": 1, "FADD": 1}
+
+
+SOURCE_CSV = """\
+"hop1_kernel<2, 4, 0, 0>(Launch)"
+"# Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","Thread Instructions Executed"
+"0","LDC R1, c[0x0][0x28]","3","65,536","2,097,152"
+"10","@!P0 FFMA R2, R3, R4, R5","10","131072","4194304"
+"20","FFMA R6, R3, R4, R5","1","1000","32000"
+"hop1_kernel<2, 4, 8, 0>(Launch)"
+"# Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","Thread Instructions Executed"
+"0","SHFL.BFLY PT, R4, R5, 0x1, 0x1f","0","7","224"
+"""
+
+
+def test_ncu_source_page_totals_per_kernel_and_opcode(benchmark_module):
+    sass = benchmark_module("sass_summary")
+    sections = sass.summarize_source(SOURCE_CSV.splitlines())
+    assert [title for title, _ in sections] == ["hop1_kernel<2, 4, 0, 0>(Launch)", "hop1_kernel<2, 4, 8, 0>(Launch)"]
+    assert sections[0][1] == [(65536, "LDC R1, c[0x0][0x28]"), (131072, "@!P0 FFMA R2, R3, R4, R5"),
+                              (1000, "FFMA R6, R3, R4, R5")]
+    assert sections[1][1] == [(7, "SHFL.BFLY PT, R4, R5, 0x1, 0x1f")]

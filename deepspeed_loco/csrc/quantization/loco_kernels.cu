@@ -31,10 +31,10 @@ using namespace math;
 
 constexpr int kMaxGroup = 4096;
 
-// Resident blocks per SM that the kernels with an error buffer (hop 1 and hop 2) ask the compiler to allow, which
-// caps their registers (1: no cap). A build option for tuning (-DLOCO_MIN_BLOCKS=4 holds them at 64 registers).
+// Resident blocks per SM that hop 1 and hop 2 ask the compiler to allow, which caps their registers at
+// 65536 / (kBlock * LOCO_MIN_BLOCKS) (4: 64 registers, half the SM's threads). A build option for tuning.
 #if !defined(LOCO_MIN_BLOCKS)
-#define LOCO_MIN_BLOCKS 1
+#define LOCO_MIN_BLOCKS 4
 #endif
 
 __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
@@ -541,7 +541,7 @@ __device__ __forceinline__ void zero_values(float (&v)[kChunks][8]) {
 // ------------------------------------------------------------------------------------------------ hop 1
 // Block row = slot of the send buffer; slot d*M + n carries partition row n*L + d of its gradient.
 template <int DT, int Bits, int EBits, bool Rotate>
-__global__ void __launch_bounds__(kBlock, EBits == 0 ? 1 : LOCO_MIN_BLOCKS) hop1_kernel(const Launch p) {
+__global__ void __launch_bounds__(kBlock, LOCO_MIN_BLOCKS) hop1_kernel(const Launch p) {
     __shared__ uint32_t red[kBlock / 32];
     const Block k = locate(p);
     const BucketItem& it = *k.item;
@@ -637,7 +637,7 @@ __device__ __forceinline__ void sum_rows_on_grid(const Launch& p, const Block& k
 
 // Block row = output row m (node); the input bits are a run-time switch (p.in_bits).
 template <int Bits, int EBits>
-__global__ void __launch_bounds__(kBlock, EBits == 0 ? 1 : LOCO_MIN_BLOCKS) hop2_kernel(const Launch p, int in_bits) {
+__global__ void __launch_bounds__(kBlock, LOCO_MIN_BLOCKS) hop2_kernel(const Launch p, int in_bits) {
     __shared__ uint32_t red[kBlock / 32];
     const Block k = locate(p);
     const int64_t m = k.row;

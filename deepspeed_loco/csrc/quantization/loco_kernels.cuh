@@ -122,9 +122,6 @@ constexpr uint32_t kInfBits = 0x7f800000u;     // |v| bits >= this: inf or NaN
 constexpr uint32_t kNaNBits = 0x7fc00000u;     // the NaN torch writes (float("nan"))
 constexpr float kRoundMagic = 12582912.0f;     // 1.5 * 2^23: t + magic rounds t to an integer, half to even
 constexpr uint32_t kRoundMagicBits = 0x4b400000u;
-// Distance from a half-integer under which the reciprocal product may round differently from the IEEE
-// quotient: |c*inv - c/scale| <= 127.5 * 2^-23 < 2^-16 and |fl(c/scale) - c/scale| <= 2^-18 for |q| <= 127.
-constexpr float kTieGuard = 0.5f - 0.00006103515625f;  // 0.5 - 2^-14
 
 LOCO_HD uint32_t float_bits(float v) {
 #if defined(__CUDA_ARCH__)
@@ -152,13 +149,23 @@ LOCO_HD float f_sub(float a, float b) { return __fsub_rn(a, b); }
 LOCO_HD float f_mul(float a, float b) { return __fmul_rn(a, b); }
 LOCO_HD float f_div(float a, float b) { return __fdiv_rn(a, b); }
 LOCO_HD float f_rint(float a) { return rintf(a); }
+LOCO_HD float f_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+// M + floor(q) for |q| < 2^22 (M = kRoundMagic): one add rounded toward -inf.
+LOCO_HD float floor_biased(float q) { return __fadd_rd(q, kRoundMagic); }
 #else
 LOCO_HD float f_add(float a, float b) { return a + b; }
 LOCO_HD float f_sub(float a, float b) { return a - b; }
 LOCO_HD float f_mul(float a, float b) { return a * b; }
 LOCO_HD float f_div(float a, float b) { return a / b; }
 LOCO_HD float f_rint(float a) { return rintf(a); }
+LOCO_HD float f_fma(float a, float b, float c) { return fmaf(a, b, c); }
+LOCO_HD float floor_biased(float q) {
+    const float s = q + kRoundMagic;  // M + rint(q), exact
+    return s - kRoundMagic > q ? s - 1.0f : s;
+}
 #endif
+// M + rint(q) (half to even) for |q| < 2^22.
+LOCO_HD float rint_biased(float q) { return f_add(q, kRoundMagic); }
 
 LOCO_HD float f_min(float a, float b) { return a < b ? a : b; }
 LOCO_HD float f_max(float a, float b) { return a > b ? a : b; }
@@ -202,21 +209,19 @@ LOCO_HD float dequant(float k, float half, float scale) { return f_mul(f_add(k, 
 
 // Per-group quantization rule derived from the group's absmax key.
 struct Rule {
-    float scale;  // absmax / divisor; NaN for a non-finite group; 0 for a zero (or underflowing) group
-    float inv;    // fl(1 / scale) when mode == kReciprocal
+    float scale;   // absmax / divisor; NaN for a non-finite group; 0 for a zero (or underflowing) group
+    float inv;     // kReciprocal: fl(1 / scale)
+    float inv_lo;  // kReciprocal: fl((1 - scale * inv) / scale), so inv + inv_lo = 1 / scale to about 2^-48
+    float tiny;    // kReciprocal: -scale * 2^-24; a negative c above it has a quotient too small for exact_quotient
     int mode;
 };
 constexpr int kAllZero = 0;     // q = 0 for every element (zero, underflowing or non-finite group)
-constexpr int kReciprocal = 1;  // q from c * inv, exact division near rounding boundaries
-constexpr int kDivide = 2;      // q from c / scale (scale outside [2^-125, 2^125])
-
-// Distance from an integer under which floor(c * inv) may differ from floor(fl(c / scale)) (midrise; the bounds
-// of kTieGuard apply: the two quotients are less than 2^-16 + 2^-18 apart).
-constexpr float kNearInteger = 0.00006103515625f;  // 2^-14
+constexpr int kReciprocal = 1;  // q from exact_quotient (scale in [2^-100, 2^100])
+constexpr int kDivide = 2;      // q from c / scale (scale outside [2^-100, 2^100])
 
 LOCO_HD Rule make_rule(uint32_t key, float divisor) {
     Rule r;
-    r.inv = 0.0f;
+    r.inv = r.inv_lo = r.tiny = 0.0f;
     if (!key_finite(key)) {
         r.scale = bits_float(kNaNBits);
         r.mode = kAllZero;
@@ -225,13 +230,25 @@ LOCO_HD Rule make_rule(uint32_t key, float divisor) {
     r.scale = f_div(bits_float(key), divisor);
     if (!(r.scale > 0.0f)) {
         r.mode = kAllZero;
-    } else if (r.scale >= 2.350988701644575e-38f /* 2^-125 */ && r.scale <= 4.253529586511730e+37f /* 2^125 */) {
+    } else if (r.scale >= 7.888609052210118e-31f /* 2^-100 */ && r.scale <= 1.2676506002282294e+30f /* 2^100 */) {
         r.inv = f_div(1.0f, r.scale);
+        r.inv_lo = f_mul(f_fma(-r.scale, r.inv, 1.0f), r.inv);  // the fma is exact: 1 - scale * inv
+        r.tiny = f_mul(r.scale, -5.9604644775390625e-08f /* -2^-24 */);
         r.mode = kReciprocal;
     } else {
         r.mode = kDivide;
     }
     return r;
+}
+
+// fl(c / scale), the IEEE quotient, for kReciprocal rules and |c / scale| >= 2^-24 (or c >= 0): q0 = c * (inv +
+// inv_lo) is within one ulp of c / scale, the remainder c - q0 * scale is exact in one fma, and one Markstein
+// correction q0 + r * inv, rounded once, is the correctly rounded quotient (inv being fl(1 / scale)). Smaller negative
+// quotients may differ from the IEEE one in the subnormal range (only their sign and zeroness matter: see quantize).
+LOCO_HD float exact_quotient(float c, const Rule& rule) {
+    const float q0 = f_fma(c, rule.inv, f_mul(c, rule.inv_lo));
+    const float r = f_fma(-q0, rule.scale, c);
+    return f_fma(r, rule.inv, q0);
 }
 
 struct Quantized {
@@ -240,32 +257,16 @@ struct Quantized {
 };
 
 // One value's code with IEEE division: symmetric clamp(rint(c / scale)), midrise clamp(floor(c / scale)); 0 for
-// kAllZero groups. The reciprocal product decides when it is far enough from a rounding boundary.
+// kAllZero groups. A mid-rise negative c above rule.tiny (its floor is -1 or 0 by the sign of the subnormal
+// quotient) takes the division itself; every other reciprocal-rule value takes exact_quotient.
 template <bool Midrise>
 LOCO_HD Quantized quantize(float c, const Rule& rule, const Levels& lv) {
     Quantized out;
     out.q = 0;
     out.qf = 0.0f;
     if (rule.mode == kAllZero) return out;
-    if (rule.mode == kReciprocal) {
-        const float p = f_mul(c, rule.inv);
-        const float t = Midrise ? p : f_min(f_max(p, lv.low), lv.high);
-        const float shifted = f_add(t, kRoundMagic);
-        const float rounded = f_sub(shifted, kRoundMagic);
-        const float gap = f_sub(t, rounded);
-        if (!Midrise && gap <= kTieGuard && gap >= -kTieGuard) {
-            out.q = (int)(float_bits(shifted) - kRoundMagicBits);
-            out.qf = rounded;
-            return out;
-        }
-        if (Midrise && (c == 0.0f || gap >= kNearInteger || gap <= -kNearInteger)) {
-            out.qf = f_min(f_max(f_sub(rounded, gap < 0.0f ? 1.0f : 0.0f), lv.low), lv.high);
-            out.q = (int)out.qf;
-            out.qf = (float)out.q;  // +0 for 0
-            return out;
-        }
-    }
-    const float quotient = f_div(c, rule.scale);
+    const bool exact = rule.mode == kReciprocal && !(Midrise && c < 0.0f && c > rule.tiny);
+    const float quotient = exact ? exact_quotient(c, rule) : f_div(c, rule.scale);
     const float q = f_min(f_max(Midrise ? floorf(quotient) : f_rint(quotient), lv.low), lv.high);
     out.q = (int)q;
     out.qf = (float)out.q;
@@ -277,33 +278,25 @@ LOCO_HD Quantized quantize(float c, const Rule& rule, const Levels& lv) {
 LOCO_HD float code_of(float biased) { return f_sub(biased, kRoundMagic); }
 LOCO_HD uint32_t code_bits(float biased) { return float_bits(biased); }
 
-// The kernels' form of `quantize` for the values one thread holds: biased[c][i] = M + code (see code_of). The
-// reciprocal product is computed for all values without branches; if any of them lies within 2^-14 of a rounding
-// boundary (a half-integer for symmetric, a nonzero value's integer for midrise) the whole set is redone with IEEE
-// division (rare), so the codes always equal `quantize`'s element by element. Precondition: every |v| is at most
-// the absmax the rule was made from (a group's own values), which keeps the product inside the grid's codes
-// (|v * inv| <= divisor * (1 + 2^-22) < high + 0.5), so no clamp is needed on the reciprocal path.
+// The kernels' form of `quantize` for the values one thread holds: biased[c][i] = M + code (see code_of), equal to
+// `quantize`'s codes element by element. Reciprocal rules take exact_quotient and one rounding add for every value,
+// without branches; only a mid-rise set holding a negative value above rule.tiny (a quotient below 2^-24 in
+// magnitude: rare) is redone value by value. Precondition: every |v| is at most the absmax the rule was made from (a
+// group's own values), so |c / scale| <= divisor * (1 + 2^-23) and the codes need no clamp.
 template <bool Midrise, int C>
 LOCO_HD void quantize_chunks(const float (&v)[C][8], const Rule& rule, const Levels& lv, float (&biased)[C][8]) {
     if (rule.mode == kReciprocal) {
-        float worst = Midrise ? 1.0f : 0.0f;  // midrise: nearest distance to an integer; symmetric: farthest
+        bool tiny = false;
         LOCO_UNROLL
         for (int c = 0; c < C; ++c) {
             LOCO_UNROLL
             for (int i = 0; i < 8; ++i) {
-                const float p = f_mul(v[c][i], rule.inv);
-                const float shifted = f_add(p, kRoundMagic);
-                const float gap = f_sub(p, f_sub(shifted, kRoundMagic));
-                if (Midrise) {
-                    worst = f_min(worst, v[c][i] == 0.0f ? 1.0f : fabsf(gap));
-                    biased[c][i] = gap < 0.0f ? f_sub(shifted, 1.0f) : shifted;  // floor; exact (ulp 1 near M)
-                } else {
-                    worst = f_max(worst, fabsf(gap));
-                    biased[c][i] = shifted;
-                }
+                const float q = exact_quotient(v[c][i], rule);
+                biased[c][i] = Midrise ? floor_biased(q) : rint_biased(q);
+                if (Midrise) tiny |= v[c][i] < 0.0f && v[c][i] > rule.tiny;
             }
         }
-        if (Midrise ? worst >= kNearInteger : worst <= kTieGuard) return;
+        if (!tiny) return;
     }
     LOCO_UNROLL
     for (int c = 0; c < C; ++c) {

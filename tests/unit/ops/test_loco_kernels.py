@@ -18,7 +18,7 @@ import torch
 from deepspeed_loco.layout import HopArgs, WireLayout
 from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
-from deepspeed_loco.ops.quantizer import grid_levels
+from tests.unit.ops.adversarial import adversarial_groups
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (fused LoCo kernels)")
 
@@ -273,22 +273,16 @@ def test_non_finite_inputs_match_reference(cuda, dtype, error_bits, hadamard, gr
 @pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("bits", BITS)
 def test_ties_denormals_and_huge_groups_match_reference(cuda, bits, grid):
-    """Quotients exactly at and one ulp around the grid's rounding boundaries (half-integers for symmetric, integers
-    for mid-rise: the kernels' exact-division fallback), groups whose scale is denormal or above 2^125 (exact
-    division throughout); without error and with int8 error storage."""
+    """The host test's adversarial groups (tests/unit/ops/adversarial.py: quotients at and a few ulps around both
+    grids' rounding boundaries at power-of-two and other scales, subnormal negative quotients, denormal and huge
+    scales, non-finite values) as an fp32 gradient whose two partition rows keep the groups whole; without error and
+    with int8 error storage."""
     gen, seed = _generator()
-    group_size, step = 256, 2.0 ** -3
-    divisor, low, high = grid_levels(bits, grid)
-    offset = 0.5 if grid == "symmetric" else 0.0
-    bounds = ((torch.arange(low, high, dtype=torch.float64) + offset) * step).float()
-    group = torch.zeros(group_size)
-    group[:bounds.numel()] = bounds
-    near = torch.stack([group, torch.nextafter(group, torch.full_like(group, 1e9)),
-                        torch.nextafter(group, torch.full_like(group, -1e9))])
-    near[:, -1] = divisor * step  # absmax divisor * step in every group: scale = step exactly, quotients c / step
-    tiny = _values(2 * group_size, gen) * 1e-40
-    huge = _values(2 * group_size, gen).clamp(-3, 3) * 1e38
-    grad = torch.cat([near.reshape(-1), tiny, huge, _values(group_size + 77, gen)])
+    group_size = 256
+    groups = torch.cat([adversarial_groups(group_size, bits, gen, g) for g in GRIDS])
+    if groups.numel() // group_size % 2:
+        groups = torch.cat([groups, torch.zeros(group_size)])
+    grad = torch.cat([groups, _values(group_size + 77, gen)])
     cols = ref.padded_partition_size(grad.numel(), 2, group_size)
     _run_hop1(cuda, [grad], HopArgs(2, 2, bits, group_size, 0.0, grid=grid), [None], seed)
     _run_hop1(cuda, [grad], HopArgs(2, 2, bits, group_size, 0.0, grid=grid),

@@ -17,7 +17,8 @@ import torch
 from deepspeed_loco import ops
 from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.layout import HopArgs, WireLayout
-from deepspeed_loco.ops.quantizer import dequantize_groups, grid_levels, pack, quantize_groups, unpack
+from deepspeed_loco.ops.quantizer import dequantize_groups, pack, quantize_groups, unpack
+from tests.unit.ops.adversarial import adversarial_groups
 
 _SHIM = r"""
 #define LOCO_NO_LAUNCHERS
@@ -140,37 +141,6 @@ def _ptr(t):
     return ctypes.c_void_p(t.data_ptr())
 
 
-def _adversarial(group_size, bits, gen, grid="symmetric"):
-    """fp32 groups: lognormal magnitudes, exact and near rounding boundaries (half-integer quotients for the
-    symmetric grid, integer quotients for mid-rise), denormal, huge, zero, underflowing, non-finite."""
-    divisor, low, high = grid_levels(bits, grid)
-    qmax, step = (1 << (bits - 1)) - 1, 2.0 ** -5
-    groups = [torch.randn(64, group_size, generator=gen) * 10.0 ** (torch.rand(64, 1, generator=gen) * 8 - 4)]
-    ties = torch.zeros(group_size)
-    count = min(high - low, group_size - 1)
-    offset = 0.5 if grid == "symmetric" else 0.0  # quotients on the boundaries of the grid's rounding
-    ties[:count] = ((torch.arange(count, dtype=torch.float64) + low + offset) * step).float()
-    ties[-1] = divisor * step  # absmax: scale = step exactly
-    for direction in (0.0, 1e9, -1e9):
-        moved = ties if direction == 0 else torch.nextafter(ties, torch.full_like(ties, direction))
-        moved[-1] = divisor * step
-        groups.append(moved.unsqueeze(0))
-    groups.append(torch.randn(2, group_size, generator=gen) * 1e-40)  # denormal scale: exact division
-    groups.append(torch.randn(2, group_size, generator=gen).clamp(-3, 3) * 1e38)  # scale > 2^125 for small bits
-    groups.append(torch.zeros(1, group_size))
-    underflow = torch.zeros(1, group_size)
-    underflow[0, 3] = 1e-45  # absmax / qmax underflows to 0: q = 0, scale 0
-    groups.append(underflow)
-    bad = torch.randn(3, group_size, generator=gen)
-    bad[0, 1], bad[1, 2], bad[2, 0] = float("inf"), float("nan"), -float("inf")
-    groups.append(bad)
-    # random multiples of a power-of-two scale: many exact quotients, some exact ties
-    multiples = torch.randint(-4 * qmax, 4 * qmax + 1, (8, group_size), generator=gen).float() * 0.25 * step
-    multiples[:, -1] = divisor * step
-    groups.append(multiples)
-    return torch.cat(groups).reshape(-1)
-
-
 GRIDS = {"symmetric": 0, "midrise": 1}  # loco::QuantGrid
 
 
@@ -179,7 +149,7 @@ GRIDS = {"symmetric": 0, "midrise": 1}  # loco::QuantGrid
 @pytest.mark.parametrize("bits", BITS)
 def test_host_quantizer_is_bit_identical_to_the_reference(host, bits, group_size, grid):
     gen = torch.Generator().manual_seed(1000 * bits + group_size)
-    c = torch.cat([_adversarial(group_size, bits, gen, g) for g in GRIDS])  # both grids' boundaries
+    c = torch.cat([adversarial_groups(group_size, bits, gen, g) for g in GRIDS])  # both grids' boundaries
     q = torch.empty(c.numel(), dtype=torch.int8)
     scale = torch.empty(c.numel() // group_size)
     host.host_quantize(_ptr(c), ctypes.c_longlong(c.numel()), group_size, bits, GRIDS[grid], _ptr(q), _ptr(scale))
@@ -195,7 +165,7 @@ def test_host_quantizer_is_bit_identical_to_the_reference(host, bits, group_size
 @pytest.mark.parametrize("bits", BITS)
 def test_host_loco_update_is_bit_identical_to_the_reference(host, bits, beta, grid):
     gen = torch.Generator().manual_seed(bits)
-    c = _adversarial(32, bits, gen, grid)
+    c = adversarial_groups(32, bits, gen, grid)
     e = torch.randn(c.numel(), generator=gen) * 0.01
     out = torch.empty_like(c)
     host.host_update(_ptr(c), _ptr(e), ctypes.c_longlong(c.numel()), 32, bits, GRIDS[grid], ctypes.c_float(beta),
