@@ -121,6 +121,10 @@ void set_errors(std::vector<loco::BucketItem>& items, const std::vector<at::Tens
     for (size_t i = 0; i < items.size(); ++i) {
         const int64_t cols = w.widths[i];
         check_matrix(values[i], error_bits == 8 ? at::kChar : at::kFloat, rows, cols, device, "error values");
+        TORCH_CHECK(reinterpret_cast<uintptr_t>(values[i].data_ptr()) % 16 == 0 &&
+                        values[i].stride(0) * values[i].element_size() % 16 == 0,
+                    "LoCo kernels: error values must start 16-byte aligned with rows a multiple of 16 bytes apart "
+                    "(row stride ", values[i].stride(0), ")");
         items[i].err_values = values[i].data_ptr();
         items[i].err_stride = values[i].stride(0);
         if (error_bits == 8) {
@@ -141,9 +145,10 @@ at::Tensor upload(std::vector<loco::BucketItem>& items, int64_t rows, int64_t gr
     for (loco::BucketItem item : items) {
         if (item.cols == 0) continue;
         // the kernels index a parameter's pairs (and a block's overhang past them) in 32 bits
-        TORCH_CHECK(loco::row_groups(rows, item.cols, (int)group_size) <= 0xffffffffLL - loco::kBlock,
-                    "LoCo kernels: a parameter of ", rows, " x ", item.cols, " columns has 2^32 or more groups; use a "
+        TORCH_CHECK(loco::row_groups(rows, item.cols, (int)group_size) <= 0x7fffffffLL - loco::kBlock,
+                    "LoCo kernels: a parameter of ", rows, " x ", item.cols, " columns has 2^31 or more groups; use a "
                     "larger group_size");
+        item.groups = loco::fast_divisor((uint32_t)(item.cols / group_size));
         item.first_block = total;
         total += loco::blocks_for(rows, item.cols, (int)group_size);
         kept.push_back(item);

@@ -101,14 +101,17 @@ struct Grad<kBFloat16> {
 };
 
 // ------------------------------------------------------------------------------------------ packed words
+// A packed word of 8 codes at p. The binding keeps wire data 4-byte aligned with row strides of 4k bytes and a
+// parameter's columns start at a multiple of the group size, so a word of 2 or 4 bytes is aligned and an 8-byte word
+// is 4-byte aligned (two 32-bit accesses); 3-byte words go byte by byte.
 template <int Bits>
 __device__ __forceinline__ uint64_t load_word(const uint8_t* p) {
-    if (Bits == 8 && aligned(p, 8)) {
-        const uint2 v = *reinterpret_cast<const uint2*>(p);
-        return (uint64_t)v.x | ((uint64_t)v.y << 32);
+    if (Bits == 8) {
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(p);
+        return (uint64_t)w[0] | ((uint64_t)w[1] << 32);
     }
-    if (Bits == 4 && aligned(p, 4)) return *reinterpret_cast<const uint32_t*>(p);
-    if (Bits == 2 && aligned(p, 2)) return *reinterpret_cast<const unsigned short*>(p);
+    if (Bits == 4) return *reinterpret_cast<const uint32_t*>(p);
+    if (Bits == 2) return *reinterpret_cast<const unsigned short*>(p);
     uint64_t w = 0;
 #pragma unroll
     for (int b = 0; b < Bits; ++b) w |= (uint64_t)p[b] << (8 * b);
@@ -117,20 +120,17 @@ __device__ __forceinline__ uint64_t load_word(const uint8_t* p) {
 
 template <int Bits>
 __device__ __forceinline__ void store_word(uint8_t* p, uint64_t w) {
-    if (Bits == 8 && aligned(p, 8)) {
-        __stcs(reinterpret_cast<uint2*>(p), make_uint2((uint32_t)w, (uint32_t)(w >> 32)));
-        return;
-    }
-    if (Bits == 4 && aligned(p, 4)) {
+    if (Bits == 8) {
         __stcs(reinterpret_cast<unsigned int*>(p), (unsigned int)w);
-        return;
-    }
-    if (Bits == 2 && aligned(p, 2)) {
+        __stcs(reinterpret_cast<unsigned int*>(p) + 1, (unsigned int)(w >> 32));
+    } else if (Bits == 4) {
+        __stcs(reinterpret_cast<unsigned int*>(p), (unsigned int)w);
+    } else if (Bits == 2) {
         __stcs(reinterpret_cast<unsigned short*>(p), (unsigned short)w);
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int b = 0; b < Bits; ++b) p[b] = (uint8_t)(w >> (8 * b));
+        for (int b = 0; b < Bits; ++b) p[b] = (uint8_t)(w >> (8 * b));
+    }
 }
 
 
@@ -141,6 +141,7 @@ struct Launch {
     int count;
     int team_log2, group_log2;
     int world, local, nodes, rows;  // rows: received rows the final mean sums
+    FastDivisor nodes_divisor;
     int item_rows;                  // rows of every parameter in this launch (hop 1: world, hop 2: nodes, final: 1)
     bool midrise;
     float beta, one_minus_beta, hadamard_scale;
@@ -167,14 +168,13 @@ __device__ __forceinline__ Block locate(const Launch& p) {
     k.item = p.items + lo;
     k.team = 1 << p.team_log2;
     k.lane = threadIdx.x & (k.team - 1);
-    // a parameter has fewer than 2^32 (row, group) pairs (checked by the binding): 32-bit index arithmetic (a
-    // 64-bit division is a long subroutine)
+    // a parameter has fewer than 2^31 (row, group) pairs (checked by the binding): 32-bit index arithmetic, the
+    // division by the groups per row a multiply-high (FastDivisor)
     const uint32_t pair = (uint32_t)(b - k.item->first_block) * (uint32_t)(kBlock >> p.team_log2) +
                           (uint32_t)(threadIdx.x >> p.team_log2);
-    const uint32_t groups = (uint32_t)(k.item->cols >> p.group_log2);
-    const uint32_t row = pair / groups;
+    const uint32_t row = divide(pair, k.item->groups);
     k.row = row;
-    k.group = pair - row * groups;
+    k.group = pair - row * k.item->groups.d;
     k.active = row < (uint32_t)p.item_rows;
     k.col0 = k.group << p.group_log2;
     return k;
@@ -236,39 +236,25 @@ struct OldError<32> {
 // Loads the error of the chunks of lane `lane` (chunk c starts 8 * (c * team + lane) columns into the group).
 __device__ __forceinline__ void load_error(const ErrorRow&, int, int, OldError<0>&) {}
 
+// The binding keeps int8 error rows 8-byte aligned and fp32 rows 16-byte aligned: every chunk is one vector access.
 __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<8>& out) {
     out.scale = *r.scale;
     const int8_t* base = static_cast<const int8_t*>(r.values);
-    if (aligned(base, 8)) {
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) out.raw[c] = *reinterpret_cast<const uint2*>(base + 8 * (c * team + lane));
-    } else {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-            const uint8_t* p = reinterpret_cast<const uint8_t*>(base + 8 * (c * team + lane));
-            out.raw[c].x = p[0] | (p[1] << 8) | (p[2] << 16) | ((uint32_t)p[3] << 24);
-            out.raw[c].y = p[4] | (p[5] << 8) | (p[6] << 16) | ((uint32_t)p[7] << 24);
-        }
+    for (int c = 0; c < kChunks; ++c) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(base + 8 * (c * team + lane));
+        out.raw[c] = make_uint2(raw.x ^ 0x80808080u, raw.y ^ 0x80808080u);
     }
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) out.raw[c] = make_uint2(out.raw[c].x ^ 0x80808080u, out.raw[c].y ^ 0x80808080u);
 }
 
 __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<32>& out) {
     const float* base = static_cast<const float*>(r.values);
-    if (aligned(base, 16)) {
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-            const float4* p = reinterpret_cast<const float4*>(base + 8 * (c * team + lane));
-            const float4 a = p[0], b = p[1];
-            out.e[c][0] = a.x; out.e[c][1] = a.y; out.e[c][2] = a.z; out.e[c][3] = a.w;
-            out.e[c][4] = b.x; out.e[c][5] = b.y; out.e[c][6] = b.z; out.e[c][7] = b.w;
-        }
-    } else {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) out.e[c][i] = base[8 * (c * team + lane) + i];
+    for (int c = 0; c < kChunks; ++c) {
+        const float4* p = reinterpret_cast<const float4*>(base + 8 * (c * team + lane));
+        const float4 a = p[0], b = p[1];
+        out.e[c][0] = a.x; out.e[c][1] = a.y; out.e[c][2] = a.z; out.e[c][3] = a.w;
+        out.e[c][4] = b.x; out.e[c][5] = b.y; out.e[c][6] = b.z; out.e[c][7] = b.w;
     }
 }
 
@@ -289,7 +275,9 @@ __device__ __forceinline__ void zero_error(OldError<32>& e) {
 // Unsigned max over the team of 2^team_log2 consecutive threads (uniform across the block).
 __device__ __forceinline__ uint32_t team_max(uint32_t v, int team_log2, uint32_t* red) {
     if (team_log2 < 5) {
-        for (int off = (1 << team_log2) >> 1; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, off));
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            if (off < (1 << team_log2)) v = max(v, __shfl_xor_sync(0xffffffffu, v, off));
         return v;
     }
 #if __CUDA_ARCH__ >= 800
@@ -469,20 +457,14 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
         const bool finite = key_finite(ekey);
         if (!k.active) return;
         float* base = static_cast<float*>(er.values);
-        const bool vec = aligned(base, 16);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
             float* dst = base + 8 * (c * team + lane);
             float o[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) o[i] = finite ? v[c][i] : 0.0f;
-            if (vec) {
-                reinterpret_cast<float4*>(dst)[0] = make_float4(o[0], o[1], o[2], o[3]);
-                reinterpret_cast<float4*>(dst)[1] = make_float4(o[4], o[5], o[6], o[7]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) dst[i] = o[i];
-            }
+            reinterpret_cast<float4*>(dst)[0] = make_float4(o[0], o[1], o[2], o[3]);
+            reinterpret_cast<float4*>(dst)[1] = make_float4(o[4], o[5], o[6], o[7]);
         }
         return;
     }
@@ -492,18 +474,8 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
     quantize_chunks<false>(v, erule, int8_levels, biased);
     if (!k.active) return;
     int8_t* base = static_cast<int8_t*>(er.values);
-    const bool vec = aligned(base, 8);
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-        const uint2 bytes = pack_bytes(biased[c]);
-        int8_t* dst = base + 8 * (c * team + lane);
-        if (vec) {
-            *reinterpret_cast<uint2*>(dst) = bytes;
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) dst[i] = (int8_t)((i < 4 ? bytes.x : bytes.y) >> (8 * (i & 3)));
-        }
-    }
+    for (int c = 0; c < kChunks; ++c) *reinterpret_cast<uint2*>(base + 8 * (c * team + lane)) = pack_bytes(biased[c]);
     if (lane == 0) *er.scale = key_finite(ekey) ? erule.scale : 0.0f;
 }
 
@@ -547,7 +519,8 @@ __global__ void __launch_bounds__(kBlock, LOCO_MIN_BLOCKS) hop1_kernel(const Lau
     const BucketItem& it = *k.item;
     const int lane = k.lane, team = k.team;
     const int64_t slot = k.row;
-    const int64_t row = (int64_t)((int)slot % p.nodes) * p.local + (int)slot / p.nodes;  // slot < world < 2^31
+    const uint32_t node_of_slot = divide((uint32_t)slot, p.nodes_divisor);  // slot < world < 2^31
+    const int64_t row = (int64_t)((uint32_t)slot - node_of_slot * (uint32_t)p.nodes) * p.local + node_of_slot;
     const int64_t part = it.part;
     const int64_t row_start = row * part;
     const int64_t row_valid = max((int64_t)0, min(part, it.numel - row_start));
@@ -775,6 +748,7 @@ Launch make_launch(const HopArgs& a, const BucketItem* items, int count, WireArg
     p.world = a.world;
     p.local = a.local;
     p.nodes = a.world / a.local;
+    p.nodes_divisor = fast_divisor((uint32_t)p.nodes);
     p.rows = rows;
     p.item_rows = a.world;
     p.midrise = a.grid == kMidrise;

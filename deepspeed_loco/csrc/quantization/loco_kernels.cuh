@@ -60,6 +60,33 @@ struct WireArgs {
     int64_t scale_stride;
 };
 
+// Division of 32-bit n < 2^31 by a fixed d in [1, 2^31) as a multiply-high and a shift (the round-up method:
+// mul = ceil(2^(31 + l) / d) with l = ceil(log2 d) fits 32 bits, and n * (mul - 2^(31+l)/d) / 2^(31+l) < 1/d keeps
+// the floor), set up once on the host.
+struct FastDivisor {
+    uint32_t d, mul, shift;  // d == 1: mul and shift unused
+};
+
+inline FastDivisor fast_divisor(uint32_t d) {
+    FastDivisor f{d, 0u, 0u};
+    if (d > 1) {
+        uint32_t l = 0;
+        while ((1ull << l) < d) ++l;
+        f.mul = (uint32_t)(((1ull << (31 + l)) + d - 1) / d);
+        f.shift = l - 1;  // the multiply-high already divides by 2^32
+    }
+    return f;
+}
+
+LOCO_HD uint32_t divide(uint32_t n, const FastDivisor& f) {
+#if defined(__CUDA_ARCH__)
+    const uint32_t high = __umulhi(n, f.mul);
+#else
+    const uint32_t high = (uint32_t)(((uint64_t)n * f.mul) >> 32);
+#endif
+    return f.d == 1 ? n : high >> f.shift;
+}
+
 // One parameter of a bucket, as the kernels' device-side table holds it. The grid of a launch covers every
 // (row, group) pair of every parameter: parameter i owns blocks [first_block, next item's first_block), each block
 // kBlock / team consecutive pairs in row-major order (so a parameter with a few groups per row still fills blocks).
@@ -75,6 +102,7 @@ struct BucketItem {
     float* err_scale;     //   int8: one fp32 scale per group, row stride err_scale_stride; unused without error
     int64_t err_stride, err_scale_stride;
     int64_t first_block;
+    FastDivisor groups;   // groups per row: cols / group_size
 };
 
 constexpr int kBlock = 256;         // threads per block
@@ -82,7 +110,7 @@ constexpr int kChunks = 2;          // chunks of 8 values per thread: a group of
 constexpr int kValuesPerThread = 8 * kChunks;
 
 // (row, group) pairs of a parameter with `rows` rows of `cols` columns in groups of `group_size` (a power of two
-// from 32 to 4096); the kernels index them with 32-bit arithmetic, so the binding keeps them below 2^32.
+// from 32 to 4096); the kernels index them with 32-bit arithmetic (FastDivisor), so the binding keeps them below 2^31.
 inline int64_t row_groups(int64_t rows, int64_t cols, int group_size) { return rows * (cols / group_size); }
 
 // Blocks that cover those pairs, kBlock / (group_size / kValuesPerThread) pairs per block.

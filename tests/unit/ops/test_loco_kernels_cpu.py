@@ -74,6 +74,8 @@ extern "C" void host_update(const float* c, const float* e, long long n, int gro
     }
 }
 
+extern "C" unsigned host_divide(unsigned n, unsigned d) { return loco::divide(n, loco::fast_divisor(d)); }
+
 extern "C" void host_pack(const signed char* q, long long n, int bits, unsigned char* out) {
     for (long long w = 0; w < n / 8; ++w) {
         uint64_t word = 0;
@@ -191,6 +193,21 @@ def test_host_packing_matches_the_reference_layout(host, bits):
         values = torch.empty(4096)
         host.host_unpack(_ptr(raw), ctypes.c_longlong(values.numel()), bits, midrise, _ptr(values))
         assert torch.equal(values.view(torch.int32), want.view(torch.int32))  # bit for bit: +0.0 for code 0
+
+
+def test_fast_divisor_matches_integer_division(host):
+    """loco::FastDivisor (the kernels' division of a (row, group) index by the groups per row, and of a slot by the
+    node count) equals n // d for every n < 2^31: divisors 1 .. 4096, powers of two and their neighbours up to 2^30,
+    and n at 0, around multiples of d and at 2^31 - 1."""
+    host.host_divide.restype = ctypes.c_uint
+    gen = torch.Generator().manual_seed(7)
+    divisors = list(range(1, 4097)) + [p + e for p in (2 ** k for k in range(12, 31)) for e in (-1, 0, 1)]
+    for d in divisors:
+        ns = [0, d - 1, d, d + 1, 2 ** 31 - 1, (2 ** 31 - 1) // d * d, (2 ** 31 - 1) // d * d - 1]
+        ns += torch.randint(0, 2 ** 31, (8,), generator=gen).tolist()
+        for n in ns:
+            n = max(0, min(n, 2 ** 31 - 1))
+            assert host.host_divide(n, d) == n // d, (n, d)
 
 
 def test_host_bf16_rounding_matches_torch(host):
