@@ -4,7 +4,7 @@
 // bucket's parameter table on the device and calls the launchers below.
 //
 // Work split (docs/kernels.md): one 1-D grid over every (row, group) pair of every parameter of a bucket; a block
-// of kBlock threads belongs to one parameter (found by a binary search of the table's first_block) and covers
+// of kBlock threads belongs to one parameter (found by one thread per table item, item_of_block) and covers
 // kBlock / team consecutive pairs of it in row-major order (so parameters with few groups per row fill blocks too).
 // Each quantization group of S elements is handled by a team of S / 16 threads (2 .. 256), each thread holding
 // kChunks chunks of 8 consecutive values in registers (chunk c of lane l covers columns 8 * (c * team + l) .. +8 of
@@ -157,20 +157,36 @@ struct Block {
     bool active;               // the team's (row, group) pair exists (the last block of a parameter may be partly empty)
 };
 
-__device__ __forceinline__ Block locate(const Launch& p) {
+// The block's parameter: the last item whose first_block <= blockIdx.x. Up to kBlock items, every thread tests one
+// item at once (one load's latency instead of a chain of log2(count) dependent loads, which dominates the short
+// kernels of a bucket of small tensors); larger tables take a binary search. Called by every thread of the block.
+__device__ __forceinline__ int item_of_block(const Launch& p) {
     const int64_t b = blockIdx.x;
-    int lo = 0, hi = p.count - 1;  // the last item whose first_block <= b
+    if (p.count == 1) return 0;
+    if (p.count <= kBlock) {
+        __shared__ int found;
+        const int t = threadIdx.x;
+        if (t < p.count && p.items[t].first_block <= b && (t + 1 == p.count || p.items[t + 1].first_block > b))
+            found = t;
+        __syncthreads();
+        return found;
+    }
+    int lo = 0, hi = p.count - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
         if (p.items[mid].first_block <= b) lo = mid; else hi = mid - 1;
     }
+    return lo;
+}
+
+__device__ __forceinline__ Block locate(const Launch& p) {
     Block k;
-    k.item = p.items + lo;
+    k.item = p.items + item_of_block(p);
     k.team = 1 << p.team_log2;
     k.lane = threadIdx.x & (k.team - 1);
     // a parameter has fewer than 2^31 (row, group) pairs (checked by the binding): 32-bit index arithmetic, the
     // division by the groups per row a multiply-high (FastDivisor)
-    const uint32_t pair = (uint32_t)(b - k.item->first_block) * (uint32_t)(kBlock >> p.team_log2) +
+    const uint32_t pair = (uint32_t)((int64_t)blockIdx.x - k.item->first_block) * (uint32_t)(kBlock >> p.team_log2) +
                           (uint32_t)(threadIdx.x >> p.team_log2);
     const uint32_t row = divide(pair, k.item->groups);
     k.row = row;
