@@ -135,11 +135,11 @@ void set_errors(std::vector<loco::BucketItem>& items, const std::vector<at::Tens
     }
 }
 
-// Numbers the blocks (each parameter's rows x groups (row, group) pairs, kBlock / team pairs per block), drops
-// parameters without columns, and copies the table to the device (asynchronously, on the current stream). Returns
-// the device table and sets `blocks`.
-at::Tensor upload(std::vector<loco::BucketItem>& items, int64_t rows, int64_t group_size, const at::Device& device,
-                  int64_t* blocks) {
+// Numbers the blocks (each parameter's rows x groups (row, group) pairs, kBlock / team pairs per block, a team being
+// group_size / (8 * chunks) threads of the launch's kernel), drops parameters without columns, and copies the table
+// to the device (asynchronously, on the current stream). Returns the device table and sets `blocks`.
+at::Tensor upload(std::vector<loco::BucketItem>& items, int64_t rows, int64_t group_size, int chunks,
+                  const at::Device& device, int64_t* blocks) {
     std::vector<loco::BucketItem> kept;
     int64_t total = 0;
     for (loco::BucketItem item : items) {
@@ -150,7 +150,7 @@ at::Tensor upload(std::vector<loco::BucketItem>& items, int64_t rows, int64_t gr
                     "larger group_size");
         item.groups = loco::fast_divisor((uint32_t)(item.cols / group_size));
         item.first_block = total;
-        total += loco::blocks_for(rows, item.cols, (int)group_size);
+        total += loco::blocks_for(rows, item.cols, (int)group_size, chunks);
         kept.push_back(item);
     }
     TORCH_CHECK(total <= 0x7fffffffLL, "LoCo kernels: ", total, " blocks exceed one launch; use smaller buckets");
@@ -202,7 +202,8 @@ void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at:
     const loco::WireArgs out = wire_args(send, w, h.world, device, "send");
     const c10::cuda::CUDAGuard guard(device);
     int64_t blocks = 0;
-    const at::Tensor table = upload(items, h.world, h.group_size, device, &blocks);
+    const at::Tensor table =
+        upload(items, h.world, h.group_size, loco::chunks_per_thread(h.hadamard, (int)error_bits), device, &blocks);
     raise_if(loco::quantize_bucket(h, dtype, (int)error_bits,
                                    reinterpret_cast<const loco::BucketItem*>(table.data_ptr()), (int)items.size(),
                                    blocks, out, at::cuda::getCurrentCUDAStream().stream()));
@@ -227,7 +228,8 @@ void requantize_bucket(const at::Tensor& recv, const py::object& in_wire, const 
     const loco::WireArgs out = wire_args(send, w, nodes, device, "send");
     const c10::cuda::CUDAGuard guard(device);
     int64_t blocks = 0;
-    const at::Tensor table = upload(items, nodes, h.group_size, device, &blocks);
+    const at::Tensor table =
+        upload(items, nodes, h.group_size, loco::chunks_per_thread(false, (int)error_bits), device, &blocks);
     raise_if(loco::requantize_bucket(h, (int)error_bits, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
                                      (int)items.size(), blocks, in, out, at::cuda::getCurrentCUDAStream().stream()));
 }
@@ -270,7 +272,7 @@ std::vector<at::Tensor> final_mean_bucket(const at::Tensor& recv, const py::obje
     }
     const c10::cuda::CUDAGuard guard(device);
     int64_t blocks = 0;
-    const at::Tensor table = upload(items, 1, h.group_size, device, &blocks);
+    const at::Tensor table = upload(items, 1, h.group_size, loco::chunks_per_thread(h.hadamard, 0), device, &blocks);
     raise_if(loco::final_mean_bucket(h, (int)out_dtype, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
                                      (int)items.size(), blocks, in, (int)recv.size(0),
                                      at::cuda::getCurrentCUDAStream().stream()));

@@ -6,8 +6,8 @@
 // Work split (docs/kernels.md): one 1-D grid over every (row, group) pair of every parameter of a bucket; a block
 // of kBlock threads belongs to one parameter (found by one thread per table item, item_of_block) and covers
 // kBlock / team consecutive pairs of it in row-major order (so parameters with few groups per row fill blocks too).
-// Each quantization group of S elements is handled by a team of S / 16 threads (2 .. 256), each thread holding
-// kChunks chunks of 8 consecutive values in registers (chunk c of lane l covers columns 8 * (c * team + l) .. +8 of
+// Each quantization group of S elements is handled by a team of S / (8 * C) threads (1 .. 256), each thread holding
+// C chunks (chunks_of: 2 or 4) of 8 consecutive values in registers (chunk c of lane l covers columns 8 * (c * team + l) .. +8 of
 // the group, so a warp's loads are contiguous). Two team reductions per group (absmax of c, absmax of the new error)
 // use warp shuffles (team <= 32) or shared memory (team > 32). Every input byte is read once and every output
 // byte written once; there is no temporary in device memory. All offsets are 64-bit.
@@ -36,6 +36,30 @@ constexpr int kMaxGroup = 4096;
 #if !defined(LOCO_MIN_BLOCKS)
 #define LOCO_MIN_BLOCKS 4
 #endif
+
+// Chunks of 8 values per thread: kernels that rotate keep 2 (the butterfly's last stage pairs a thread's two
+// chunks); the others take LOCO_PLAIN_CHUNKS without an error buffer (default 4: the per-thread set-up, about 220
+// instructions, is spread over 32 values) and LOCO_ERROR_CHUNKS with one (default 2: registers). Kernels with 4
+// chunks ask for LOCO_WIDE_MIN_BLOCKS resident blocks (default 3: 80 registers; 64 would spill). Build options for
+// tuning.
+#if !defined(LOCO_PLAIN_CHUNKS)
+#define LOCO_PLAIN_CHUNKS 4
+#endif
+#if !defined(LOCO_ERROR_CHUNKS)
+#define LOCO_ERROR_CHUNKS 2
+#endif
+#if !defined(LOCO_WIDE_MIN_BLOCKS)
+#define LOCO_WIDE_MIN_BLOCKS 3
+#endif
+static_assert((LOCO_PLAIN_CHUNKS == 2 || LOCO_PLAIN_CHUNKS == 4) && (LOCO_ERROR_CHUNKS == 2 || LOCO_ERROR_CHUNKS == 4),
+              "chunks per thread: 2 or 4 (a group of 32 values is one thread's 4 chunks)");
+constexpr int kRotateChunks = 2;
+
+constexpr int chunks_of(bool rotate, int error_bits) {
+    return rotate ? kRotateChunks : error_bits == 0 ? LOCO_PLAIN_CHUNKS : LOCO_ERROR_CHUNKS;
+}
+
+constexpr int min_blocks(int chunks) { return chunks > 2 ? LOCO_WIDE_MIN_BLOCKS : LOCO_MIN_BLOCKS; }
 
 __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
     return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
@@ -229,44 +253,47 @@ __device__ __forceinline__ ErrorRow error_row(const Block& k, int64_t row) {
 
 // The stored error of the thread's chunks as loaded: int8 keeps the raw bytes and the group's scale (decoded
 // when used, which saves registers), fp32 keeps the values, none is zero.
-template <int EBits>
+template <int EBits, int C>
 struct OldError {
     __device__ float at(int, int) const { return 0.0f; }
 };
 
-template <>
-struct OldError<8> {
-    uint2 raw[kChunks];  // the int8 codes with their sign bits flipped (see math::code_value)
+template <int C>
+struct OldError<8, C> {
+    uint2 raw[C];  // the int8 codes with their sign bits flipped (see math::code_value)
     float scale;
     __device__ float at(int c, int i) const {
         return f_mul(code_value<8, false>(((uint64_t)raw[c].y << 32) | raw[c].x, i), scale);
     }
 };
 
-template <>
-struct OldError<32> {
-    float e[kChunks][8];
+template <int C>
+struct OldError<32, C> {
+    float e[C][8];
     __device__ float at(int c, int i) const { return e[c][i]; }
 };
 
 // Loads the error of the chunks of lane `lane` (chunk c starts 8 * (c * team + lane) columns into the group).
-__device__ __forceinline__ void load_error(const ErrorRow&, int, int, OldError<0>&) {}
+template <int C>
+__device__ __forceinline__ void load_error(const ErrorRow&, int, int, OldError<0, C>&) {}
 
 // The binding keeps int8 error rows 8-byte aligned and fp32 rows 16-byte aligned: every chunk is one vector access.
-__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<8>& out) {
+template <int C>
+__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<8, C>& out) {
     out.scale = *r.scale;
     const int8_t* base = static_cast<const int8_t*>(r.values);
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
+    for (int c = 0; c < C; ++c) {
         const uint2 raw = *reinterpret_cast<const uint2*>(base + 8 * (c * team + lane));
         out.raw[c] = make_uint2(raw.x ^ 0x80808080u, raw.y ^ 0x80808080u);
     }
 }
 
-__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<32>& out) {
+template <int C>
+__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<32, C>& out) {
     const float* base = static_cast<const float*>(r.values);
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
+    for (int c = 0; c < C; ++c) {
         const float4* p = reinterpret_cast<const float4*>(base + 8 * (c * team + lane));
         const float4 a = p[0], b = p[1];
         out.e[c][0] = a.x; out.e[c][1] = a.y; out.e[c][2] = a.z; out.e[c][3] = a.w;
@@ -274,15 +301,18 @@ __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team
     }
 }
 
-__device__ __forceinline__ void zero_error(OldError<0>&) {}
-__device__ __forceinline__ void zero_error(OldError<8>& e) {
+template <int C>
+__device__ __forceinline__ void zero_error(OldError<0, C>&) {}
+template <int C>
+__device__ __forceinline__ void zero_error(OldError<8, C>& e) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) e.raw[c] = make_uint2(0x80808080u, 0x80808080u);  // codes 0
+    for (int c = 0; c < C; ++c) e.raw[c] = make_uint2(0x80808080u, 0x80808080u);  // codes 0
     e.scale = 0.0f;
 }
-__device__ __forceinline__ void zero_error(OldError<32>& e) {
+template <int C>
+__device__ __forceinline__ void zero_error(OldError<32, C>& e) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c)
+    for (int c = 0; c < C; ++c)
 #pragma unroll
         for (int i = 0; i < 8; ++i) e.e[c][i] = 0.0f;
 }
@@ -316,7 +346,6 @@ __device__ __forceinline__ uint32_t team_max(uint32_t v, int team_log2, uint32_t
 // The butterfly of ops/hadamard.py on a team's group: strides 1, 2, 4 inside a chunk, 8 .. 4 * team across lanes
 // (warp shuffles, or shared memory once the partner is in another warp), 8 * team across the two chunks; each
 // stage maps (a, b) at columns (j, j + stride) to (a + b, a - b), in increasing stride order like the reference.
-static_assert(kChunks == 2, "the last butterfly stage pairs the two chunks of a thread");
 
 // One bit per column (1 = negated), columns 8 * k .. 8 * k + 7 in byte k, for every group size up to kMaxGroup.
 struct SignBits {
@@ -334,38 +363,38 @@ __device__ const SignBits kSignBits = make_sign_bits();
 
 // The sign bytes of the thread's chunks (chunk c covers group columns 8 * (c * team + lane) .. +8).
 struct ChunkSigns {
-    uint32_t bits[kChunks];
+    uint32_t bits[kRotateChunks];
 };
 
 __device__ __forceinline__ ChunkSigns chunk_signs(int lane, int team) {
     ChunkSigns s;
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) s.bits[c] = kSignBits.byte[c * team + lane];
+    for (int c = 0; c < kRotateChunks; ++c) s.bits[c] = kSignBits.byte[c * team + lane];
     return s;
 }
 
 // v *= d (exact: a sign flip).
-__device__ __forceinline__ void apply_signs(float (&v)[kChunks][8], const ChunkSigns& s) {
+__device__ __forceinline__ void apply_signs(float (&v)[kRotateChunks][8], const ChunkSigns& s) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c)
+    for (int c = 0; c < kRotateChunks; ++c)
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[c][i] = __uint_as_float(__float_as_uint(v[c][i]) ^ (((s.bits[c] >> i) & 1u) << 31));
 }
 
-__device__ __forceinline__ void scale_all(float (&v)[kChunks][8], float scale) {
+__device__ __forceinline__ void scale_all(float (&v)[kRotateChunks][8], float scale) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c)
+    for (int c = 0; c < kRotateChunks; ++c)
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[c][i] = f_mul(v[c][i], scale);
 }
 
 // Sylvester-Hadamard butterfly of the team's group, in place. Every thread of the block must call it (shuffles
-// and barriers), inactive teams with zeros; `xchg` holds kValuesPerThread * kBlock floats.
-__device__ __forceinline__ void butterfly(float (&v)[kChunks][8], int lane, int team_log2, float* xchg) {
+// and barriers), inactive teams with zeros; `xchg` holds 8 * kRotateChunks * kBlock floats.
+__device__ __forceinline__ void butterfly(float (&v)[kRotateChunks][8], int lane, int team_log2, float* xchg) {
 #pragma unroll
     for (int h = 1; h < 8; h <<= 1)
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c)
+        for (int c = 0; c < kRotateChunks; ++c)
 #pragma unroll
             for (int i = 0; i < 8; ++i)
                 if ((i & h) == 0) {
@@ -378,7 +407,7 @@ __device__ __forceinline__ void butterfly(float (&v)[kChunks][8], int lane, int 
         const bool lower = (lane & k) == 0;
         if (k < 32) {
 #pragma unroll
-            for (int c = 0; c < kChunks; ++c)
+            for (int c = 0; c < kRotateChunks; ++c)
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
                     const float other = __shfl_xor_sync(0xffffffffu, v[c][i], k);
@@ -387,13 +416,13 @@ __device__ __forceinline__ void butterfly(float (&v)[kChunks][8], int lane, int 
         } else {
             __syncthreads();  // the previous exchange's readers are done with xchg
 #pragma unroll
-            for (int c = 0; c < kChunks; ++c)
+            for (int c = 0; c < kRotateChunks; ++c)
 #pragma unroll
                 for (int i = 0; i < 8; ++i) xchg[(c * 8 + i) * kBlock + threadIdx.x] = v[c][i];
             __syncthreads();
             const int partner = threadIdx.x ^ k;  // teams are aligned: the partner is in the same team
 #pragma unroll
-            for (int c = 0; c < kChunks; ++c)
+            for (int c = 0; c < kRotateChunks; ++c)
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
                     const float other = xchg[(c * 8 + i) * kBlock + partner];
@@ -419,7 +448,7 @@ struct Exchange {
 template <>
 struct Exchange<true> {
     __device__ static float* get() {
-        __shared__ float xchg[kValuesPerThread * kBlock];
+        __shared__ float xchg[8 * kRotateChunks * kBlock];
         return xchg;
     }
 };
@@ -439,18 +468,18 @@ __device__ __forceinline__ uint2 pack_bytes(const float (&b)[8]) {
 // v: compensated values c of the thread's chunks (all zero for an inactive team); old: the old error.
 // Quantizes the group on the wire grid (Midrise or symmetric, p.levels) to `data`/`scale`, then (EBits != 0)
 // stores the updated error to `er` (int8 storage: symmetric, qmax 127).
-template <int Bits, int EBits, bool Midrise>
-__device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, float (&v)[kChunks][8],
-                                               const OldError<EBits>& old, uint32_t key, uint8_t* data,
+template <int Bits, int EBits, bool Midrise, int C>
+__device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, float (&v)[C][8],
+                                               const OldError<EBits, C>& old, uint32_t key, uint8_t* data,
                                                float* scale, const ErrorRow& er, uint32_t* red) {
     const int lane = k.lane, team = k.team;
     key = team_max(key, p.team_log2, red);
     const Rule rule = make_rule(key, p.levels.divisor);
-    float biased[kChunks][8];
+    float biased[C][8];
     quantize_chunks<Midrise>(v, rule, p.levels, biased);
     if (k.active) {
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
+        for (int c = 0; c < C; ++c) {
             uint64_t word = 0;
 #pragma unroll
             for (int i = 0; i < 8; ++i) word |= pack_value<Bits>(code_bits(biased[c][i]), i);
@@ -461,7 +490,7 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
     if (EBits == 0) return;
     float m = 0.0f;
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c)
+    for (int c = 0; c < C; ++c)
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const float level = Midrise ? f_add(code_of(biased[c][i]), 0.5f) : code_of(biased[c][i]);
@@ -474,7 +503,7 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
         if (!k.active) return;
         float* base = static_cast<float*>(er.values);
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
+        for (int c = 0; c < C; ++c) {
             float* dst = base + 8 * (c * team + lane);
             float o[8];
 #pragma unroll
@@ -491,14 +520,14 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
     if (!k.active) return;
     int8_t* base = static_cast<int8_t*>(er.values);
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) *reinterpret_cast<uint2*>(base + 8 * (c * team + lane)) = pack_bytes(biased[c]);
+    for (int c = 0; c < C; ++c) *reinterpret_cast<uint2*>(base + 8 * (c * team + lane)) = pack_bytes(biased[c]);
     if (lane == 0) *er.scale = key_finite(ekey) ? erule.scale : 0.0f;
 }
 
 // The wire grid of the launch as a template argument: quantize_group<Bits, EBits, Midrise>.
-template <int Bits, int EBits>
-__device__ __forceinline__ void quantize_group_on_grid(const Launch& p, const Block& k, float (&v)[kChunks][8],
-                                                       const OldError<EBits>& old, uint32_t key, uint8_t* data,
+template <int Bits, int EBits, int C>
+__device__ __forceinline__ void quantize_group_on_grid(const Launch& p, const Block& k, float (&v)[C][8],
+                                                       const OldError<EBits, C>& old, uint32_t key, uint8_t* data,
                                                        float* scale, const ErrorRow& er, uint32_t* red) {
     with_grid(p.midrise, [&](auto midrise) {
         quantize_group<Bits, EBits, decltype(midrise)::value>(p, k, v, old, key, data, scale, er, red);
@@ -506,11 +535,11 @@ __device__ __forceinline__ void quantize_group_on_grid(const Launch& p, const Bl
 }
 
 // c = v + e (when there is an error buffer), in place; returns the thread's absmax key of c.
-template <int EBits>
-__device__ __forceinline__ uint32_t compensate(float (&v)[kChunks][8], const OldError<EBits>& old) {
+template <int EBits, int C>
+__device__ __forceinline__ uint32_t compensate(float (&v)[C][8], const OldError<EBits, C>& old) {
     float m = 0.0f;
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c)
+    for (int c = 0; c < C; ++c)
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             if (EBits != 0) v[c][i] = f_add(v[c][i], old.at(c, i));
@@ -519,17 +548,18 @@ __device__ __forceinline__ uint32_t compensate(float (&v)[kChunks][8], const Old
     return key_of(m);
 }
 
-__device__ __forceinline__ void zero_values(float (&v)[kChunks][8]) {
+template <int C>
+__device__ __forceinline__ void zero_values(float (&v)[C][8]) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c)
+    for (int c = 0; c < C; ++c)
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[c][i] = 0.0f;
 }
 
 // ------------------------------------------------------------------------------------------------ hop 1
 // Block row = slot of the send buffer; slot d*M + n carries partition row n*L + d of its gradient.
-template <int DT, int Bits, int EBits, bool Rotate>
-__global__ void __launch_bounds__(kBlock, LOCO_MIN_BLOCKS) hop1_kernel(const Launch p) {
+template <int DT, int Bits, int EBits, bool Rotate, int C = chunks_of(Rotate, EBits)>
+__global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launch p) {
     __shared__ uint32_t red[kBlock / 32];
     const Block k = locate(p);
     const BucketItem& it = *k.item;
@@ -541,22 +571,22 @@ __global__ void __launch_bounds__(kBlock, LOCO_MIN_BLOCKS) hop1_kernel(const Lau
     const int64_t row_start = row * part;
     const int64_t row_valid = max((int64_t)0, min(part, it.numel - row_start));
     const ErrorRow er = error_row<EBits>(k, slot);
-    float v[kChunks][8];
-    OldError<EBits> old;
+    float v[C][8];
+    OldError<EBits, C> old;
     uint32_t key = 0;
     if (k.active) {
         load_error(er, lane, team, old);
         const int64_t first = k.col0 + 8 * lane;                          // chunk 0's first column
-        const int64_t last = k.col0 + 8 * ((kChunks - 1) * team + lane);  // last chunk's first column
+        const int64_t last = k.col0 + 8 * ((C - 1) * team + lane);  // last chunk's first column
         // chunks are 8 * team elements apart, a multiple of 16 bytes: chunk 0's alignment holds for all
         const bool fast = last + 8 <= row_valid &&
                           aligned(static_cast<const char*>(it.grad) + (row_start + first) * Grad<DT>::kSize, 16);
         if (fast) {
 #pragma unroll
-            for (int c = 0; c < kChunks; ++c) Grad<DT>::eight(it.grad, row_start + first + 8 * c * team, v[c]);
+            for (int c = 0; c < C; ++c) Grad<DT>::eight(it.grad, row_start + first + 8 * c * team, v[c]);
         } else {
 #pragma unroll
-            for (int c = 0; c < kChunks; ++c) {
+            for (int c = 0; c < C; ++c) {
                 const int64_t col = first + 8 * c * team;
 #pragma unroll
                 for (int i = 0; i < 8; ++i)
@@ -568,7 +598,7 @@ __global__ void __launch_bounds__(kBlock, LOCO_MIN_BLOCKS) hop1_kernel(const Lau
         zero_values(v);
         zero_error(old);
     }
-    if (Rotate) {  // every thread, inactive teams with zeros: the butterfly exchanges across the team
+    if constexpr (Rotate) {  // every thread, inactive teams with zeros: the butterfly exchanges across the team
         apply_signs(v, chunk_signs(lane, team));
         butterfly(v, lane, p.team_log2, Exchange<Rotate>::get());
         scale_all(v, p.hadamard_scale);
@@ -579,33 +609,35 @@ __global__ void __launch_bounds__(kBlock, LOCO_MIN_BLOCKS) hop1_kernel(const Lau
 }
 
 // ------------------------------------------------------------------------------------------------ hop 2
-constexpr int kRowsPerBatch = 4;  // received rows whose loads are issued together
+// Received rows whose loads are issued together: 8 words per thread in flight (4 rows of 2 chunks, 2 rows of 4).
+template <int C>
+constexpr int kRowsPerBatch = 8 / C;
 
 // v = sum over j < count of dequant(row first + j * stride of `in`) for the thread's chunks, in j order (fp32), codes
 // of `Bits` bits on the launch's grid (Midrise: value (k + 0.5) * scale). The loads of kRowsPerBatch rows are issued
 // before any of them is used; codes are decoded without integer-to-float conversions (math::code_value).
-template <int Bits, bool Midrise>
+template <int Bits, bool Midrise, int C>
 __device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, int64_t first, int64_t stride, int count,
-                                         float (&v)[kChunks][8]) {
-    for (int r0 = 0; r0 < count; r0 += kRowsPerBatch) {
-        uint64_t w[kRowsPerBatch][kChunks];
-        float s[kRowsPerBatch];
+                                         float (&v)[C][8]) {
+    for (int r0 = 0; r0 < count; r0 += kRowsPerBatch<C>) {
+        uint64_t w[kRowsPerBatch<C>][C];
+        float s[kRowsPerBatch<C>];
 #pragma unroll
-        for (int j = 0; j < kRowsPerBatch; ++j) {
+        for (int j = 0; j < kRowsPerBatch<C>; ++j) {
             if (r0 + j < count) {
                 const int64_t row = first + (int64_t)(r0 + j) * stride;
                 const uint8_t* data = wire_data<Bits>(p.in, row, k);
                 s[j] = *wire_scale(p.in, row, k, p.group_log2);
 #pragma unroll
-                for (int c = 0; c < kChunks; ++c)
+                for (int c = 0; c < C; ++c)
                     w[j][c] = load_word<Bits>(data + (int64_t)(c * k.team + k.lane) * Bits) ^ sign_bits<Bits>();
             }
         }
 #pragma unroll
-        for (int j = 0; j < kRowsPerBatch; ++j) {
+        for (int j = 0; j < kRowsPerBatch<C>; ++j) {
             if (r0 + j < count) {
 #pragma unroll
-                for (int c = 0; c < kChunks; ++c)
+                for (int c = 0; c < C; ++c)
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
                         const float d = f_mul(code_value<Bits, Midrise>(w[j][c], i), s[j]);
@@ -616,23 +648,23 @@ __device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, int64_
     }
 }
 
-template <int Bits>
+template <int Bits, int C>
 __device__ __forceinline__ void sum_rows_on_grid(const Launch& p, const Block& k, int64_t first, int64_t stride,
-                                                 int count, float (&v)[kChunks][8]) {
+                                                 int count, float (&v)[C][8]) {
     with_grid(p.midrise, [&](auto midrise) {
         sum_rows<Bits, decltype(midrise)::value>(p, k, first, stride, count, v);
     });
 }
 
 // Block row = output row m (node); the input bits are a run-time switch (p.in_bits).
-template <int Bits, int EBits>
-__global__ void __launch_bounds__(kBlock, LOCO_MIN_BLOCKS) hop2_kernel(const Launch p, int in_bits) {
+template <int Bits, int EBits, int C = chunks_of(false, EBits)>
+__global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launch p, int in_bits) {
     __shared__ uint32_t red[kBlock / 32];
     const Block k = locate(p);
     const int64_t m = k.row;
     const ErrorRow er = error_row<EBits>(k, m);
-    float v[kChunks][8];
-    OldError<EBits> old;
+    float v[C][8];
+    OldError<EBits, C> old;
     uint32_t key = 0;
     if (k.active) {
         load_error(er, k.lane, k.team, old);
@@ -680,16 +712,16 @@ __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count,
 }
 
 // One output row per parameter; with Rotate each group's sum is rotated back (d * (H t) * s) before / W.
-template <int Bits, int OutDT, bool Rotate>
-__global__ void __launch_bounds__(kBlock) final_kernel(const Launch p) {
+template <int Bits, int OutDT, bool Rotate, int C = chunks_of(Rotate, 0)>
+__global__ void __launch_bounds__(kBlock, min_blocks(C)) final_kernel(const Launch p) {
     const Block k = locate(p);
     const BucketItem& it = *k.item;
-    float v[kChunks][8];
+    float v[C][8];
     if (k.active)
         sum_rows_on_grid<Bits>(p, k, 0, 1, p.rows, v);
     else
         zero_values(v);
-    if (Rotate) {  // every thread, inactive teams with zeros
+    if constexpr (Rotate) {  // every thread, inactive teams with zeros
         butterfly(v, k.lane, p.team_log2, Exchange<Rotate>::get());
         scale_all(v, p.hadamard_scale);
         apply_signs(v, chunk_signs(k.lane, k.team));
@@ -697,7 +729,7 @@ __global__ void __launch_bounds__(kBlock) final_kernel(const Launch p) {
     if (!k.active) return;
     const float world = (float)p.world;
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
+    for (int c = 0; c < C; ++c) {
         const int64_t col = k.col0 + 8 * (c * k.team + k.lane);
         if (col >= it.part) continue;
 #pragma unroll
@@ -755,12 +787,14 @@ int log2_of(int64_t v) {
 // fp32(1 / sqrt(group_size)), rounded like the reference (double, then fp32).
 float hadamard_scale(int group_size) { return (float)(1.0 / sqrt((double)group_size)); }
 
-Launch make_launch(const HopArgs& a, const BucketItem* items, int count, WireArgs in, WireArgs out, int rows) {
+// `chunks`: chunks_of the kernel the launch runs (it sets the team size).
+Launch make_launch(const HopArgs& a, int chunks, const BucketItem* items, int count, WireArgs in, WireArgs out,
+                   int rows) {
     Launch p;
     p.items = items;
     p.count = count;
     p.group_log2 = log2_of(a.group_size);
-    p.team_log2 = log2_of(a.group_size / kValuesPerThread);
+    p.team_log2 = log2_of(a.group_size / (8 * chunks));
     p.world = a.world;
     p.local = a.local;
     p.nodes = a.world / a.local;
@@ -786,10 +820,12 @@ constexpr const char* kBadArguments = "LoCo kernels: bits, error bits or dtype o
 
 }  // namespace
 
+int chunks_per_thread(bool rotate, int error_bits) { return chunks_of(rotate, error_bits); }
+
 const char* quantize_bucket(const HopArgs& a, int grad_dtype, int error_bits, const BucketItem* items, int count,
                             int64_t blocks, WireArgs out, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    const Launch p = make_launch(a, items, count, WireArgs{}, out, 0);
+    const Launch p = make_launch(a, chunks_of(a.hadamard, error_bits), items, count, WireArgs{}, out, 0);
     bool ok = false;
     with_dtype(grad_dtype, [&](auto dt) {
         with_bits(a.bits, [&](auto bits) {
@@ -808,7 +844,7 @@ const char* quantize_bucket(const HopArgs& a, int grad_dtype, int error_bits, co
 const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem* items, int count, int64_t blocks,
                               WireArgs in, WireArgs out, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    Launch p = make_launch(a, items, count, in, out, 0);
+    Launch p = make_launch(a, chunks_of(false, error_bits), items, count, in, out, 0);
     p.local = a.in_blocks;  // the blocks summed: rows j * nodes + m of `in`
     p.item_rows = p.nodes;
     bool ok = false;
@@ -825,7 +861,7 @@ const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem
 const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem* items, int count, int64_t blocks,
                               WireArgs in, int rows, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    Launch p = make_launch(a, items, count, in, WireArgs{}, rows);
+    Launch p = make_launch(a, chunks_of(a.hadamard, 0), items, count, in, WireArgs{}, rows);
     p.item_rows = 1;
     bool ok = false;
     with_dtype(out_dtype, [&](auto dt) {

@@ -106,20 +106,24 @@ struct BucketItem {
 };
 
 constexpr int kBlock = 256;         // threads per block
-constexpr int kChunks = 2;          // chunks of 8 values per thread: a group of S values has a team of S / 16
-constexpr int kValuesPerThread = 8 * kChunks;
+// A thread holds `chunks` chunks of 8 consecutive values of its group, so a group of S values has a team of
+// S / (8 * chunks) threads; the launchers' chunks_per_thread says how many each kernel uses.
 
 // (row, group) pairs of a parameter with `rows` rows of `cols` columns in groups of `group_size` (a power of two
 // from 32 to 4096); the kernels index them with 32-bit arithmetic (FastDivisor), so the binding keeps them below 2^31.
 inline int64_t row_groups(int64_t rows, int64_t cols, int group_size) { return rows * (cols / group_size); }
 
-// Blocks that cover those pairs, kBlock / (group_size / kValuesPerThread) pairs per block.
-inline int64_t blocks_for(int64_t rows, int64_t cols, int group_size) {
-    const int64_t per_block = kBlock / (group_size / kValuesPerThread);
+// Blocks that cover those pairs, kBlock / (group_size / (8 * chunks)) pairs per block.
+inline int64_t blocks_for(int64_t rows, int64_t cols, int group_size, int chunks) {
+    const int64_t per_block = kBlock / (group_size / (8 * chunks));
     return (row_groups(rows, cols, group_size) + per_block - 1) / per_block;
 }
 
 #if !defined(LOCO_NO_LAUNCHERS)
+// Chunks of 8 values per thread of the kernel that a launch with this rotation and error storage runs (hop 2 never
+// rotates; the final mean has no error): the binding numbers the blocks of the launch with it.
+int chunks_per_thread(bool rotate, int error_bits);
+
 // Each launcher runs one kernel over the `count` parameters of `items` (a device array, `blocks` blocks in all)
 // on `stream`. Arguments are validated by the binding.
 
