@@ -202,8 +202,8 @@ void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at:
     const loco::WireArgs out = wire_args(send, w, h.world, device, "send");
     const c10::cuda::CUDAGuard guard(device);
     int64_t blocks = 0;
-    const at::Tensor table =
-        upload(items, h.world, h.group_size, loco::chunks_per_thread(h.hadamard, (int)error_bits), device, &blocks);
+    const int chunks = loco::chunks_per_thread(loco::kHop1Kernel, h.hadamard, (int)error_bits);
+    const at::Tensor table = upload(items, h.world, h.group_size, chunks, device, &blocks);
     raise_if(loco::quantize_bucket(h, dtype, (int)error_bits,
                                    reinterpret_cast<const loco::BucketItem*>(table.data_ptr()), (int)items.size(),
                                    blocks, out, at::cuda::getCurrentCUDAStream().stream()));
@@ -228,8 +228,8 @@ void requantize_bucket(const at::Tensor& recv, const py::object& in_wire, const 
     const loco::WireArgs out = wire_args(send, w, nodes, device, "send");
     const c10::cuda::CUDAGuard guard(device);
     int64_t blocks = 0;
-    const at::Tensor table =
-        upload(items, nodes, h.group_size, loco::chunks_per_thread(false, (int)error_bits), device, &blocks);
+    const int chunks = loco::chunks_per_thread(loco::kHop2Kernel, false, (int)error_bits);
+    const at::Tensor table = upload(items, nodes, h.group_size, chunks, device, &blocks);
     raise_if(loco::requantize_bucket(h, (int)error_bits, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
                                      (int)items.size(), blocks, in, out, at::cuda::getCurrentCUDAStream().stream()));
 }
@@ -272,7 +272,8 @@ std::vector<at::Tensor> final_mean_bucket(const at::Tensor& recv, const py::obje
     }
     const c10::cuda::CUDAGuard guard(device);
     int64_t blocks = 0;
-    const at::Tensor table = upload(items, 1, h.group_size, loco::chunks_per_thread(h.hadamard, 0), device, &blocks);
+    const int chunks = loco::chunks_per_thread(loco::kFinalKernel, h.hadamard, 0);
+    const at::Tensor table = upload(items, 1, h.group_size, chunks, device, &blocks);
     raise_if(loco::final_mean_bucket(h, (int)out_dtype, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
                                      (int)items.size(), blocks, in, (int)recv.size(0),
                                      at::cuda::getCurrentCUDAStream().stream()));

@@ -6,9 +6,9 @@
 // Work split (docs/kernels.md): one 1-D grid over every (row, group) pair of every parameter of a bucket; a block
 // of kBlock threads belongs to one parameter (found by one thread per table item, item_of_block) and covers
 // kBlock / team consecutive pairs of it in row-major order (so parameters with few groups per row fill blocks too).
-// Each quantization group of S elements is handled by a team of S / (8 * C) threads (1 .. 256), each thread holding
-// C chunks (chunks_of: 2 or 4) of 8 consecutive values in registers (chunk c of lane l covers columns 8 * (c * team + l) .. +8 of
-// the group, so a warp's loads are contiguous). Two team reductions per group (absmax of c, absmax of the new error)
+// Each quantization group of S elements is handled by a team of S / (8 * C) threads (1 .. 256), each thread
+// holding C chunks (chunks_of: 2 or 4) of 8 consecutive values in registers (chunk c of lane l covers columns
+// 8 * (c * team + l) .. +8 of the group, so a warp's loads are contiguous). Two team reductions per group (absmax of c, absmax of the new error)
 // use warp shuffles (team <= 32) or shared memory (team > 32). Every input byte is read once and every output
 // byte written once; there is no temporary in device memory. All offsets are 64-bit.
 #include <cuda_fp16.h>
@@ -38,7 +38,8 @@ constexpr int kMaxGroup = 4096;
 #endif
 
 // Chunks of 8 values per thread: kernels that rotate keep 2 (the butterfly's last stage pairs a thread's two
-// chunks); the others take LOCO_PLAIN_CHUNKS without an error buffer (default 4: the per-thread set-up, about 220
+// chunks), and so does the final mean (measured: 4 chunks spill there and ran 7% slower); hop 1 and hop 2 take
+// LOCO_PLAIN_CHUNKS without an error buffer (default 4: the per-thread set-up, about 220
 // instructions, is spread over 32 values) and LOCO_ERROR_CHUNKS with one (default 2: registers). Kernels with 4
 // chunks ask for LOCO_WIDE_MIN_BLOCKS resident blocks (default 3: 80 registers; 64 would spill). Build options for
 // tuning.
@@ -55,8 +56,8 @@ static_assert((LOCO_PLAIN_CHUNKS == 2 || LOCO_PLAIN_CHUNKS == 4) && (LOCO_ERROR_
               "chunks per thread: 2 or 4 (a group of 32 values is one thread's 4 chunks)");
 constexpr int kRotateChunks = 2;
 
-constexpr int chunks_of(bool rotate, int error_bits) {
-    return rotate ? kRotateChunks : error_bits == 0 ? LOCO_PLAIN_CHUNKS : LOCO_ERROR_CHUNKS;
+constexpr int chunks_of(Kernel kernel, bool rotate, int error_bits) {
+    return rotate || kernel == kFinalKernel ? kRotateChunks : error_bits == 0 ? LOCO_PLAIN_CHUNKS : LOCO_ERROR_CHUNKS;
 }
 
 constexpr int min_blocks(int chunks) { return chunks > 2 ? LOCO_WIDE_MIN_BLOCKS : LOCO_MIN_BLOCKS; }
@@ -558,7 +559,7 @@ __device__ __forceinline__ void zero_values(float (&v)[C][8]) {
 
 // ------------------------------------------------------------------------------------------------ hop 1
 // Block row = slot of the send buffer; slot d*M + n carries partition row n*L + d of its gradient.
-template <int DT, int Bits, int EBits, bool Rotate, int C = chunks_of(Rotate, EBits)>
+template <int DT, int Bits, int EBits, bool Rotate, int C = chunks_of(kHop1Kernel, Rotate, EBits)>
 __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launch p) {
     __shared__ uint32_t red[kBlock / 32];
     const Block k = locate(p);
@@ -657,7 +658,7 @@ __device__ __forceinline__ void sum_rows_on_grid(const Launch& p, const Block& k
 }
 
 // Block row = output row m (node); the input bits are a run-time switch (p.in_bits).
-template <int Bits, int EBits, int C = chunks_of(false, EBits)>
+template <int Bits, int EBits, int C = chunks_of(kHop2Kernel, false, EBits)>
 __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launch p, int in_bits) {
     __shared__ uint32_t red[kBlock / 32];
     const Block k = locate(p);
@@ -712,7 +713,7 @@ __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count,
 }
 
 // One output row per parameter; with Rotate each group's sum is rotated back (d * (H t) * s) before / W.
-template <int Bits, int OutDT, bool Rotate, int C = chunks_of(Rotate, 0)>
+template <int Bits, int OutDT, bool Rotate, int C = chunks_of(kFinalKernel, Rotate, 0)>
 __global__ void __launch_bounds__(kBlock, min_blocks(C)) final_kernel(const Launch p) {
     const Block k = locate(p);
     const BucketItem& it = *k.item;
@@ -820,12 +821,14 @@ constexpr const char* kBadArguments = "LoCo kernels: bits, error bits or dtype o
 
 }  // namespace
 
-int chunks_per_thread(bool rotate, int error_bits) { return chunks_of(rotate, error_bits); }
+int chunks_per_thread(Kernel kernel, bool rotate, int error_bits) {
+    return chunks_of(kernel, rotate, error_bits);
+}
 
 const char* quantize_bucket(const HopArgs& a, int grad_dtype, int error_bits, const BucketItem* items, int count,
                             int64_t blocks, WireArgs out, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    const Launch p = make_launch(a, chunks_of(a.hadamard, error_bits), items, count, WireArgs{}, out, 0);
+    const Launch p = make_launch(a, chunks_of(kHop1Kernel, a.hadamard, error_bits), items, count, WireArgs{}, out, 0);
     bool ok = false;
     with_dtype(grad_dtype, [&](auto dt) {
         with_bits(a.bits, [&](auto bits) {
@@ -844,7 +847,7 @@ const char* quantize_bucket(const HopArgs& a, int grad_dtype, int error_bits, co
 const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem* items, int count, int64_t blocks,
                               WireArgs in, WireArgs out, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    Launch p = make_launch(a, chunks_of(false, error_bits), items, count, in, out, 0);
+    Launch p = make_launch(a, chunks_of(kHop2Kernel, false, error_bits), items, count, in, out, 0);
     p.local = a.in_blocks;  // the blocks summed: rows j * nodes + m of `in`
     p.item_rows = p.nodes;
     bool ok = false;
@@ -861,7 +864,7 @@ const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem
 const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem* items, int count, int64_t blocks,
                               WireArgs in, int rows, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    Launch p = make_launch(a, chunks_of(a.hadamard, 0), items, count, in, WireArgs{}, rows);
+    Launch p = make_launch(a, chunks_of(kFinalKernel, a.hadamard, 0), items, count, in, WireArgs{}, rows);
     p.item_rows = 1;
     bool ok = false;
     with_dtype(out_dtype, [&](auto dt) {

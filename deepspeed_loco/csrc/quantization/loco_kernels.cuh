@@ -120,9 +120,10 @@ inline int64_t blocks_for(int64_t rows, int64_t cols, int group_size, int chunks
 }
 
 #if !defined(LOCO_NO_LAUNCHERS)
-// Chunks of 8 values per thread of the kernel that a launch with this rotation and error storage runs (hop 2 never
-// rotates; the final mean has no error): the binding numbers the blocks of the launch with it.
-int chunks_per_thread(bool rotate, int error_bits);
+// Chunks of 8 values per thread of the kernel that a launch of `kernel` with this rotation and error storage runs
+// (hop 2 never rotates; the final mean has no error): the binding numbers the blocks of the launch with it.
+enum Kernel : int { kHop1Kernel = 0, kHop2Kernel = 1, kFinalKernel = 2 };
+int chunks_per_thread(Kernel kernel, bool rotate, int error_bits);
 
 // Each launcher runs one kernel over the `count` parameters of `items` (a device array, `blocks` blocks in all)
 // on `stream`. Arguments are validated by the binding.
