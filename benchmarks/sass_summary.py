@@ -15,7 +15,8 @@ import sys
 from collections import Counter
 
 FUNCTION = re.compile(r"^\s*Function : (\S+)")
-INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(?:\.[\w.]+)?\b")
+OPCODE = r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)"  # an optional predicate, then the opcode (modifiers follow)
+INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+" + OPCODE + r"(?:\.[\w.]+)?\b")
 CLASSES = {"conversions": ("I2F", "F2I", "F2F", "I2I"), "shuffles": ("SHFL",), "barriers": ("BAR",),
            "spills": ("LDL", "STL")}
 
@@ -72,7 +73,7 @@ def main_source(path, top=40):
         total = sum(count for count, _ in rows)
         ops = Counter()
         for count, text in rows:
-            match = re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text)
+            match = re.match(OPCODE, text)
             ops[match.group(1) if match else "?"] += count
         print(f"== {title}: {total} warp instructions executed, {len(rows)} SASS lines")
         print("  by opcode: " + ", ".join(f"{op} {count}" for op, count in ops.most_common(25)))

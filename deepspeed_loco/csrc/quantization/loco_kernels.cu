@@ -8,9 +8,9 @@
 // kBlock / team consecutive pairs of it in row-major order (so parameters with few groups per row fill blocks too).
 // Each quantization group of S elements is handled by a team of S / (8 * C) threads (1 .. 256), each thread
 // holding C chunks (chunks_of: 2 or 4) of 8 consecutive values in registers (chunk c of lane l covers columns
-// 8 * (c * team + l) .. +8 of the group, so a warp's loads are contiguous). Two team reductions per group (absmax of c, absmax of the new error)
-// use warp shuffles (team <= 32) or shared memory (team > 32). Every input byte is read once and every output
-// byte written once; there is no temporary in device memory. All offsets are 64-bit.
+// 8 * (c * team + l) .. +8 of the group, so a warp's loads are contiguous). Two team reductions per group (absmax
+// of c, absmax of the new error) use warp shuffles (team <= 32) or shared memory (team > 32). Every input byte is
+// read once and every output byte written once; there is no temporary in device memory. All offsets are 64-bit.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -31,18 +31,17 @@ using namespace math;
 
 constexpr int kMaxGroup = 4096;
 
-// Resident blocks per SM that hop 1 and hop 2 ask the compiler to allow, which caps their registers at
-// 65536 / (kBlock * LOCO_MIN_BLOCKS) (4: 64 registers, half the SM's threads). A build option for tuning.
+// Resident blocks per SM that the kernels with 2 chunks per thread ask the compiler to allow, which caps their
+// registers at 65536 / (kBlock * LOCO_MIN_BLOCKS) (4: 64 registers, half the SM's threads). A build option for tuning.
 #if !defined(LOCO_MIN_BLOCKS)
 #define LOCO_MIN_BLOCKS 4
 #endif
 
 // Chunks of 8 values per thread: kernels that rotate keep 2 (the butterfly's last stage pairs a thread's two
 // chunks), and so does the final mean (measured: 4 chunks spill there and ran 7% slower); hop 1 and hop 2 take
-// LOCO_PLAIN_CHUNKS without an error buffer (default 4: the per-thread set-up, about 220
-// instructions, is spread over 32 values) and LOCO_ERROR_CHUNKS with one (default 2: registers). Kernels with 4
-// chunks ask for LOCO_WIDE_MIN_BLOCKS resident blocks (default 3: 80 registers; 64 would spill). Build options for
-// tuning.
+// LOCO_PLAIN_CHUNKS without an error buffer (default 4: the per-thread set-up, about 220 instructions, is spread
+// over 32 values) and LOCO_ERROR_CHUNKS with one (default 2: registers). Kernels with 4 chunks ask for
+// LOCO_WIDE_MIN_BLOCKS resident blocks (default 3: 80 registers; 64 would spill). Build options for tuning.
 #if !defined(LOCO_PLAIN_CHUNKS)
 #define LOCO_PLAIN_CHUNKS 4
 #endif
@@ -278,7 +277,7 @@ struct OldError<32, C> {
 template <int C>
 __device__ __forceinline__ void load_error(const ErrorRow&, int, int, OldError<0, C>&) {}
 
-// The binding keeps int8 error rows 8-byte aligned and fp32 rows 16-byte aligned: every chunk is one vector access.
+// The binding keeps error rows 16-byte aligned: every chunk is one vector access.
 template <int C>
 __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<8, C>& out) {
     out.scale = *r.scale;

@@ -284,22 +284,27 @@ LOCO_HD float exact_quotient(float c, const Rule& rule) {
     return f_fma(r, rule.inv, q0);
 }
 
+// Whether `quantize` divides c itself rather than take exact_quotient: outside kReciprocal rules, and for a mid-rise
+// negative c above rule.tiny (its floor is -1 or 0 by the sign of the subnormal quotient).
+template <bool Midrise>
+LOCO_HD bool divides(float c, const Rule& rule) {
+    return rule.mode != kReciprocal || (Midrise && c < 0.0f && c > rule.tiny);
+}
+
 struct Quantized {
     int q;     // in [low, high]
     float qf;  // (float)q, +0 for 0
 };
 
 // One value's code with IEEE division: symmetric clamp(rint(c / scale)), midrise clamp(floor(c / scale)); 0 for
-// kAllZero groups. A mid-rise negative c above rule.tiny (its floor is -1 or 0 by the sign of the subnormal
-// quotient) takes the division itself; every other reciprocal-rule value takes exact_quotient.
+// kAllZero groups; the quotient is exact_quotient's unless `divides`.
 template <bool Midrise>
 LOCO_HD Quantized quantize(float c, const Rule& rule, const Levels& lv) {
     Quantized out;
     out.q = 0;
     out.qf = 0.0f;
     if (rule.mode == kAllZero) return out;
-    const bool exact = rule.mode == kReciprocal && !(Midrise && c < 0.0f && c > rule.tiny);
-    const float quotient = exact ? exact_quotient(c, rule) : f_div(c, rule.scale);
+    const float quotient = divides<Midrise>(c, rule) ? f_div(c, rule.scale) : exact_quotient(c, rule);
     const float q = f_min(f_max(Midrise ? floorf(quotient) : f_rint(quotient), lv.low), lv.high);
     out.q = (int)q;
     out.qf = (float)out.q;
@@ -326,7 +331,7 @@ LOCO_HD void quantize_chunks(const float (&v)[C][8], const Rule& rule, const Lev
             for (int i = 0; i < 8; ++i) {
                 const float q = exact_quotient(v[c][i], rule);
                 biased[c][i] = Midrise ? floor_biased(q) : rint_biased(q);
-                if (Midrise) tiny |= v[c][i] < 0.0f && v[c][i] > rule.tiny;
+                if (Midrise) tiny |= divides<true>(v[c][i], rule);
             }
         }
         if (!tiny) return;
