@@ -17,11 +17,11 @@ time alone: a spin kernel queued before each start event keeps the GPU busy whil
 host work (Python wrappers, argument checks, the parameter table) is not counted there. The bucket table also gives
 the host-inclusive time per call (wall clock over back-to-back calls, synchronized at the end).
 
-``--variant FLAGS`` also builds the kernels with extra nvcc flags (e.g. ``-DLOCO_MIN_BLOCKS=4``) as a second
-extension and repeats the LoCo rows of the largest shape with it, for A/B comparisons in one run.
+``--variant FLAGS`` (repeatable) also builds the kernels with extra nvcc flags (e.g. ``-DLOCO_MIN_BLOCKS=4``) as a
+further extension and repeats the LoCo rows of the largest shape with it, for A/B comparisons in one run.
 
     python3 benchmarks/kernels.py [--reps 50] [--configs 4/4 8/2 4/4+H 8/2+H] [--no-baseline] [--json out.json]
-                                  [--variant FLAGS]
+                                  [--variant FLAGS ...]
 """
 import argparse
 import json
@@ -253,28 +253,28 @@ def bucket_rows(quantizer, reps):
     return rows
 
 
-def variant_builder(flags):
-    """A builder of the kernels as a second extension, ``loco_ops_variant``, compiled with extra nvcc ``flags``."""
+def variant_builder(flags, index=0):
+    """A builder of the kernels as a further extension, ``loco_ops_variant<index>``, built with extra nvcc ``flags``."""
     from deepspeed_loco.ops.op_builder import LocoBuilder
 
     class VariantBuilder(LocoBuilder):
         def nvcc_args(self):
             return super().nvcc_args() + flags.split()
 
-    return VariantBuilder(name="loco_ops_variant")
+    return VariantBuilder(name=f"loco_ops_variant{index}")
 
 
-def variant_rows(flags, configs, reps, copy_bw):
-    """The LoCo rows of the largest shape (both dtypes) with the kernels built with extra nvcc ``flags``."""
+def variant_rows(flags, index, configs, reps, copy_bw):
+    """The LoCo rows of the largest shape (both dtypes) with the kernels of ``variant_builder(flags, index)``."""
     default = loco_cuda.load()
-    loco_cuda._op = variant_builder(flags).load(verbose=False)
-    print(f"\nvariant build: nvcc {flags}")
+    loco_cuda._op = variant_builder(flags, index).load(verbose=False)
+    print(f"\nvariant {index} build: nvcc {flags}")
     rows = []
     try:
         for dname, dtype in DTYPES.items():
             for config in configs:
                 cases, keep = loco_cases(SHAPES[-1], dtype, config)
-                rows += run_cases(cases, config + " v", SHAPES[-1], dname, reps, copy_bw)
+                rows += run_cases(cases, f"{config} v{index}", SHAPES[-1], dname, reps, copy_bw)
                 del keep
                 torch.cuda.empty_cache()
     finally:
@@ -344,8 +344,9 @@ def main():
     parser.add_argument("--profile-hop1", action="store_true",
                         help="only run hop 1 at (16384, 16384) bf16 4/4 (each set-up launch, then LoCo twice, plain, LoCo + "
                              "Hadamard) for a profiler: skip the first 4 launches")
-    parser.add_argument("--variant", type=str, default=None,
-                        help="extra nvcc flags of a second build whose LoCo rows (largest shape) are printed too")
+    parser.add_argument("--variant", type=str, action="append", default=[],
+                        help="extra nvcc flags of a further build whose LoCo rows (largest shape) are printed too; "
+                             "repeatable")
     args = parser.parse_args()
     for config in args.configs:
         try:
@@ -395,8 +396,8 @@ def main():
     print_ratios(rows, args.configs)
     print_deepspeed_ratios(rows)
     buckets = bucket_rows(quantizer, args.reps)
-    if args.variant:
-        rows += variant_rows(args.variant, args.configs, args.reps, copy_bw)
+    for index, flags in enumerate(args.variant):
+        rows += variant_rows(flags, index, args.configs, args.reps, copy_bw)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(device=device, copy_gbps=copy_bw / 1e9, rows=rows, buckets=buckets),
                                               indent=1))

@@ -169,7 +169,8 @@ struct Launch {
     int item_rows;                  // rows of every parameter in this launch (hop 1: world, hop 2: nodes, final: 1)
     bool midrise;
     float beta, one_minus_beta, hadamard_scale;
-    Levels levels;  // the output wire's grid (the input wire has the same grid, with its own bits)
+    Levels levels;        // the output wire's grid (the input wire has the same grid, with its own bits)
+    Levels error_levels;  // the int8 error buffer's: 8 bits, symmetric (qmax 127)
     WireArgs in, out;
 };
 
@@ -300,6 +301,18 @@ __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team
         out.e[c][4] = b.x; out.e[c][5] = b.y; out.e[c][6] = b.z; out.e[c][7] = b.w;
     }
 }
+
+// beta * e of the thread's chunks, taken when the error is read (so int8 codes are decoded once); none without error.
+template <int EBits, int C>
+struct DecayedError {
+    float e[C][8];
+    __device__ float at(int c, int i) const { return e[c][i]; }
+};
+
+template <int C>
+struct DecayedError<0, C> {
+    __device__ float at(int, int) const { return 0.0f; }
+};
 
 template <int C>
 __device__ __forceinline__ void zero_error(OldError<0, C>&) {}
@@ -453,50 +466,33 @@ struct Exchange<true> {
     }
 };
 // ------------------------------------------------------------------------------- compensate + quantize
-// The low bytes of the codes of 8 biased codes (math::code_of), as 8 consecutive int8 values: 3 byte permutes per 4.
-__device__ __forceinline__ uint2 pack_bytes(const float (&b)[8]) {
-    uint32_t w[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const uint32_t lo = __byte_perm(code_bits(b[4 * h]), code_bits(b[4 * h + 1]), 0x0040u);
-        const uint32_t hi = __byte_perm(code_bits(b[4 * h + 2]), code_bits(b[4 * h + 3]), 0x0040u);
-        w[h] = __byte_perm(lo, hi, 0x5410u);
-    }
-    return make_uint2(w[0], w[1]);
-}
-
-// v: compensated values c of the thread's chunks (all zero for an inactive team); old: the old error.
+// v: compensated values c of the thread's chunks (all zero for an inactive team); decayed: beta * the old error.
 // Quantizes the group on the wire grid (Midrise or symmetric, p.levels) to `data`/`scale`, then (EBits != 0)
-// stores the updated error to `er` (int8 storage: symmetric, qmax 127).
+// stores the updated error to `er` (int8 storage: symmetric, qmax 127). Each chunk is quantized, packed, stored and
+// (with error) turned into its new error in one pass, so only 8 codes are live at a time.
 template <int Bits, int EBits, bool Midrise, int C>
 __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, float (&v)[C][8],
-                                               const OldError<EBits, C>& old, uint32_t key, uint8_t* data,
+                                               const DecayedError<EBits, C>& decayed, uint32_t key, uint8_t* data,
                                                float* scale, const ErrorRow& er, uint32_t* red) {
     const int lane = k.lane, team = k.team;
     key = team_max(key, p.team_log2, red);
-    const Rule rule = make_rule(key, p.levels.divisor);
-    float biased[C][8];
-    quantize_chunks<Midrise>(v, rule, p.levels, biased);
-    if (k.active) {
+    const Rule rule = make_rule(key, p.levels);
+    float m = 0.0f;  // absmax of the new error
 #pragma unroll
-        for (int c = 0; c < C; ++c) {
-            uint64_t word = 0;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) word |= pack_value<Bits>(code_bits(biased[c][i]), i);
-            store_word<Bits>(data + (int64_t)(c * team + lane) * Bits, word);
-        }
-        if (lane == 0) __stcs(scale, rule.scale);
-    }
-    if (EBits == 0) return;
-    float m = 0.0f;
-#pragma unroll
-    for (int c = 0; c < C; ++c)
+    for (int c = 0; c < C; ++c) {
+        float biased[8];
+        quantize_chunk<Midrise, Bits>(v[c], rule, p.levels, biased);
+        if (k.active) store_word<Bits>(data + (int64_t)(c * team + lane) * Bits, pack_word<Bits>(biased));
+        if (EBits == 0) continue;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            const float level = Midrise ? f_add(code_of(biased[c][i]), 0.5f) : code_of(biased[c][i]);
-            v[c][i] = update(old.at(c, i), f_sub(v[c][i], f_mul(level, rule.scale)), p.beta, p.one_minus_beta);
+            const float level = Midrise ? f_add(code_of<Bits>(biased[i]), 0.5f) : code_of<Bits>(biased[i]);
+            v[c][i] = update_decayed(decayed.at(c, i), f_sub(v[c][i], f_mul(level, rule.scale())), p.one_minus_beta);
             m = absmax_step(m, v[c][i]);
         }
+    }
+    if (k.active && lane == 0) __stcs(scale, rule.scale());
+    if (EBits == 0) return;
     const uint32_t ekey = team_max(key_of(m), p.team_log2, red);
     if (EBits == 32) {
         const bool finite = key_finite(ekey);
@@ -514,35 +510,43 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
         return;
     }
     // int8 storage: the symmetric quantizer with 8 bits; a non-finite group is stored as zero (scale 0, q 0).
-    const Levels int8_levels = levels(8, kSymmetric);
-    const Rule erule = make_rule(ekey, int8_levels.divisor);
-    quantize_chunks<false>(v, erule, int8_levels, biased);
+    const Rule erule = make_rule(ekey, p.error_levels);
     if (!k.active) return;
     int8_t* base = static_cast<int8_t*>(er.values);
 #pragma unroll
-    for (int c = 0; c < C; ++c) *reinterpret_cast<uint2*>(base + 8 * (c * team + lane)) = pack_bytes(biased[c]);
-    if (lane == 0) *er.scale = key_finite(ekey) ? erule.scale : 0.0f;
+    for (int c = 0; c < C; ++c) {
+        float biased[8];
+        quantize_chunk<false, 8>(v[c], erule, p.error_levels, biased);
+        const uint64_t word = pack_word<8>(biased);
+        *reinterpret_cast<uint2*>(base + 8 * (c * team + lane)) = make_uint2((uint32_t)word, (uint32_t)(word >> 32));
+    }
+    if (lane == 0) *er.scale = key_finite(ekey) ? erule.scale() : 0.0f;
 }
 
 // The wire grid of the launch as a template argument: quantize_group<Bits, EBits, Midrise>.
 template <int Bits, int EBits, int C>
 __device__ __forceinline__ void quantize_group_on_grid(const Launch& p, const Block& k, float (&v)[C][8],
-                                                       const OldError<EBits, C>& old, uint32_t key, uint8_t* data,
-                                                       float* scale, const ErrorRow& er, uint32_t* red) {
+                                                       const DecayedError<EBits, C>& decayed, uint32_t key,
+                                                       uint8_t* data, float* scale, const ErrorRow& er, uint32_t* red) {
     with_grid(p.midrise, [&](auto midrise) {
-        quantize_group<Bits, EBits, decltype(midrise)::value>(p, k, v, old, key, data, scale, er, red);
+        quantize_group<Bits, EBits, decltype(midrise)::value>(p, k, v, decayed, key, data, scale, er, red);
     });
 }
 
-// c = v + e (when there is an error buffer), in place; returns the thread's absmax key of c.
+// c = v + e (when there is an error buffer), in place, and decayed = beta * e; returns the thread's absmax key of c.
 template <int EBits, int C>
-__device__ __forceinline__ uint32_t compensate(float (&v)[C][8], const OldError<EBits, C>& old) {
+__device__ __forceinline__ uint32_t compensate(float (&v)[C][8], const OldError<EBits, C>& old, float beta,
+                                               DecayedError<EBits, C>& decayed) {
     float m = 0.0f;
 #pragma unroll
     for (int c = 0; c < C; ++c)
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            if (EBits != 0) v[c][i] = f_add(v[c][i], old.at(c, i));
+            if constexpr (EBits != 0) {
+                const float e = old.at(c, i);
+                v[c][i] = f_add(v[c][i], e);
+                decayed.e[c][i] = f_mul(e, beta);
+            }
             m = absmax_step(m, v[c][i]);
         }
     return key_of(m);
@@ -573,7 +577,6 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launc
     const ErrorRow er = error_row<EBits>(k, slot);
     float v[C][8];
     OldError<EBits, C> old;
-    uint32_t key = 0;
     if (k.active) {
         load_error(er, lane, team, old);
         const int64_t first = k.col0 + 8 * lane;                          // chunk 0's first column
@@ -593,18 +596,18 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launc
                     v[c][i] = col + i < row_valid ? Grad<DT>::one(it.grad, row_start + col + i) : 0.0f;
             }
         }
-        if (!Rotate) key = compensate(v, old);
-    } else {
+    } else {  // inactive teams go on with zeros (uniform control flow for the team reductions)
         zero_values(v);
         zero_error(old);
     }
-    if constexpr (Rotate) {  // every thread, inactive teams with zeros: the butterfly exchanges across the team
+    if constexpr (Rotate) {  // every thread: the butterfly exchanges across the team
         apply_signs(v, chunk_signs(lane, team));
         butterfly(v, lane, p.team_log2, Exchange<Rotate>::get());
         scale_all(v, p.hadamard_scale);
-        key = compensate(v, old);
     }
-    quantize_group_on_grid<Bits, EBits>(p, k, v, old, key, wire_data<Bits>(p.out, slot, k),
+    DecayedError<EBits, C> decayed;
+    const uint32_t key = compensate(v, old, p.beta, decayed);
+    quantize_group_on_grid<Bits, EBits>(p, k, v, decayed, key, wire_data<Bits>(p.out, slot, k),
                                         wire_scale(p.out, slot, k, p.group_log2), er, red);
 }
 
@@ -665,7 +668,6 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launc
     const ErrorRow er = error_row<EBits>(k, m);
     float v[C][8];
     OldError<EBits, C> old;
-    uint32_t key = 0;
     if (k.active) {
         load_error(er, k.lane, k.team, old);
         switch (in_bits) {
@@ -675,12 +677,13 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launc
             case 4: sum_rows_on_grid<4>(p, k, m, p.nodes, p.local, v); break;
             default: sum_rows_on_grid<8>(p, k, m, p.nodes, p.local, v); break;
         }
-        key = compensate(v, old);
     } else {
         zero_values(v);
         zero_error(old);
     }
-    quantize_group_on_grid<Bits, EBits>(p, k, v, old, key, wire_data<Bits>(p.out, m, k),
+    DecayedError<EBits, C> decayed;
+    const uint32_t key = compensate(v, old, p.beta, decayed);
+    quantize_group_on_grid<Bits, EBits>(p, k, v, decayed, key, wire_data<Bits>(p.out, m, k),
                                         wire_scale(p.out, m, k, p.group_log2), er, red);
 }
 
@@ -806,6 +809,7 @@ Launch make_launch(const HopArgs& a, int chunks, const BucketItem* items, int co
     p.one_minus_beta = math::f_sub(1.0f, a.beta);
     p.hadamard_scale = hadamard_scale(a.group_size);
     p.levels = levels(a.bits, a.grid);
+    p.error_levels = levels(8, kSymmetric);
     p.in = in;
     p.out = out;
     return p;

@@ -181,24 +181,26 @@ LOCO_HD float f_add(float a, float b) { return __fadd_rn(a, b); }
 LOCO_HD float f_sub(float a, float b) { return __fsub_rn(a, b); }
 LOCO_HD float f_mul(float a, float b) { return __fmul_rn(a, b); }
 LOCO_HD float f_div(float a, float b) { return __fdiv_rn(a, b); }
+LOCO_HD float f_rcp(float a) { return __frcp_rn(a); }  // fl(1 / a), like f_div(1, a)
 LOCO_HD float f_rint(float a) { return rintf(a); }
 LOCO_HD float f_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
-// M + floor(q) for |q| < 2^22 (M = kRoundMagic): one add rounded toward -inf.
-LOCO_HD float floor_biased(float q) { return __fadd_rd(q, kRoundMagic); }
+// magic + floor(q) for an integer magic in [2^23 + 2^22, 2^24 - 2^22] and |q| < 2^22: one add rounded toward -inf.
+LOCO_HD float floor_biased(float q, float magic) { return __fadd_rd(q, magic); }
 #else
 LOCO_HD float f_add(float a, float b) { return a + b; }
 LOCO_HD float f_sub(float a, float b) { return a - b; }
 LOCO_HD float f_mul(float a, float b) { return a * b; }
 LOCO_HD float f_div(float a, float b) { return a / b; }
+LOCO_HD float f_rcp(float a) { return 1.0f / a; }
 LOCO_HD float f_rint(float a) { return rintf(a); }
 LOCO_HD float f_fma(float a, float b, float c) { return fmaf(a, b, c); }
-LOCO_HD float floor_biased(float q) {
-    const float s = q + kRoundMagic;  // M + rint(q), exact
-    return s - kRoundMagic > q ? s - 1.0f : s;
+LOCO_HD float floor_biased(float q, float magic) {
+    const float s = q + magic;  // magic + rint(q), exact
+    return s - magic > q ? s - 1.0f : s;
 }
 #endif
-// M + rint(q) (half to even) for |q| < 2^22.
-LOCO_HD float rint_biased(float q) { return f_add(q, kRoundMagic); }
+// magic + rint(q) (half to even: magic is even) for |q| < 2^22, magic as for floor_biased.
+LOCO_HD float rint_biased(float q, float magic) { return f_add(q, magic); }
 
 LOCO_HD float f_min(float a, float b) { return a < b ? a : b; }
 LOCO_HD float f_max(float a, float b) { return a > b ? a : b; }
@@ -220,17 +222,43 @@ LOCO_HD float absmax_step(float m, float v) {
 LOCO_HD uint32_t key_of(float absmax) { return float_bits(absmax); }
 LOCO_HD bool key_finite(uint32_t key) { return key < kInfBits; }
 
+// A divisor d with its reciprocal in two parts, for exact_quotient: inv = fl(1 / d), inv_lo = fl((1 - d * inv) / d),
+// so inv + inv_lo = 1 / d to about 2^-48 (the fma in `reciprocal` is exact: 1 - d * inv).
+struct Reciprocal {
+    float d, inv, inv_lo;
+};
+
+LOCO_HD Reciprocal reciprocal(float d) {
+    Reciprocal r;
+    r.d = d;
+    r.inv = f_rcp(d);
+    r.inv_lo = f_mul(f_fma(-d, r.inv, 1.0f), r.inv);
+    return r;
+}
+
+// fl(c / d), the IEEE quotient, for d in [2^-100, 2^100] and |c / d| >= 2^-24 (or c >= 0 with c / d >= 2^-107):
+// q0 = c * (inv + inv_lo) is within one ulp of c / d, the remainder c - q0 * d is exact in one fma, and one Markstein
+// correction q0 + r * inv, rounded once, is the correctly rounded quotient (inv being fl(1 / d)). Smaller negative
+// quotients may differ from the IEEE one in the subnormal range (only their sign and zeroness matter: see quantize).
+LOCO_HD float exact_quotient(float c, const Reciprocal& d) {
+    const float q0 = f_fma(c, d.inv, f_mul(c, d.inv_lo));
+    const float r = f_fma(-q0, d.d, c);
+    return f_fma(r, d.inv, q0);
+}
+
 // The codes of a grid of `bits` bits: scale = absmax / divisor; code k in [low, high] stands for (k + half) * scale.
 // symmetric: divisor qmax = 2^(b-1) - 1, k = rint(c / scale) in [-qmax, qmax], half 0;
 // midrise: divisor 2^(b-1) - 0.5, k = floor(c / scale) in [-2^(b-1), 2^(b-1) - 1], half 0.5 (every code used).
+// `divisor` carries its reciprocal (set up once per launch) so that a group's scale costs one exact_quotient.
 struct Levels {
-    float divisor, low, high, half;
+    Reciprocal divisor;
+    float low, high, half;
 };
 
 LOCO_HD Levels levels(int bits, int grid) {
     const float h = (float)(1 << (bits - 1));
     Levels l;
-    l.divisor = grid == kMidrise ? h - 0.5f : h - 1.0f;
+    l.divisor = reciprocal(grid == kMidrise ? h - 0.5f : h - 1.0f);
     l.low = grid == kMidrise ? -h : 1.0f - h;
     l.high = h - 1.0f;
     l.half = grid == kMidrise ? 0.5f : 0.0f;
@@ -242,46 +270,48 @@ LOCO_HD float dequant(float k, float half, float scale) { return f_mul(f_add(k, 
 
 // Per-group quantization rule derived from the group's absmax key.
 struct Rule {
-    float scale;   // absmax / divisor; NaN for a non-finite group; 0 for a zero (or underflowing) group
-    float inv;     // kReciprocal: fl(1 / scale)
-    float inv_lo;  // kReciprocal: fl((1 - scale * inv) / scale), so inv + inv_lo = 1 / scale to about 2^-48
-    float tiny;    // kReciprocal: -scale * 2^-24; a negative c above it has a quotient too small for exact_quotient
+    Reciprocal of;  // of.d: the scale, absmax / divisor; NaN for a non-finite group; 0 for a zero (or underflowing)
+                    // group; of.inv, of.inv_lo: its reciprocal (kReciprocal rules)
+    float tiny;     // kReciprocal: -scale * 2^-24; a negative c above it has a quotient too small for exact_quotient
     int mode;
+    LOCO_HD float scale() const { return of.d; }
 };
 constexpr int kAllZero = 0;     // q = 0 for every element (zero, underflowing or non-finite group)
 constexpr int kReciprocal = 1;  // q from exact_quotient (scale in [2^-100, 2^100])
 constexpr int kDivide = 2;      // q from c / scale (scale outside [2^-100, 2^100])
 
-LOCO_HD Rule make_rule(uint32_t key, float divisor) {
+// The scale absmax / divisor, IEEE-rounded, as q0 = absmax * (inv + inv_lo) (exact_quotient without its correction)
+// for absmax >= 2^-100, the division itself below. Why q0 is already the IEEE quotient: every divisor is D / 2^j
+// with D odd and at most 255 (1, 3, 7, 127; 1.5, 3.5, 7.5, 127.5), and absmax = A * 2^i with A < 2^24, so absmax /
+// divisor is never a midpoint between floats (that needs 25 significant bits; A / D, if an integer, has at most 24)
+// and stays at least 2^-33 of its size away from one, while q0 is within about 2^-46 of it, and normal (>= 2^-107).
+LOCO_HD float group_scale(float absmax, const Levels& lv) {
+    return absmax >= 7.888609052210118e-31f /* 2^-100 */
+               ? f_fma(absmax, lv.divisor.inv, f_mul(absmax, lv.divisor.inv_lo))
+               : f_div(absmax, lv.divisor.d);
+}
+
+LOCO_HD Rule make_rule(uint32_t key, const Levels& lv) {
     Rule r;
-    r.inv = r.inv_lo = r.tiny = 0.0f;
+    r.of.inv = r.of.inv_lo = r.tiny = 0.0f;
     if (!key_finite(key)) {
-        r.scale = bits_float(kNaNBits);
+        r.of.d = bits_float(kNaNBits);
         r.mode = kAllZero;
         return r;
     }
-    r.scale = f_div(bits_float(key), divisor);
-    if (!(r.scale > 0.0f)) {
+    const float scale = group_scale(bits_float(key), lv);
+    if (!(scale > 0.0f)) {
+        r.of.d = scale;
         r.mode = kAllZero;
-    } else if (r.scale >= 7.888609052210118e-31f /* 2^-100 */ && r.scale <= 1.2676506002282294e+30f /* 2^100 */) {
-        r.inv = f_div(1.0f, r.scale);
-        r.inv_lo = f_mul(f_fma(-r.scale, r.inv, 1.0f), r.inv);  // the fma is exact: 1 - scale * inv
-        r.tiny = f_mul(r.scale, -5.9604644775390625e-08f /* -2^-24 */);
+    } else if (scale >= 7.888609052210118e-31f /* 2^-100 */ && scale <= 1.2676506002282294e+30f /* 2^100 */) {
+        r.of = reciprocal(scale);
+        r.tiny = f_mul(scale, -5.9604644775390625e-08f /* -2^-24 */);
         r.mode = kReciprocal;
     } else {
+        r.of.d = scale;
         r.mode = kDivide;
     }
     return r;
-}
-
-// fl(c / scale), the IEEE quotient, for kReciprocal rules and |c / scale| >= 2^-24 (or c >= 0): q0 = c * (inv +
-// inv_lo) is within one ulp of c / scale, the remainder c - q0 * scale is exact in one fma, and one Markstein
-// correction q0 + r * inv, rounded once, is the correctly rounded quotient (inv being fl(1 / scale)). Smaller negative
-// quotients may differ from the IEEE one in the subnormal range (only their sign and zeroness matter: see quantize).
-LOCO_HD float exact_quotient(float c, const Rule& rule) {
-    const float q0 = f_fma(c, rule.inv, f_mul(c, rule.inv_lo));
-    const float r = f_fma(-q0, rule.scale, c);
-    return f_fma(r, rule.inv, q0);
 }
 
 // Whether `quantize` divides c itself rather than take exact_quotient: outside kReciprocal rules, and for a mid-rise
@@ -304,56 +334,55 @@ LOCO_HD Quantized quantize(float c, const Rule& rule, const Levels& lv) {
     out.q = 0;
     out.qf = 0.0f;
     if (rule.mode == kAllZero) return out;
-    const float quotient = divides<Midrise>(c, rule) ? f_div(c, rule.scale) : exact_quotient(c, rule);
+    const float quotient = divides<Midrise>(c, rule) ? f_div(c, rule.scale()) : exact_quotient(c, rule.of);
     const float q = f_min(f_max(Midrise ? floorf(quotient) : f_rint(quotient), lv.low), lv.high);
     out.q = (int)q;
     out.qf = (float)out.q;
     return out;
 }
 
-// A code k as the kernels carry it between quantizing and packing: the float M + k (M = kRoundMagic). Its low
-// bits are k in two's complement (what is packed), and k = biased - M exactly (|k| < 2^22).
-LOCO_HD float code_of(float biased) { return f_sub(biased, kRoundMagic); }
+// A code k of `Bits` bits as the kernels carry it between quantizing and packing: the float magic<Bits>() + k, where
+// magic = M + offset (M = kRoundMagic = 1.5 * 2^23; offset 2^(Bits-1) below 8 bits, 0 for 8 bits). Its bits are those
+// of M plus u = k + offset (integer addition: every such float lies in [2^23, 2^24), where the ulp is 1), so u, in
+// [0, 2^Bits), sits in the low bits with zeros above it up to bit 21 (see pack_word), and k = biased - magic exactly.
+template <int Bits>
+LOCO_HD constexpr uint32_t code_offset() { return Bits == 8 ? 0u : 1u << (Bits - 1); }
+template <int Bits>
+LOCO_HD constexpr float magic() { return kRoundMagic + (float)code_offset<Bits>(); }
+template <int Bits>
+LOCO_HD float code_of(float biased) { return f_sub(biased, magic<Bits>()); }
 LOCO_HD uint32_t code_bits(float biased) { return float_bits(biased); }
 
-// The kernels' form of `quantize` for the values one thread holds: biased[c][i] = M + code (see code_of), equal to
+// The kernels' form of `quantize` for one chunk of 8 values: biased[i] = magic<Bits>() + code (see code_of), equal to
 // `quantize`'s codes element by element. Reciprocal rules take exact_quotient and one rounding add for every value,
-// without branches; only a mid-rise set holding a negative value above rule.tiny (a quotient below 2^-24 in
+// without branches; only a mid-rise chunk holding a negative value above rule.tiny (a quotient below 2^-24 in
 // magnitude: rare) is redone value by value. Precondition: every |v| is at most the absmax the rule was made from (a
 // group's own values), so |c / scale| <= divisor * (1 + 2^-23) and the codes need no clamp.
-template <bool Midrise, int C>
-LOCO_HD void quantize_chunks(const float (&v)[C][8], const Rule& rule, const Levels& lv, float (&biased)[C][8]) {
+template <bool Midrise, int Bits>
+LOCO_HD void quantize_chunk(const float (&v)[8], const Rule& rule, const Levels& lv, float (&biased)[8]) {
     if (rule.mode == kReciprocal) {
         bool tiny = false;
         LOCO_UNROLL
-        for (int c = 0; c < C; ++c) {
-            LOCO_UNROLL
-            for (int i = 0; i < 8; ++i) {
-                const float q = exact_quotient(v[c][i], rule);
-                biased[c][i] = Midrise ? floor_biased(q) : rint_biased(q);
-                if (Midrise) tiny |= divides<true>(v[c][i], rule);
-            }
+        for (int i = 0; i < 8; ++i) {
+            const float q = exact_quotient(v[i], rule.of);
+            biased[i] = Midrise ? floor_biased(q, magic<Bits>()) : rint_biased(q, magic<Bits>());
+            if (Midrise) tiny |= divides<true>(v[i], rule);
         }
         if (!tiny) return;
     }
     LOCO_UNROLL
-    for (int c = 0; c < C; ++c) {
-        LOCO_UNROLL
-        for (int i = 0; i < 8; ++i)
-            biased[c][i] = rule.mode == kAllZero ? kRoundMagic : f_add(quantize<Midrise>(v[c][i], rule, lv).qf, kRoundMagic);
-    }
+    for (int i = 0; i < 8; ++i)
+        biased[i] = rule.mode == kAllZero ? magic<Bits>() : f_add(quantize<Midrise>(v[i], rule, lv).qf, magic<Bits>());
 }
 
-// Residual and LoCo update: e' = beta*e + (1-beta)*(c - dequant(q)), each operation rounded in this order.
+// Residual and LoCo update: e' = beta*e + (1-beta)*(c - dequant(q)), each operation rounded in this order. The
+// kernels take beta*e when they read e (`decayed`) and finish with update_decayed.
 LOCO_HD float residual(float c, float qf, float half, float scale) { return f_sub(c, dequant(qf, half, scale)); }
-LOCO_HD float update(float e, float r, float beta, float one_minus_beta) {
-    return f_add(f_mul(e, beta), f_mul(r, one_minus_beta));
+LOCO_HD float update_decayed(float decayed, float r, float one_minus_beta) {
+    return f_add(decayed, f_mul(r, one_minus_beta));
 }
-
-// Packed words: 8 codes of `Bits` bits, little-endian (value j at bits [Bits*j, Bits*j + Bits)).
-template <int Bits>
-LOCO_HD uint64_t pack_value(uint32_t code_bits, int j) {
-    return ((uint64_t)(code_bits & ((1u << Bits) - 1u))) << (Bits * j);
+LOCO_HD float update(float e, float r, float beta, float one_minus_beta) {
+    return update_decayed(f_mul(e, beta), r, one_minus_beta);
 }
 
 // The sign bit of every value of a packed word; word ^ kSignBits<Bits> holds each code k as k + 2^(Bits-1).
@@ -362,6 +391,39 @@ LOCO_HD constexpr uint64_t sign_bits() {
     uint64_t m = 0;
     for (int j = 0; j < 8; ++j) m |= (uint64_t)1 << (Bits * j + Bits - 1);
     return m;
+}
+
+// Packed words: 8 codes of `Bits` bits, little-endian (value j at bits [Bits*j, Bits*j + Bits)), two's complement,
+// from 8 biased codes (code_of). 8 bits: the low byte of each (u = k mod 256), 3 byte permutes per 4 on the device.
+// Fewer bits: Horner's rule w = sum_j bits(b_j) * 2^(Bits*j) mod 2^32, one multiply-add per code; bits(b_j) = B + u_j
+// (B = bits of M), so w = sum_j u_j * 2^(Bits*j) + B * sum_j 2^(Bits*j) mod 2^32, and the first sum has 8 * Bits <= 32
+// bits: subtracting the constant leaves the offset codes u_j = k_j + 2^(Bits-1) (nothing above bit 8 * Bits), and
+// flipping each sign bit the codes.
+template <int Bits>
+LOCO_HD uint64_t pack_word(const float (&b)[8]) {
+    if (Bits == 8) {
+        uint32_t w[2];
+        LOCO_UNROLL
+        for (int h = 0; h < 2; ++h) {
+#if defined(__CUDA_ARCH__)
+            const uint32_t lo = __byte_perm(code_bits(b[4 * h]), code_bits(b[4 * h + 1]), 0x0040u);
+            const uint32_t hi = __byte_perm(code_bits(b[4 * h + 2]), code_bits(b[4 * h + 3]), 0x0040u);
+            w[h] = __byte_perm(lo, hi, 0x5410u);
+#else
+            w[h] = 0;
+            for (int j = 0; j < 4; ++j) w[h] |= (code_bits(b[4 * h + j]) & 0xffu) << (8 * j);
+#endif
+        }
+        return (uint64_t)w[0] | ((uint64_t)w[1] << 32);
+    }
+    constexpr uint32_t radix = 1u << Bits;
+    uint32_t series = 0;  // sum_j radix^j, j < 8, mod 2^32 (folded by the compiler)
+    for (int j = 0; j < 8; ++j) series = series * radix + 1u;
+    const uint32_t junk = kRoundMagicBits * series;
+    uint32_t w = code_bits(b[7]);
+    LOCO_UNROLL
+    for (int j = 6; j >= 0; --j) w = w * radix + code_bits(b[j]);
+    return (uint64_t)((w - junk) ^ (uint32_t)sign_bits<Bits>());
 }
 
 // The value of code j of a packed word whose sign bits were flipped (`offset_word` = word ^ sign_bits<Bits>()):

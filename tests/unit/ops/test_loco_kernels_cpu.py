@@ -25,36 +25,59 @@ _SHIM = r"""
 #include "loco_kernels.cuh"
 using namespace loco::math;
 
-// grid: 0 symmetric, 1 midrise (loco::QuantGrid)
-template <bool Midrise>
-static void quantize_all(const float* c, long long n, int group, int bits, signed char* q, float* scale) {
-    const Levels lv = levels(bits, Midrise ? loco::kMidrise : loco::kSymmetric);
+template <int Bits>
+static void store_packed(const float (&biased)[8], unsigned char* out) {
+    const uint64_t word = pack_word<Bits>(biased);
+    for (int b = 0; b < Bits; ++b) out[b] = (unsigned char)(word >> (8 * b));
+}
+
+// grid: 0 symmetric, 1 midrise (loco::QuantGrid); codes to q, packed as the kernels pack them to `packed`
+template <int Bits, bool Midrise>
+static void quantize_all(const float* c, long long n, int group, signed char* q, float* scale, unsigned char* packed) {
+    const Levels lv = levels(Bits, Midrise ? loco::kMidrise : loco::kSymmetric);
     for (long long g = 0; g < n / group; ++g) {
-        uint32_t key = 0;
         float m = 0.0f;
         for (int i = 0; i < group; ++i) m = absmax_step(m, c[g * group + i]);
-        const Rule rule = make_rule(key_of(m), lv.divisor);
-        scale[g] = rule.scale;
-        for (int piece = 0; piece < group; piece += 16) {  // as a kernel thread holds them: 2 chunks of 8
-            float v[2][8], biased[2][8];
-            for (int i = 0; i < 16; ++i) v[i / 8][i % 8] = c[g * group + piece + i];
-            quantize_chunks<Midrise>(v, rule, lv, biased);
-            for (int i = 0; i < 16; ++i) {
-                const float b = biased[i / 8][i % 8];
-                q[g * group + piece + i] = (signed char)(code_bits(b) & 0xffu);  // the low bits are the code
-                const Quantized one = quantize<Midrise>(c[g * group + piece + i], rule, lv);
-                if (float_bits(one.qf) != float_bits(code_of(b)) || one.q != (int)code_of(b)) q[0] = 99;
+        const Rule rule = make_rule(key_of(m), lv);
+        scale[g] = rule.scale();
+        for (int chunk = 0; chunk < group; chunk += 8) {  // as a kernel thread holds them
+            const long long at = g * group + chunk;
+            float v[8], biased[8];
+            for (int i = 0; i < 8; ++i) v[i] = c[at + i];
+            quantize_chunk<Midrise, Bits>(v, rule, lv, biased);
+            for (int i = 0; i < 8; ++i) {
+                q[at + i] = (signed char)(int)code_of<Bits>(biased[i]);
+                const Quantized one = quantize<Midrise>(c[at + i], rule, lv);
+                if (float_bits(one.qf) != float_bits(code_of<Bits>(biased[i])) || one.q != q[at + i]) q[0] = 99;
             }
+            store_packed<Bits>(biased, packed + at * Bits / 8);
         }
     }
 }
 
+template <bool Midrise>
+static void quantize_grid(const float* c, long long n, int group, int bits, signed char* q, float* scale,
+                          unsigned char* packed) {
+    switch (bits) {
+        case 2: quantize_all<2, Midrise>(c, n, group, q, scale, packed); break;
+        case 3: quantize_all<3, Midrise>(c, n, group, q, scale, packed); break;
+        case 4: quantize_all<4, Midrise>(c, n, group, q, scale, packed); break;
+        default: quantize_all<8, Midrise>(c, n, group, q, scale, packed); break;
+    }
+}
+
 extern "C" void host_quantize(const float* c, long long n, int group, int bits, int grid, signed char* q,
-                              float* scale) {
+                              float* scale, unsigned char* packed) {
     if (grid == 1)
-        quantize_all<true>(c, n, group, bits, q, scale);
+        quantize_grid<true>(c, n, group, bits, q, scale, packed);
     else
-        quantize_all<false>(c, n, group, bits, q, scale);
+        quantize_grid<false>(c, n, group, bits, q, scale, packed);
+}
+
+// The scale of a group of absmax key keys[i] (make_rule: exact_quotient by the divisor, or the division itself).
+extern "C" void host_scales(const unsigned* keys, long long n, int bits, int grid, float* out) {
+    const Levels lv = levels(bits, grid);
+    for (long long i = 0; i < n; ++i) out[i] = make_rule(keys[i], lv).scale();
 }
 
 extern "C" void host_update(const float* c, const float* e, long long n, int group, int bits, int grid, float beta,
@@ -62,32 +85,35 @@ extern "C" void host_update(const float* c, const float* e, long long n, int gro
     const float omb = f_sub(1.0f, beta);
     const Levels lv = levels(bits, grid);
     for (long long g = 0; g < n / group; ++g) {
-        uint32_t key = 0;
         float m = 0.0f;
         for (int i = 0; i < group; ++i) m = absmax_step(m, c[g * group + i]);
-        const Rule rule = make_rule(key_of(m), lv.divisor);
+        const Rule rule = make_rule(key_of(m), lv);
         for (int i = 0; i < group; ++i) {
             const long long j = g * group + i;
             const float qf = grid == 1 ? quantize<true>(c[j], rule, lv).qf : quantize<false>(c[j], rule, lv).qf;
-            out[j] = update(e[j], residual(c[j], qf, lv.half, rule.scale), beta, omb);
+            out[j] = update(e[j], residual(c[j], qf, lv.half, rule.scale()), beta, omb);
         }
     }
 }
 
 extern "C" unsigned host_divide(unsigned n, unsigned d) { return loco::divide(n, loco::fast_divisor(d)); }
 
-extern "C" void host_pack(const signed char* q, long long n, int bits, unsigned char* out) {
+template <int Bits>
+static void pack_all(const signed char* q, long long n, unsigned char* out) {
     for (long long w = 0; w < n / 8; ++w) {
-        uint64_t word = 0;
-        for (int j = 0; j < 8; ++j) {
-            switch (bits) {
-                case 2: word |= pack_value<2>((uint32_t)q[8 * w + j], j); break;
-                case 3: word |= pack_value<3>((uint32_t)q[8 * w + j], j); break;
-                case 4: word |= pack_value<4>((uint32_t)q[8 * w + j], j); break;
-                default: word |= pack_value<8>((uint32_t)q[8 * w + j], j); break;
-            }
-        }
-        for (int b = 0; b < bits; ++b) out[w * bits + b] = (unsigned char)(word >> (8 * b));
+        float biased[8];
+        for (int j = 0; j < 8; ++j) biased[j] = magic<Bits>() + (float)q[8 * w + j];  // exact
+        store_packed<Bits>(biased, out + w * Bits);
+    }
+}
+
+// Codes q packed as the kernels pack them (pack_word of the biased codes).
+extern "C" void host_pack(const signed char* q, long long n, int bits, unsigned char* out) {
+    switch (bits) {
+        case 2: pack_all<2>(q, n, out); break;
+        case 3: pack_all<3>(q, n, out); break;
+        case 4: pack_all<4>(q, n, out); break;
+        default: pack_all<8>(q, n, out); break;
     }
 }
 
@@ -154,9 +180,12 @@ def test_host_quantizer_is_bit_identical_to_the_reference(host, bits, group_size
     c = torch.cat([adversarial_groups(group_size, bits, gen, g) for g in GRIDS])  # both grids' boundaries
     q = torch.empty(c.numel(), dtype=torch.int8)
     scale = torch.empty(c.numel() // group_size)
-    host.host_quantize(_ptr(c), ctypes.c_longlong(c.numel()), group_size, bits, GRIDS[grid], _ptr(q), _ptr(scale))
+    packed = torch.empty(c.numel() * bits // 8, dtype=torch.uint8)
+    host.host_quantize(_ptr(c), ctypes.c_longlong(c.numel()), group_size, bits, GRIDS[grid], _ptr(q), _ptr(scale),
+                       _ptr(packed))
     want_q, want_scale = quantize_groups(c, bits, group_size, grid)
     assert torch.equal(q, want_q)
+    assert torch.equal(packed, pack(want_q, bits))
     assert torch.equal(scale.view(torch.int32), want_scale.view(torch.int32))
     if grid == "midrise" and group_size > 1 << bits:  # every code occurs on the boundary groups
         assert set(q.unique().tolist()) == set(range(-(1 << (bits - 1)), 1 << (bits - 1)))
@@ -181,8 +210,8 @@ def test_host_loco_update_is_bit_identical_to_the_reference(host, bits, beta, gr
 @pytest.mark.parametrize("bits", BITS)
 def test_host_packing_matches_the_reference_layout(host, bits):
     gen = torch.Generator().manual_seed(bits)
-    qmax = (1 << (bits - 1)) - 1
-    q = torch.randint(-qmax, qmax + 1, (4096,), dtype=torch.int8, generator=gen)
+    half = 1 << (bits - 1)
+    q = torch.randint(-half, half, (4096,), dtype=torch.int8, generator=gen)  # both grids' codes
     packed = torch.empty(4096 * bits // 8, dtype=torch.uint8)
     host.host_pack(_ptr(q), ctypes.c_longlong(q.numel()), bits, _ptr(packed))
     assert torch.equal(packed, pack(q, bits))
@@ -193,6 +222,23 @@ def test_host_packing_matches_the_reference_layout(host, bits):
         values = torch.empty(4096)
         host.host_unpack(_ptr(raw), ctypes.c_longlong(values.numel()), bits, midrise, _ptr(values))
         assert torch.equal(values.view(torch.int32), want.view(torch.int32))  # bit for bit: +0.0 for code 0
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("bits", BITS)
+def test_host_group_scale_is_the_ieee_quotient(host, bits, grid):
+    """make_rule's scale (exact_quotient by the divisor's split reciprocal for absmax >= 2^-100, division below) is
+    fp32 absmax / divisor for random finite keys of every exponent, the subnormals and the ends of each range."""
+    gen = torch.Generator().manual_seed(bits)
+    edges = [0, 1, 2, 0x007FFFFF, 0x00800000, 0x0D7FFFFF, 0x0D800000, 0x0D800001, 0x3F800000, 0x7F7FFFFF]
+    keys = torch.cat([torch.randint(0, 0x7F800000, (400_000,), generator=gen), torch.tensor(edges)])
+    keys = torch.cat([keys + d for d in (-1, 0, 1)]).clamp(0, 0x7F7FFFFF).to(torch.int32)
+    out = torch.empty(keys.numel())
+    host.host_scales(_ptr(keys), ctypes.c_longlong(keys.numel()), bits, GRIDS[grid], _ptr(out))
+    half = 2.0 ** (bits - 1)
+    divisor = torch.tensor(half - 0.5 if grid == "midrise" else half - 1.0)
+    want = keys.view(torch.float32) / divisor
+    assert torch.equal(out.view(torch.int32), want.view(torch.int32))
 
 
 def test_fast_divisor_matches_integer_division(host):
