@@ -165,6 +165,8 @@ def loco_cases(shape, dtype, config):
         ("loco hop2 (int8 err)", lambda i: loco[i][1](), sets,
          wire_bytes(WORLD, intra) + 2 * err_bytes(NODES) + wire_bytes(NODES, inter),
          lambda: transient_bytes(loco[0][1])),
+        ("plain hop2 (no err)", lambda i: plain[i][1](), sets, wire_bytes(WORLD, intra) + wire_bytes(NODES, inter),
+         lambda: transient_bytes(plain[0][1])),
         ("loco final mean", lambda i: loco[i][2](), sets, wire_bytes(NODES, inter) + part * es,
          lambda: transient_bytes(loco[0][2], part * es)),
     ], (grads, loco, plain)
@@ -297,10 +299,11 @@ def run_cases(cases, config, shape, dname, reps, copy_bw):
 
 
 def print_deepspeed_ratios(rows):
-    """Ours over DeepSpeed's in the same run: plain hop 1 / swizzle_quant and hop 2 / quantized_reduction (4/4)."""
+    """Ours over DeepSpeed's in the same run: hop 1 / swizzle_quant and hop 2 / quantized_reduction (4/4)."""
     ms = {(r["kernel"], r["config"], tuple(r["shape"]), r["dtype"]): r["ms"] for r in rows}
     pairs = [("plain hop1 (no err)", "deepspeed swizzle_quant"), ("loco hop1 (int8 err)", "deepspeed swizzle_quant"),
-             ("loco hop2 (int8 err)", "deepspeed quantized_reduction")]
+             ("loco hop2 (int8 err)", "deepspeed quantized_reduction"),
+             ("plain hop2 (no err)", "deepspeed quantized_reduction")]
     print("\nours / DeepSpeed (4/4, same run):")
     for (kernel, config, shape, dname), ours in ms.items():
         for mine, theirs in pairs:

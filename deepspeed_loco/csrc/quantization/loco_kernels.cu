@@ -171,6 +171,7 @@ struct Launch {
     float beta, one_minus_beta, hadamard_scale;
     Levels levels;        // the output wire's grid (the input wire has the same grid, with its own bits)
     Levels error_levels;  // the int8 error buffer's: 8 bits, symmetric (qmax 127)
+    uint32_t magic_bits;  // math::kRoundMagicBits (see OldError<8, C>)
     WireArgs in, out;
 };
 
@@ -256,6 +257,7 @@ __device__ __forceinline__ ErrorRow error_row(const Block& k, int64_t row) {
 // when used, which saves registers), fp32 keeps the values, none is zero.
 template <int EBits, int C>
 struct OldError {
+    __device__ void bind(const Launch&) {}
     __device__ float at(int, int) const { return 0.0f; }
 };
 
@@ -263,14 +265,19 @@ template <int C>
 struct OldError<8, C> {
     uint2 raw[C];  // the int8 codes with their sign bits flipped (see math::code_value)
     float scale;
+    // kRoundMagicBits as read from the launch: a value the compiler cannot see keeps the byte permutes' selectors
+    // immediate (with both operands constant it put the selectors in registers and re-made them before each use)
+    uint32_t magic_bits;
+    __device__ void bind(const Launch& p) { magic_bits = p.magic_bits; }
     __device__ float at(int c, int i) const {
-        return f_mul(code_value<8, false>(((uint64_t)raw[c].y << 32) | raw[c].x, i), scale);
+        return f_mul(code_value<8, false>(((uint64_t)raw[c].y << 32) | raw[c].x, i, magic_bits), scale);
     }
 };
 
 template <int C>
 struct OldError<32, C> {
     float e[C][8];
+    __device__ void bind(const Launch&) {}
     __device__ float at(int c, int i) const { return e[c][i]; }
 };
 
@@ -466,6 +473,16 @@ struct Exchange<true> {
     }
 };
 // ------------------------------------------------------------------------------- compensate + quantize
+// Runs pass(quantize_chunk) with the fastest chunk quantizer that gives `quantize`'s codes for all of the thread's
+// values (see reciprocal_codes): one decision per group, none per chunk.
+template <bool Midrise, int Bits, int C, typename Pass>
+__device__ __forceinline__ void with_quantizer(const float (&v)[C][8], const Rule& rule, const Levels& lv, Pass&& pass) {
+    if (reciprocal_codes<Midrise>(v, rule))
+        pass([&](const float (&x)[8], float (&biased)[8]) { quantize_chunk_fast<Midrise, Bits>(x, rule, biased); });
+    else
+        pass([&](const float (&x)[8], float (&biased)[8]) { quantize_chunk_exact<Midrise, Bits>(x, rule, lv, biased); });
+}
+
 // v: compensated values c of the thread's chunks (all zero for an inactive team); decayed: beta * the old error.
 // Quantizes the group on the wire grid (Midrise or symmetric, p.levels) to `data`/`scale`, then (EBits != 0)
 // stores the updated error to `er` (int8 storage: symmetric, qmax 127). Each chunk is quantized, packed, stored and
@@ -477,20 +494,25 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
     const int lane = k.lane, team = k.team;
     key = team_max(key, p.team_log2, red);
     const Rule rule = make_rule(key, p.levels);
-    float m = 0.0f;  // absmax of the new error
+    uint8_t* const words = data + (int64_t)lane * Bits;  // chunk c's packed word at words + c * team * Bits
+    float m = 0.0f;                                       // absmax of the new error
+    with_quantizer<Midrise, Bits>(v, rule, p.levels, [&](auto&& quantize_chunk) {
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-        float biased[8];
-        quantize_chunk<Midrise, Bits>(v[c], rule, p.levels, biased);
-        if (k.active) store_word<Bits>(data + (int64_t)(c * team + lane) * Bits, pack_word<Bits>(biased));
-        if (EBits == 0) continue;
+        for (int c = 0; c < C; ++c) {
+            float biased[8];
+            quantize_chunk(v[c], biased);
+            if (k.active) store_word<Bits>(words + (int64_t)c * team * Bits, pack_word<Bits>(biased));
+            if constexpr (EBits != 0) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float level = Midrise ? f_add(code_of<Bits>(biased[i]), 0.5f) : code_of<Bits>(biased[i]);
-            v[c][i] = update_decayed(decayed.at(c, i), f_sub(v[c][i], f_mul(level, rule.scale())), p.one_minus_beta);
-            m = absmax_step(m, v[c][i]);
+                for (int i = 0; i < 8; ++i) {
+                    const float level = Midrise ? f_add(code_of<Bits>(biased[i]), 0.5f) : code_of<Bits>(biased[i]);
+                    v[c][i] = update_decayed(decayed.at(c, i), f_sub(v[c][i], f_mul(level, rule.scale())),
+                                             p.one_minus_beta);
+                    m = absmax_step(m, v[c][i]);
+                }
+            }
         }
-    }
+    });
     if (k.active && lane == 0) __stcs(scale, rule.scale());
     if (EBits == 0) return;
     const uint32_t ekey = team_max(key_of(m), p.team_log2, red);
@@ -512,14 +534,16 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
     // int8 storage: the symmetric quantizer with 8 bits; a non-finite group is stored as zero (scale 0, q 0).
     const Rule erule = make_rule(ekey, p.error_levels);
     if (!k.active) return;
-    int8_t* base = static_cast<int8_t*>(er.values);
+    uint2* const codes = reinterpret_cast<uint2*>(static_cast<int8_t*>(er.values) + 8 * lane);  // chunk c: + c * team
+    with_quantizer<false, 8>(v, erule, p.error_levels, [&](auto&& quantize_chunk) {
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-        float biased[8];
-        quantize_chunk<false, 8>(v[c], erule, p.error_levels, biased);
-        const uint64_t word = pack_word<8>(biased);
-        *reinterpret_cast<uint2*>(base + 8 * (c * team + lane)) = make_uint2((uint32_t)word, (uint32_t)(word >> 32));
-    }
+        for (int c = 0; c < C; ++c) {
+            float biased[8];
+            quantize_chunk(v[c], biased);
+            const uint64_t word = pack_word<8>(biased);
+            codes[c * team] = make_uint2((uint32_t)word, (uint32_t)(word >> 32));
+        }
+    });
     if (lane == 0) *er.scale = key_finite(ekey) ? erule.scale() : 0.0f;
 }
 
@@ -577,6 +601,7 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launc
     const ErrorRow er = error_row<EBits>(k, slot);
     float v[C][8];
     OldError<EBits, C> old;
+    old.bind(p);
     if (k.active) {
         load_error(er, lane, team, old);
         const int64_t first = k.col0 + 8 * lane;                          // chunk 0's first column
@@ -668,6 +693,7 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launc
     const ErrorRow er = error_row<EBits>(k, m);
     float v[C][8];
     OldError<EBits, C> old;
+    old.bind(p);
     if (k.active) {
         load_error(er, k.lane, k.team, old);
         switch (in_bits) {
@@ -810,6 +836,7 @@ Launch make_launch(const HopArgs& a, int chunks, const BucketItem* items, int co
     p.hadamard_scale = hadamard_scale(a.group_size);
     p.levels = levels(a.bits, a.grid);
     p.error_levels = levels(8, kSymmetric);
+    p.magic_bits = kRoundMagicBits;
     p.in = in;
     p.out = out;
     return p;

@@ -353,23 +353,37 @@ template <int Bits>
 LOCO_HD float code_of(float biased) { return f_sub(biased, magic<Bits>()); }
 LOCO_HD uint32_t code_bits(float biased) { return float_bits(biased); }
 
-// The kernels' form of `quantize` for one chunk of 8 values: biased[i] = magic<Bits>() + code (see code_of), equal to
-// `quantize`'s codes element by element. Reciprocal rules take exact_quotient and one rounding add for every value,
-// without branches; only a mid-rise chunk holding a negative value above rule.tiny (a quotient below 2^-24 in
-// magnitude: rare) is redone value by value. Precondition: every |v| is at most the absmax the rule was made from (a
-// group's own values), so |c / scale| <= divisor * (1 + 2^-23) and the codes need no clamp.
-template <bool Midrise, int Bits>
-LOCO_HD void quantize_chunk(const float (&v)[8], const Rule& rule, const Levels& lv, float (&biased)[8]) {
-    if (rule.mode == kReciprocal) {
-        bool tiny = false;
+// The kernels' form of `quantize`: biased[i] = magic<Bits>() + code (see code_of), equal to `quantize`'s codes
+// element by element. A thread first asks reciprocal_codes of all its values: then quantize_chunk_fast (exact_quotient
+// and one rounding add per value, no branch) is exact for each chunk; otherwise (a kDivide or kAllZero rule, or a
+// mid-rise value with a quotient below 2^-24 in magnitude: rare) quantize_chunk_exact takes every value's `quantize`.
+// Precondition: every |v| is at most the absmax the rule was made from (a group's own values), so
+// |c / scale| <= divisor * (1 + 2^-23) and the codes need no clamp.
+template <bool Midrise, int C>
+LOCO_HD bool reciprocal_codes(const float (&v)[C][8], const Rule& rule) {
+    if (rule.mode != kReciprocal) return false;
+    bool tiny = false;
+    if (Midrise) {
         LOCO_UNROLL
-        for (int i = 0; i < 8; ++i) {
-            const float q = exact_quotient(v[i], rule.of);
-            biased[i] = Midrise ? floor_biased(q, magic<Bits>()) : rint_biased(q, magic<Bits>());
-            if (Midrise) tiny |= divides<true>(v[i], rule);
+        for (int c = 0; c < C; ++c) {
+            LOCO_UNROLL
+            for (int i = 0; i < 8; ++i) tiny |= divides<true>(v[c][i], rule);
         }
-        if (!tiny) return;
     }
+    return !tiny;
+}
+
+template <bool Midrise, int Bits>
+LOCO_HD void quantize_chunk_fast(const float (&v)[8], const Rule& rule, float (&biased)[8]) {
+    LOCO_UNROLL
+    for (int i = 0; i < 8; ++i) {
+        const float q = exact_quotient(v[i], rule.of);
+        biased[i] = Midrise ? floor_biased(q, magic<Bits>()) : rint_biased(q, magic<Bits>());
+    }
+}
+
+template <bool Midrise, int Bits>
+LOCO_HD void quantize_chunk_exact(const float (&v)[8], const Rule& rule, const Levels& lv, float (&biased)[8]) {
     LOCO_UNROLL
     for (int i = 0; i < 8; ++i)
         biased[i] = rule.mode == kAllZero ? magic<Bits>() : f_add(quantize<Midrise>(v[i], rule, lv).qf, magic<Bits>());
@@ -430,12 +444,13 @@ LOCO_HD uint64_t pack_word(const float (&b)[8]) {
 // k as a float (symmetric) or k + 0.5 (midrise), exact and without an integer-to-float conversion: the offset
 // code u = k + h (h = 2^(Bits-1)) is placed in the mantissa of 1.5 * 2^23 (or of 1.5 * 2^22 as 2u, for halves)
 // and the constant M + h (M + h - 0.5) subtracted, both exact.
+// `magic_bits`: kRoundMagicBits, passed in where a kernel holds it in a register (see OldError<8, C>).
 template <int Bits, bool Midrise>
-LOCO_HD float code_value(uint64_t offset_word, int j) {
+LOCO_HD float code_value(uint64_t offset_word, int j, uint32_t magic_bits = kRoundMagicBits) {
     constexpr uint32_t h = 1u << (Bits - 1);
 #if defined(__CUDA_ARCH__)
     if (Bits == 8 && !Midrise)  // one byte permute: byte j and the top three bytes of M
-        return f_sub(__uint_as_float(__byte_perm((uint32_t)(offset_word >> (32 * (j >> 2))), kRoundMagicBits,
+        return f_sub(__uint_as_float(__byte_perm((uint32_t)(offset_word >> (32 * (j >> 2))), magic_bits,
                                                  0x7650u + (uint32_t)(j & 3))),
                      kRoundMagic + (float)h);
 #endif

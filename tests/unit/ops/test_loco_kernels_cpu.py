@@ -40,11 +40,14 @@ static void quantize_all(const float* c, long long n, int group, signed char* q,
         for (int i = 0; i < group; ++i) m = absmax_step(m, c[g * group + i]);
         const Rule rule = make_rule(key_of(m), lv);
         scale[g] = rule.scale();
-        for (int chunk = 0; chunk < group; chunk += 8) {  // as a kernel thread holds them
+        for (int chunk = 0; chunk < group; chunk += 8) {  // as a kernel thread holds them, one chunk per thread
             const long long at = g * group + chunk;
-            float v[8], biased[8];
-            for (int i = 0; i < 8; ++i) v[i] = c[at + i];
-            quantize_chunk<Midrise, Bits>(v, rule, lv, biased);
+            float v[1][8], biased[8];
+            for (int i = 0; i < 8; ++i) v[0][i] = c[at + i];
+            if (reciprocal_codes<Midrise>(v, rule))
+                quantize_chunk_fast<Midrise, Bits>(v[0], rule, biased);
+            else
+                quantize_chunk_exact<Midrise, Bits>(v[0], rule, lv, biased);
             for (int i = 0; i < 8; ++i) {
                 q[at + i] = (signed char)(int)code_of<Bits>(biased[i]);
                 const Quantized one = quantize<Midrise>(c[at + i], rule, lv);
