@@ -38,19 +38,15 @@ def load():
 
 def _unsupported(tensors: Sequence[torch.Tensor], errors: Sequence[Optional[ErrorBuffer]],
                  dtype: Optional[torch.dtype]) -> Optional[str]:
-    """Why the kernels cannot run this call (device, dtype or stride), or None."""
-    if not all(t.is_cuda for t in tensors):
+    """Why the kernels cannot run this call (device, dtype or stride), or None. The per-tensor checks (device, row
+    stride) run in the binding, once the first tensor shows that CUDA is there."""
+    if not tensors[0].is_cuda:
         return "a tensor is not on a CUDA device"
-    if len({t.device for t in tensors}) != 1:
-        return "tensors are on different devices"
     if dtype is not None and dtype not in _DTYPE_CODES:
         return f"dtype {dtype} (kernels take float32, float16, bfloat16)"
     if len({e is None for e in errors}) > 1:
         return "a bucket mixing parameters with and without error buffers"
-    for t in tensors:
-        if t.dim() == 2 and t.shape[1] > 1 and t.stride(1) != 1:
-            return "a wire or error tensor without unit stride along its rows"
-    return None
+    return load().unsupported(list(tensors)) or None
 
 
 def _fallback(function: str, reason: str) -> None:

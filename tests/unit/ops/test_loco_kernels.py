@@ -342,6 +342,26 @@ def test_dispatcher_picks_the_cuda_kernels_and_logs_one_line(cuda, caplog, monke
     ops._reset()
 
 
+def test_tensors_the_kernels_do_not_take_run_the_reference_with_one_warning(cuda, caplog):
+    """The binding's per-tensor checks: a send buffer without unit stride along its rows makes the wrapper run the
+    reference (the same bytes as the reference called directly) and log why, once."""
+    gen, seed = _generator()
+    args = HopArgs(4, 2, 4, 32, 0.8)
+    grads = [_values(300, gen).cuda(), _values(70, gen).cuda()]
+    wire = WireLayout(_widths([g.numel() for g in grads], 4, 32), 4, 32)
+    cuda._reported.clear()
+    with caplog.at_level("WARNING", logger="deepspeed_loco"):
+        strided = _poison((4, 2 * wire.row_bytes), torch.uint8, "cuda")[:, ::2]
+        expected = strided.clone()
+        errors = [_error_buffer(4, w, 32, 8, gen) for w in wire.widths]
+        cuda.quantize_bucket_(grads, [_to_cuda(e) for e in errors], args, wire, strided)
+        ref.quantize_bucket_(grads, [_to_cuda(e) for e in errors], args, wire, expected)
+        assert torch.equal(strided, expected), seed
+        cuda.quantize_bucket_(grads, [_to_cuda(e) for e in errors], args, wire, strided)
+    messages = [r.getMessage() for r in caplog.records if r.name == "deepspeed_loco"]
+    assert len(messages) == 1 and "without unit stride" in messages[0], messages
+
+
 def test_invalid_arguments_raise_at_the_binding(cuda):
     """Bits and group size are validated by the config and at the binding, which names the argument."""
     grad = torch.randn(500, device="cuda")
