@@ -42,7 +42,11 @@ class WireLayout:
         return torch.empty(rows, self.row_bytes, dtype=torch.uint8, device=device)
 
     def views(self, buffer: torch.Tensor, index: int, offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Parameter ``index``'s ``(data uint8 (rows, width*bits//8), scale fp32 (rows, width//group_size))``."""
+        """Parameter ``index``'s ``(data uint8 (rows, width*bits//8), scale fp32 (rows, width//group_size))``.
+        ``buffer``'s rows must be contiguous bytes (the scales are viewed in place as fp32); ValueError otherwise."""
+        if buffer.dim() != 2 or (buffer.shape[1] > 1 and buffer.stride(1) != 1):
+            raise ValueError(f"wire buffer: expected rows of contiguous bytes (uint8, shape (rows, {self.row_bytes}), "
+                             f"unit stride along a row), got shape {tuple(buffer.shape)} strides {buffer.stride()}")
         width = self.widths[index]
         data = buffer[:, packed_bytes(offset, self.bits):packed_bytes(offset + width, self.bits)]
         scales = buffer[:, self.data_bytes:].view(torch.float32)

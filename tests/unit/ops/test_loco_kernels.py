@@ -343,23 +343,32 @@ def test_dispatcher_picks_the_cuda_kernels_and_logs_one_line(cuda, caplog, monke
 
 
 def test_tensors_the_kernels_do_not_take_run_the_reference_with_one_warning(cuda, caplog):
-    """The binding's per-tensor checks: a send buffer without unit stride along its rows makes the wrapper run the
-    reference (the same bytes as the reference called directly) and log why, once."""
+    """The binding's per-tensor checks: an int8 error buffer without unit stride along its rows makes the wrapper run
+    the reference (the same bytes as the reference on contiguous copies) and log why, once; a wire buffer without it
+    is taken by neither and raises, naming the wire buffer."""
     gen, seed = _generator()
     args = HopArgs(4, 2, 4, 32, 0.8)
     grads = [_values(300, gen).cuda(), _values(70, gen).cuda()]
     wire = WireLayout(_widths([g.numel() for g in grads], 4, 32), 4, 32)
+    errors = [_to_cuda(_error_buffer(4, w, 32, 8, gen)) for w in wire.widths]
+    strided = []
+    for e in errors:
+        values = torch.empty((4, 2 * e.values.shape[1]), dtype=torch.int8, device="cuda")[:, ::2]
+        strided.append(ErrorBuffer(values.copy_(e.values), e.scale.clone(), e.group_size))
+    send, expected = wire.empty(4, "cuda"), wire.empty(4, "cuda")
     cuda._reported.clear()
     with caplog.at_level("WARNING", logger="deepspeed_loco"):
-        strided = _poison((4, 2 * wire.row_bytes), torch.uint8, "cuda")[:, ::2]
-        expected = strided.clone()
-        errors = [_error_buffer(4, w, 32, 8, gen) for w in wire.widths]
-        cuda.quantize_bucket_(grads, [_to_cuda(e) for e in errors], args, wire, strided)
-        ref.quantize_bucket_(grads, [_to_cuda(e) for e in errors], args, wire, expected)
-        assert torch.equal(strided, expected), seed
-        cuda.quantize_bucket_(grads, [_to_cuda(e) for e in errors], args, wire, strided)
+        for _ in range(2):
+            cuda.quantize_bucket_(grads, strided, args, wire, send)
+    for _ in range(2):
+        ref.quantize_bucket_(grads, errors, args, wire, expected)
+    assert torch.equal(send, expected), seed
+    for got, want in zip(strided, errors):
+        assert torch.equal(got.values, want.values) and torch.equal(got.scale, want.scale), seed
     messages = [r.getMessage() for r in caplog.records if r.name == "deepspeed_loco"]
     assert len(messages) == 1 and "without unit stride" in messages[0], messages
+    with pytest.raises(ValueError, match="wire buffer: expected rows of contiguous bytes"):
+        cuda.quantize_bucket_(grads, errors, args, wire, wire.empty(4, "cuda").repeat(1, 2)[:, ::2])
 
 
 def test_invalid_arguments_raise_at_the_binding(cuda):
