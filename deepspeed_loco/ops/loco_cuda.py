@@ -11,7 +11,8 @@ The hop's arguments (bits, group size, beta, grid) are validated by the config a
 (``RuntimeError`` naming the argument). Calls the kernels cannot take run the reference instead, and each distinct
 reason is logged once (WARNING, logger ``deepspeed_loco``): tensors off CUDA or on different devices, a gradient
 or output dtype other than float32/float16/bfloat16, a bucket mixing parameters with and without error buffers,
-or a wire or error tensor without unit stride along its rows.
+or an error tensor without unit stride along its rows (checked in the binding: a bucket holds hundreds of tensors). A
+wire buffer without contiguous rows is taken by neither implementation: the reference raises a ValueError naming it.
 """
 from typing import List, Optional, Sequence
 
