@@ -479,11 +479,14 @@ struct Exchange<true> {
 // Runs pass(quantize_chunk) with the fastest chunk quantizer that gives `quantize`'s codes for all of the thread's
 // values (see reciprocal_codes): one decision per group, none per chunk.
 template <bool Midrise, int Bits, int C, typename Pass>
-__device__ __forceinline__ void with_quantizer(const float (&v)[C][8], const Rule& rule, const Levels& lv, Pass&& pass) {
+__device__ __forceinline__ void with_quantizer(const float (&v)[C][8], const Rule& rule, const Levels& lv,
+                                               Pass&& pass) {
     if (reciprocal_codes<Midrise>(v, rule))
         pass([&](const float (&x)[8], float (&biased)[8]) { quantize_chunk_fast<Midrise, Bits>(x, rule, biased); });
     else
-        pass([&](const float (&x)[8], float (&biased)[8]) { quantize_chunk_exact<Midrise, Bits>(x, rule, lv, biased); });
+        pass([&](const float (&x)[8], float (&biased)[8]) {
+            quantize_chunk_exact<Midrise, Bits>(x, rule, lv, biased);
+        });
 }
 
 // v: compensated values c of the thread's chunks (all zero for an inactive team); decayed: beta * the old error.

@@ -236,12 +236,18 @@ LOCO_HD Reciprocal reciprocal(float d) {
     return r;
 }
 
+constexpr float kTwoToMinus100 = 7.888609052210118e-31f;
+constexpr float kTwoTo100 = 1.2676506002282294e+30f;
+
+// q0 = c * (inv + inv_lo), rounded once: within one ulp of c / d.
+LOCO_HD float reciprocal_product(float c, const Reciprocal& d) { return f_fma(c, d.inv, f_mul(c, d.inv_lo)); }
+
 // fl(c / d), the IEEE quotient, for d in [2^-100, 2^100] and |c / d| >= 2^-24 (or c >= 0 with c / d >= 2^-107):
-// q0 = c * (inv + inv_lo) is within one ulp of c / d, the remainder c - q0 * d is exact in one fma, and one Markstein
-// correction q0 + r * inv, rounded once, is the correctly rounded quotient (inv being fl(1 / d)). Smaller negative
-// quotients may differ from the IEEE one in the subnormal range (only their sign and zeroness matter: see quantize).
+// q0 = reciprocal_product(c, d), the remainder c - q0 * d is exact in one fma, and one Markstein correction
+// q0 + r * inv, rounded once, is the correctly rounded quotient (inv being fl(1 / d)). Smaller negative quotients may
+// differ from the IEEE one in the subnormal range (only their sign and zeroness matter: see quantize).
 LOCO_HD float exact_quotient(float c, const Reciprocal& d) {
-    const float q0 = f_fma(c, d.inv, f_mul(c, d.inv_lo));
+    const float q0 = reciprocal_product(c, d);
     const float r = f_fma(-q0, d.d, c);
     return f_fma(r, d.inv, q0);
 }
@@ -280,15 +286,14 @@ constexpr int kAllZero = 0;     // q = 0 for every element (zero, underflowing o
 constexpr int kReciprocal = 1;  // q from exact_quotient (scale in [2^-100, 2^100])
 constexpr int kDivide = 2;      // q from c / scale (scale outside [2^-100, 2^100])
 
-// The scale absmax / divisor, IEEE-rounded, as q0 = absmax * (inv + inv_lo) (exact_quotient without its correction)
-// for absmax >= 2^-100, the division itself below. Why q0 is already the IEEE quotient: every divisor is D / 2^j
-// with D odd and at most 255 (1, 3, 7, 127; 1.5, 3.5, 7.5, 127.5), and absmax = A * 2^i with A < 2^24, so absmax /
-// divisor is never a midpoint between floats (that needs 25 significant bits; A / D, if an integer, has at most 24)
-// and stays at least 2^-33 of its size away from one, while q0 is within about 2^-46 of it, and normal (>= 2^-107).
+// The scale absmax / divisor, IEEE-rounded, as q0 = reciprocal_product(absmax, divisor) (exact_quotient without its
+// correction) for absmax >= 2^-100, the division itself below. Why q0 is already the IEEE quotient: every divisor
+// is D / 2^j with D odd and at most 255 (1, 3, 7, 127; 1.5, 3.5, 7.5, 127.5), and absmax = A * 2^i with A < 2^24, so
+// absmax / divisor is never a midpoint between floats (that needs 25 significant bits; A / D, if an integer, has at
+// most 24) and stays at least 2^-33 of its size away from one, while q0 is within about 2^-46 of it, and normal
+// (>= 2^-107).
 LOCO_HD float group_scale(float absmax, const Levels& lv) {
-    return absmax >= 7.888609052210118e-31f /* 2^-100 */
-               ? f_fma(absmax, lv.divisor.inv, f_mul(absmax, lv.divisor.inv_lo))
-               : f_div(absmax, lv.divisor.d);
+    return absmax >= kTwoToMinus100 ? reciprocal_product(absmax, lv.divisor) : f_div(absmax, lv.divisor.d);
 }
 
 LOCO_HD Rule make_rule(uint32_t key, const Levels& lv) {
@@ -303,7 +308,7 @@ LOCO_HD Rule make_rule(uint32_t key, const Levels& lv) {
     if (!(scale > 0.0f)) {
         r.of.d = scale;
         r.mode = kAllZero;
-    } else if (scale >= 7.888609052210118e-31f /* 2^-100 */ && scale <= 1.2676506002282294e+30f /* 2^100 */) {
+    } else if (scale >= kTwoToMinus100 && scale <= kTwoTo100) {
         r.of = reciprocal(scale);
         r.tiny = f_mul(scale, -5.9604644775390625e-08f /* -2^-24 */);
         r.mode = kReciprocal;

@@ -23,7 +23,19 @@ from tests.unit.ops.adversarial import adversarial_groups
 _SHIM = r"""
 #define LOCO_NO_LAUNCHERS
 #include "loco_kernels.cuh"
+#include <type_traits>
 using namespace loco::math;
+
+// f(std::integral_constant<int, B>{}) for bits B = 2, 3, 4 or 8 (anything else: 8), as the launchers dispatch.
+template <typename F>
+static void with_bits(int bits, F&& f) {
+    switch (bits) {
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        default: f(std::integral_constant<int, 8>{}); break;
+    }
+}
 
 template <int Bits>
 static void store_packed(const float (&biased)[8], unsigned char* out) {
@@ -58,26 +70,17 @@ static void quantize_all(const float* c, long long n, int group, signed char* q,
     }
 }
 
-template <bool Midrise>
-static void quantize_grid(const float* c, long long n, int group, int bits, signed char* q, float* scale,
-                          unsigned char* packed) {
-    switch (bits) {
-        case 2: quantize_all<2, Midrise>(c, n, group, q, scale, packed); break;
-        case 3: quantize_all<3, Midrise>(c, n, group, q, scale, packed); break;
-        case 4: quantize_all<4, Midrise>(c, n, group, q, scale, packed); break;
-        default: quantize_all<8, Midrise>(c, n, group, q, scale, packed); break;
-    }
-}
-
 extern "C" void host_quantize(const float* c, long long n, int group, int bits, int grid, signed char* q,
                               float* scale, unsigned char* packed) {
-    if (grid == 1)
-        quantize_grid<true>(c, n, group, bits, q, scale, packed);
-    else
-        quantize_grid<false>(c, n, group, bits, q, scale, packed);
+    with_bits(bits, [&](auto b) {
+        if (grid == 1)
+            quantize_all<decltype(b)::value, true>(c, n, group, q, scale, packed);
+        else
+            quantize_all<decltype(b)::value, false>(c, n, group, q, scale, packed);
+    });
 }
 
-// The scale of a group of absmax key keys[i] (make_rule: exact_quotient by the divisor, or the division itself).
+// The scale of a group of absmax key keys[i] (make_rule: the divisor's reciprocal_product, or the division itself).
 extern "C" void host_scales(const unsigned* keys, long long n, int bits, int grid, float* out) {
     const Levels lv = levels(bits, grid);
     for (long long i = 0; i < n; ++i) out[i] = make_rule(keys[i], lv).scale();
@@ -112,12 +115,7 @@ static void pack_all(const signed char* q, long long n, unsigned char* out) {
 
 // Codes q packed as the kernels pack them (pack_word of the biased codes).
 extern "C" void host_pack(const signed char* q, long long n, int bits, unsigned char* out) {
-    switch (bits) {
-        case 2: pack_all<2>(q, n, out); break;
-        case 3: pack_all<3>(q, n, out); break;
-        case 4: pack_all<4>(q, n, out); break;
-        default: pack_all<8>(q, n, out); break;
-    }
+    with_bits(bits, [&](auto b) { pack_all<decltype(b)::value>(q, n, out); });
 }
 
 template <int Bits>
@@ -133,12 +131,7 @@ static void unpack_values(const unsigned char* data, long long n, int midrise, f
 
 // The value of every packed code: k (symmetric) or k + 0.5 (midrise), as the kernels decode them.
 extern "C" void host_unpack(const unsigned char* data, long long n, int bits, int midrise, float* out) {
-    switch (bits) {
-        case 2: unpack_values<2>(data, n, midrise, out); break;
-        case 3: unpack_values<3>(data, n, midrise, out); break;
-        case 4: unpack_values<4>(data, n, midrise, out); break;
-        default: unpack_values<8>(data, n, midrise, out); break;
-    }
+    with_bits(bits, [&](auto b) { unpack_values<decltype(b)::value>(data, n, midrise, out); });
 }
 
 extern "C" void host_to_bf16(const float* x, long long n, unsigned short* out) {
