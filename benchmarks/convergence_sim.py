@@ -54,7 +54,7 @@ SERIES_WINDOW = 10  # per-step diagnostics are stored as means over windows of t
 SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "size": str, "micro_batch": int, "lr": float, "warmup": int, "group_size": int, "err_beta": float,
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
-    "quant_grid": str
+    "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float
 }
 
 
@@ -73,11 +73,15 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16: forward/backward under autocast")
     p.add_argument("--eval-every", dest="eval_every", type=int, default=50)
     p.add_argument("--eval-windows", dest="eval_windows", type=int, default=256)
-    p.add_argument("--quant-grid", dest="quant_grid", choices=("symmetric", "midrise"), default="symmetric")
+    p.add_argument("--quant-grid", dest="quant_grid", choices=("symmetric", "midrise", "auto"), default="symmetric")
     p.add_argument("--text", help="training text instead of the bundled plays: a file or a folder of .txt files "
                                   "(loco_lab.data.ByteCorpus.from_path)")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--local", type=int, default=2)
+    p.add_argument("--rank-chunk", dest="rank_chunk", type=int, default=0,
+                   help="ranks per batched gradient pass (0: all W at once; smaller bounds activation memory)")
+    p.add_argument("--warmup-frac", dest="warmup_frac", type=float, default=0.0,
+                   help="if > 0, the warm-up is this share of the steps (overrides --warmup)")
 
 
 def parse_args(argv=None):
@@ -115,11 +119,13 @@ def run_one(args) -> dict:
     import torch
 
     from deepspeed_loco.ops import kernels_for
-    from deepspeed_loco.simulation import simulate
+    from deepspeed_loco.simulation import gradient_noise_scale, simulate
     from loco_lab.data import load_corpus
     from loco_lab.model import SIZES, ByteLlama, count_parameters
 
     torch.set_num_threads(1)
+    if args.warmup_frac > 0:
+        args.warmup = max(1, round(args.warmup_frac * args.steps))
     arm = parse_arm(args.arm)
     cfg = SIZES[args.size]
     device = torch.device(args.device)
@@ -158,7 +164,8 @@ def run_one(args) -> dict:
                           local=args.local, loco=loco, optimizer_fn=optimizer, scheduler_fn=schedule,
                           loss_fn=lambda model, batch: model(*batch), eval_fn=evaluate, eval_every=args.eval_every,
                           device=device, seed=args.seed, grad_clip=1.0, autocast_dtype=autocast,
-                          error_feedback_hops=hops, diagnostics=bool(args.diagnostics))
+                          error_feedback_hops=hops, diagnostics=bool(args.diagnostics),
+                          rank_chunk=args.rank_chunk or None)
     kernels = kernels_for(device).__name__.rsplit(".", 1)[-1]
     record = {
         "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,
@@ -180,6 +187,8 @@ def run_one(args) -> dict:
         "series": {name: _windowed(getattr(result, name)) for name in
                    ("grad_rel_errors", "sum_rel_errors", "nonzero_fractions", "update_rms", "released_fractions")},
         "update_rms_max": max(result.update_rms),
+        "noise_scale": gradient_noise_scale(result, first_step=args.warmup + 1),
+        "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "bytes_per_step": result.bytes_per_step,
         "full_precision_bytes_per_step": result.full_precision_bytes_per_step,
         "wall_s": result.wall_s,

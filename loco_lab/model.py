@@ -26,12 +26,15 @@ class ModelConfig:
 
 
 # Named sizes for ``--model-size``. "small" is the CPU default: the demo's three arms fit well inside ten
-# minutes on two cores with four processes. The larger ones are for GPUs.
+# minutes on two cores with four processes. The larger ones are for GPUs; "30m" and "125m" (context 256, like
+# "medium") extend the simulated cluster's model family towards GPT-2 small.
 SIZES = {
     "tiny": ModelConfig(layers=2, dim=64, heads=2, seq_len=64),
     "small": ModelConfig(layers=4, dim=128, heads=4, seq_len=128),
     "medium": ModelConfig(layers=6, dim=384, heads=6, seq_len=256),
     "large": ModelConfig(layers=12, dim=768, heads=12, seq_len=512),
+    "30m": ModelConfig(layers=8, dim=576, heads=9, seq_len=256),  # 32.2M parameters
+    "125m": ModelConfig(layers=12, dim=896, heads=14, seq_len=256),  # 116.4M: GPT-2 small's size, byte vocabulary
 }
 
 

@@ -38,6 +38,9 @@ class ArmResult:
     i.e. nonzero only because of the remembered error. ``bytes_per_step``: what one rank sends per step on all
     hops (0 for ``full``), against ``full_precision_bytes_per_step``, a fp32 reduce-scatter's
     ``(W - 1) / W * N * 4``. ``loco``: the ``zeropp_loco_param`` block the arm ran with (None for ``full``).
+    ``rank_grad_sq[t]`` / ``mean_grad_sq[t]``: the mean over ranks of ``||g_rank||^2`` and ``||g_exact||^2`` (the
+    exact fp32 gradients, before any quantization), from which :func:`gradient_noise_scale` estimates the
+    gradient noise scale; ``rank_batch``: the leading size of one rank's micro-batch; ``world_size``: ``W``.
     """
     key: str
     label: str
@@ -50,6 +53,10 @@ class ArmResult:
     nonzero_fractions: List[float] = field(default_factory=list)
     update_rms: List[float] = field(default_factory=list)
     released_fractions: List[float] = field(default_factory=list)
+    rank_grad_sq: List[float] = field(default_factory=list)
+    mean_grad_sq: List[float] = field(default_factory=list)
+    rank_batch: int = 0
+    world_size: int = 0
     bytes_per_step: float = 0.0
     full_precision_bytes_per_step: float = 0.0
     wall_s: float = 0.0
@@ -78,6 +85,7 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
              device: Union[str, torch.device] = "cpu", seed: int = 0, grad_clip: Optional[float] = None,
              autocast_dtype: Optional[torch.dtype] = None, grad_mode: str = "vmap",
              error_feedback_hops: Optional[Sequence[str]] = None, diagnostics: bool = False,
+             rank_chunk: Optional[int] = None,
              on_step: Optional[Callable[[ArmResult, int, float], None]] = None) -> List[ArmResult]:
     """Trains one replica per arm for ``steps`` optimizer steps and reports how each arm's reduce changed training.
 
@@ -95,7 +103,9 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
     ``error_feedback_hops``: an experiment, LoCo arms only: the hop names (``"intra_node"``, ``"inter_node"``)
     whose error buffers carry over steps; the others are zeroed after every reduce, which leaves that hop plain
     qgZ. None: every hop (the library's behaviour). ``diagnostics``: also reduce every LoCo arm's gradients
-    through plain qgZ to record ``released_fractions``. ``on_step(result, step, loss)``: progress.
+    through plain qgZ to record ``released_fractions``. ``rank_chunk``: "vmap" mode computes the gradients of
+    this many ranks per batched pass (default: all ``W`` at once), which bounds the activation memory of large
+    ``W`` (memory plan: ``docs/simulation.md``). ``on_step(result, step, loss)``: progress.
 
     Raises ValueError for ``steps < 1``, a bad arm, ``grad_mode`` or hop name, or a batch that does not split.
     """
@@ -103,6 +113,9 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
         raise ValueError(f"simulate: steps = {steps!r}, it must be >= 1")
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"simulate: grad_mode = {grad_mode!r}, it must be one of {GRAD_MODES}")
+    if rank_chunk is not None and (isinstance(rank_chunk, bool) or not isinstance(rank_chunk, int)
+                                   or rank_chunk < 1):
+        raise ValueError(f"simulate: rank_chunk = {rank_chunk!r}, it must be a positive integer or None (all ranks)")
     parsed = [parse_arm(a) if isinstance(a, str) else a for a in arms]
     optimizer_fn = optimizer_fn or (lambda params: torch.optim.AdamW(params, lr=1e-3))
     results = []
@@ -121,7 +134,7 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
                 if unknown:
                     raise ValueError(f"simulate: error_feedback_hops {unknown} are not hops of this layout {known}")
             run = _ArmRun(arm, config, clusters, nodes * local, torch.device(device), grad_mode, autocast_dtype,
-                          loss_fn, error_feedback_hops if arm.kind == "loco" else None)
+                          loss_fn, error_feedback_hops if arm.kind == "loco" else None, rank_chunk)
             results.append(run.train(model_fn, data_fn, steps, optimizer_fn, scheduler_fn, eval_fn, eval_every,
                                      seed, grad_clip, on_step))
         finally:
@@ -146,10 +159,11 @@ class _ArmRun:
     of a LoCo arm under ``diagnostics``."""
 
     def __init__(self, arm: Arm, config, clusters: List[SimulatedCluster], world: int, device: torch.device,
-                 grad_mode: str, autocast_dtype, loss_fn, error_feedback_hops):
+                 grad_mode: str, autocast_dtype, loss_fn, error_feedback_hops, rank_chunk: Optional[int]):
         self.arm, self.config, self.clusters, self.world, self.device = arm, config, clusters, world, device
         self.grad_mode, self.autocast_dtype, self.loss_fn = grad_mode, autocast_dtype, loss_fn
         self.error_feedback_hops = error_feedback_hops
+        self.rank_chunk = rank_chunk or world
 
     def train(self, model_fn, data_fn, steps, optimizer_fn, scheduler_fn, eval_fn, eval_every, seed, grad_clip,
               on_step) -> ArmResult:
@@ -159,7 +173,7 @@ class _ArmRun:
         names, params = [name for name, _ in named], [p for _, p in named]
         optimizer = optimizer_fn(params)
         scheduler = scheduler_fn(optimizer) if scheduler_fn else None
-        result = ArmResult(self.arm.key, self.arm.label, seed, self.config)
+        result = ArmResult(self.arm.key, self.arm.label, seed, self.config, world_size=self.world)
         numel = sum(p.numel() for p in params)
         result.full_precision_bytes_per_step = (self.world - 1) / self.world * numel * 4
         sums = (torch.zeros(numel, dtype=torch.float64, device=self.device),
@@ -168,8 +182,11 @@ class _ArmRun:
         data: Iterator[Batch] = iter(data_fn())
         started, evaluating = time.monotonic(), 0.0
         for step in range(1, steps + 1):
-            stacked, losses = self._rank_grads(model, wrapper, named, _split(next(data), self.world, self.device))
+            micro = _split(next(data), self.world, self.device)
+            result.rank_batch = result.rank_batch or _leading_size(micro[0])
+            stacked, losses = self._rank_grads(model, wrapper, named, micro)
             exact = [g.sum(0) / self.world for g in stacked]
+            spread = _grad_spread(stacked, exact)
             per_rank = [[g[rank] for g in stacked] for rank in range(self.world)]
             comm = exact if not self.clusters else self._reduce(self.clusters[0], per_rank, names)
             shadow = self._reduce(self.clusters[1], per_rank, names) if len(self.clusters) > 1 else None
@@ -186,7 +203,7 @@ class _ArmRun:
             for cluster in self.clusters:
                 cluster.on_optimizer_step()
             moved = (torch.nn.utils.parameters_to_vector(params).detach().float() - before) / lr
-            self._record(result, fidelity, moved, shadow is not None)
+            self._record(result, torch.cat([fidelity, spread]), moved, shadow is not None)
             result.train_losses.append(sum(losses.tolist()) / self.world)
             if eval_fn is not None and ((eval_every and step % eval_every == 0) or step == steps):
                 eval_start = time.monotonic()
@@ -213,10 +230,11 @@ class _ArmRun:
                 return loss, loss.detach()
 
             weights = {f"model.{name}": p.detach() for name, p in named}
-            batches = _stack(micro)
-            grads, losses = vmap(grad(loss_of, has_aux=True), in_dims=(None, 0), randomness="different")(weights,
-                                                                                                          batches)
-            return [grads[f"model.{name}"].float() for name, _ in named], losses.float()
+            per_rank = vmap(grad(loss_of, has_aux=True), in_dims=(None, 0), randomness="different")
+            chunks = [per_rank(weights, _stack(micro[start:start + self.rank_chunk]))
+                      for start in range(0, len(micro), self.rank_chunk)]
+            grads = [_cat([g[f"model.{name}"] for g, _ in chunks]).float() for name, _ in named]
+            return grads, _cat([losses for _, losses in chunks]).float()
         grads, losses = [], []
         for batch in micro:
             model.zero_grad(set_to_none=True)
@@ -255,18 +273,58 @@ class _ArmRun:
 
     @staticmethod
     def _record(result: ArmResult, fidelity: torch.Tensor, moved: torch.Tensor, diagnostics: bool) -> None:
-        """Appends this step's fidelity and update statistics (one host sync)."""
+        """Appends this step's fidelity, gradient spread and update statistics (one host sync)."""
         stats = torch.cat([fidelity, moved.double().pow(2).mean().sqrt().view(1)]).tolist()
+        result.rank_grad_sq.append(stats[6])
+        result.mean_grad_sq.append(stats[7])
         result.grad_rel_errors.append(_ratio(stats[0], stats[1]))
         result.sum_rel_errors.append(_ratio(stats[2], stats[3]))
         result.nonzero_fractions.append(stats[4])
-        result.update_rms.append(stats[6])
+        result.update_rms.append(stats[8])
         if diagnostics:
             result.released_fractions.append(stats[5])
 
 
+def gradient_noise_scale(result: ArmResult, first_step: int = 1) -> Optional[float]:
+    """The simple gradient noise scale ``B = tr(Sigma) / ||G||^2`` (McCandlish et al. 2018), in units of
+    ``rank_batch`` (sequences or samples), estimated from steps ``first_step..`` of ``result``.
+
+    A rank's gradient has ``E||g_r||^2 = ||G||^2 + tr(Sigma) / b`` and the exact mean over ``W`` ranks
+    ``||G||^2 + tr(Sigma) / (W b)``; both sides are averaged over the steps before the ratio is taken (as the paper
+    advises). None with one rank, no steps, or a non-positive ``||G||^2`` estimate (noise swamps the signal).
+    """
+    small, big = result.rank_grad_sq[first_step - 1:], result.mean_grad_sq[first_step - 1:]
+    if not small or result.rank_batch < 1 or len(small) != len(big):
+        return None
+    ranks = result.world_size
+    if ranks < 2:
+        return None
+    b, total = result.rank_batch, result.rank_batch * ranks
+    small_sq, big_sq = sum(small) / len(small), sum(big) / len(big)
+    signal = (total * big_sq - b * small_sq) / (total - b)
+    noise = (small_sq - big_sq) / (1 / b - 1 / total)
+    return noise / signal if signal > 0 else None
+
+
 def _ratio(num_sq: float, den_sq: float) -> float:
     return math.sqrt(num_sq / den_sq) if den_sq > 0 else 0.0
+
+
+def _grad_spread(stacked: List[torch.Tensor], exact: List[torch.Tensor]) -> torch.Tensor:
+    """``[mean over ranks of ||g_rank||^2, ||g_exact||^2]`` (float64, on the device) of one step's exact gradients;
+    ``stacked[i]``: ``(W, *shape)``, ``exact[i]``: the mean over ranks."""
+    per_rank = sum(g.double().pow(2).flatten(1).sum(1) for g in stacked)
+    return torch.stack([per_rank.mean(), sum(g.double().pow(2).sum() for g in exact)])
+
+
+def _leading_size(batch: Batch) -> int:
+    """Dim 0 of a micro-batch (of its first tensor)."""
+    return (batch[0] if isinstance(batch, tuple) else batch).shape[0]
+
+
+def _cat(parts: List[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat`` along dim 0 that returns a single part as it is (no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _split(batch: Batch, world: int, device: torch.device) -> List[Batch]:

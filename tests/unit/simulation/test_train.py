@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from deepspeed_loco.simulation import simulate
+from deepspeed_loco.simulation import ArmResult, gradient_noise_scale, simulate
 
 WORLD, MICRO, STEPS = 4, 4, 30
 
@@ -147,3 +147,34 @@ def test_fidelity_is_measured_before_clipping():
     clipped, = _run(["plain4"], grad_clip=1e-6)
     assert clipped.grad_rel_errors[0] == free.grad_rel_errors[0] and clipped.sum_rel_errors[0] == free.sum_rel_errors[0]
     assert all(e < 0.2 for e in clipped.grad_rel_errors)
+
+
+def test_rank_chunks_give_the_same_training_as_one_pass():
+    whole, = _run(["loco2"])
+    for chunk in (1, 3):  # 3 leaves a short last chunk
+        chunked, = _run(["loco2"], rank_chunk=chunk)
+        assert chunked.train_losses == whole.train_losses and chunked.sum_rel_errors == whole.sum_rel_errors
+    with pytest.raises(ValueError, match="rank_chunk = 0"):
+        _run(["full"], rank_chunk=0)
+
+
+def test_gradient_spread_is_of_the_exact_gradients():
+    full, plain = _run(["full", "plain2"])
+    assert full.world_size == WORLD and full.rank_batch == MICRO
+    # the same weights at step 1 whatever the arm; the exact mean's norm never exceeds the ranks' mean norm
+    assert full.rank_grad_sq[0] == plain.rank_grad_sq[0] and full.mean_grad_sq[0] == plain.mean_grad_sq[0]
+    assert all(0 < m <= r for m, r in zip(full.mean_grad_sq, full.rank_grad_sq))
+    assert gradient_noise_scale(full) > 0
+
+
+def test_gradient_noise_scale_inverts_the_two_batch_norms():
+    """With ||G||^2 = 4 and tr(Sigma) = 8 per sample, b = 2 samples per rank and W = 4: E||g_r||^2 = 4 + 8/2 and
+    E||g_mean||^2 = 4 + 8/8, so B = 8 / 4 = 2 samples; steps before ``first_step`` are left out."""
+    result = ArmResult("full", "full precision", 0, rank_grad_sq=[100.0, 8.0, 8.0], mean_grad_sq=[1.0, 5.0, 5.0],
+                       rank_batch=2, world_size=4)
+    assert gradient_noise_scale(result, first_step=2) == pytest.approx(2.0, rel=1e-12)
+    assert gradient_noise_scale(ArmResult("full", "", 0, rank_grad_sq=[8.0], mean_grad_sq=[5.0], rank_batch=2,
+                                          world_size=1)) is None
+    # noise swamps the signal: the ||G||^2 estimate is not positive
+    assert gradient_noise_scale(ArmResult("full", "", 0, rank_grad_sq=[8.0], mean_grad_sq=[1.0], rank_batch=2,
+                                          world_size=4)) is None
