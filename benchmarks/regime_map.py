@@ -1,0 +1,215 @@
+"""The regime map (issue 21): where plain qgZ departs from full precision, and whether LoCo restores it.
+
+Reads the ``runs.jsonl`` of ``benchmarks/convergence_sim.py`` runs, one tag per regime (model size, ``W = M x L``,
+micro-batch, grid), and writes ``map.md`` (the table), ``map.json`` and ``map.png`` (the figure):
+
+    python3 benchmarks/regime_map.py --runs benchmarks/results/regime_map/runs.jsonl \\
+        --out benchmarks/results/regime_map
+
+For each regime and bit setting (4/4, 2/2, 8/2 + Hadamard) it gives the paired differences of the final validation
+loss over the seeds both arms ran (plain - full, LoCo - plain; mean and 95% t-interval) and what may explain them:
+the gradient noise scale ``B_noise`` of the full-precision arm (sequences), plain qgZ's per-step error of the mean
+gradient ``e`` (relative to the exact mean), and ``rho``, the power of that error over the power of the gradient's
+own sampling noise at the step's batch ``B``: ``rho = e^2 (1 + B_noise / B) / (B_noise / B)`` (the exact mean has
+``||g||^2 = ||G||^2 (1 + B_noise / B)``, its sampling noise ``||G||^2 B_noise / B``). Tags ending in ``rep``
+repeat a run of another tag (a determinism check) and are listed, not averaged. A regime without a full-precision
+arm (one that changes only the grid) takes it from the regime with the same training setup (``SAME_TRAINING``).
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from collections import defaultdict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
+
+from deepspeed_loco.utils.stats import t_interval  # noqa: E402
+
+BITS = (("4/4", "plain4", "loco4"), ("2/2", "plain2", "loco2"), ("8/2+H", "plain8-2h", "loco8-2h"))
+REPEAT_SUFFIX = "rep"
+SAME_TRAINING = ("params", "nodes", "local", "micro_batch", "steps", "lr", "warmup", "text", "dtype")
+
+
+def load(paths):
+    """``{tag: {arm key: {seed: record}}}`` of every run, and the repeat runs as a list of records."""
+    regimes, repeats = defaultdict(lambda: defaultdict(dict)), []
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                record = json.loads(line)
+                if record["tag"].endswith(REPEAT_SUFFIX):
+                    repeats.append(record)
+                else:
+                    regimes[record["tag"]][record["key"]][record["seed"]] = record
+    return regimes, repeats
+
+
+def borrow_full(regimes) -> None:
+    """Gives each regime without a ``full`` arm the one of a regime with the same training (full precision does
+    not depend on the grid or the bits), in place."""
+    for arms in regimes.values():
+        if "full" in arms:
+            continue
+        mine = _training(arms)
+        donor = next((other for other in regimes.values() if "full" in other and _training(other) == mine), None)
+        if donor is not None:
+            arms["full"] = donor["full"]
+
+
+def _training(arms):
+    setup = next(iter(next(iter(arms.values())).values()))["setup"]
+    return tuple(setup[key] for key in SAME_TRAINING)
+
+
+def paired(arms, first, second):
+    """Final validation loss of ``first`` minus ``second`` over the seeds both ran: ``(n, mean, low, high)``; the
+    interval is None for one seed, and the whole is None where either arm is missing."""
+    if first not in arms or second not in arms:
+        return None
+    seeds = sorted(set(arms[first]) & set(arms[second]))
+    diffs = [arms[first][s]["final_val_loss"] - arms[second][s]["final_val_loss"] for s in seeds]
+    if not diffs:
+        return None
+    interval = t_interval(diffs) if len(diffs) > 1 else None
+    return (len(diffs), statistics.fmean(diffs), *(interval[1:] if interval else (None, None)))
+
+
+def regime_rows(tag, arms):
+    """One row per bit setting that the regime ran: the setup, the paired differences and the explanatory values."""
+    setup = next(iter(next(iter(arms.values())).values()))["setup"]
+    world = setup["nodes"] * setup["local"]
+    batch = world * setup["micro_batch"]
+    full = arms.get("full", {})
+    noise = statistics.fmean(r["noise_scale"] for r in full.values()) if full else None
+    rows = []
+    for bits, plain, loco in BITS:
+        if plain not in arms:
+            continue
+        error = statistics.fmean(r["grad_rel_error_mean"] for r in arms[plain].values())
+        rows.append({
+            "tag": tag, "params": setup["params"], "nodes": setup["nodes"], "local": setup["local"], "world": world,
+            "micro_batch": setup["micro_batch"], "global_batch": batch, "steps": setup["steps"],
+            "grid": setup["quant_grid"], "bits": bits, "noise_scale": noise,
+            "plain_step_error": error, "rho": _rho(error, noise, batch) if noise else None,
+            "plain_sum_error": statistics.fmean(r["sum_rel_error_final"] for r in arms[plain].values()),
+            "loco_sum_error": statistics.fmean(r["sum_rel_error_final"] for r in arms[loco].values())
+            if loco in arms else None,
+            "full_loss": statistics.fmean(r["final_val_loss"] for r in full.values()) if full else None,
+            "plain_minus_full": paired(arms, plain, "full"), "loco_minus_plain": paired(arms, loco, plain),
+            "loco_minus_full": paired(arms, loco, "full"),
+        })
+    return rows
+
+
+def _rho(error, noise, batch):
+    """Quantization error power over sampling noise power of the step's mean gradient (module docstring)."""
+    share = noise / batch
+    return error**2 * (1 + share) / share
+
+
+def _diff(cell):
+    if cell is None:
+        return "-"
+    n, mean, low, high = cell
+    if low is None:
+        return f"{mean:+.4f} (n = 1)"
+    mark = " **yes**" if low > 0 or high < 0 else ""
+    return f"{mean:+.4f} [{low:+.4f}, {high:+.4f}] n={n}{mark}"
+
+
+def markdown(rows, repeats, regimes) -> str:
+    head = ["regime", "bits", "B_noise (seq) / B", "plain step err", "rho", "sum err plain / LoCo",
+            "plain - full (95% CI)", "LoCo - plain (95% CI)", "LoCo - full (95% CI)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        regime = (f"{r['params'] / 1e6:.1f}M, W={r['world']} ({r['nodes']}x{r['local']}), mb {r['micro_batch']}, "
+                  f"{r['steps']} steps, {r['grid']}")
+        noise = f"{r['noise_scale']:.0f} / {r['global_batch']}" if r["noise_scale"] else f"- / {r['global_batch']}"
+        loco_sum = f"{r['loco_sum_error']:.3f}" if r["loco_sum_error"] is not None else "-"
+        lines.append("| " + " | ".join([
+            regime, r["bits"], noise, f"{r['plain_step_error']:.3f}", f"{r['rho']:.2f}" if r["rho"] else "-",
+            f"{r['plain_sum_error']:.3f} / {loco_sum}", _diff(r["plain_minus_full"]), _diff(r["loco_minus_plain"]),
+            _diff(r["loco_minus_full"])]) + " |")
+    for record in repeats:
+        original = regimes.get(record["tag"][:-len(REPEAT_SUFFIX)], {}).get(record["key"], {}).get(record["seed"])
+        same = original is not None and original["final_val_loss"] == record["final_val_loss"]
+        lines.append(f"\nRepeat of {record['tag'][:-len(REPEAT_SUFFIX)]} {record['key']} seed {record['seed']}: "
+                     f"{record['final_val_loss']:.6f} ({'bit-identical to' if same else 'differs from'} the first run)")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path) -> None:
+    """Left: plain - full; middle: LoCo - plain, per regime and bits, with 95% intervals; right: LoCo - plain
+    against rho (plain's quantization error power over the sampling noise power)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(18, 5.8))
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(1, 3, i) for i in (1, 2, 3)]
+    regimes = list(dict.fromkeys(r["tag"] for r in rows))
+    colors = {"4/4": "tab:blue", "2/2": "tab:red", "8/2+H": "tab:purple"}
+    offsets = {"4/4": -0.2, "2/2": 0.0, "8/2+H": 0.2}
+    for r in rows:
+        x = regimes.index(r["tag"]) + offsets[r["bits"]]
+        for ax, cell in ((axes[0], r["plain_minus_full"]), (axes[1], r["loco_minus_plain"])):
+            if cell is None or cell[2] is None:
+                continue
+            _, mean, low, high = cell
+            ax.errorbar([x], [mean], yerr=[[mean - low], [high - mean]], fmt="o", color=colors[r["bits"]], capsize=3)
+        cell = r["loco_minus_plain"]
+        if cell is not None and cell[2] is not None and r["rho"]:
+            _, mean, low, high = cell
+            axes[2].errorbar([r["rho"]], [mean], yerr=[[mean - low], [high - mean]], fmt="o",
+                             color=colors[r["bits"]], capsize=3)
+    labels = [_short(next(r for r in rows if r["tag"] == tag)) for tag in regimes]
+    for ax, title in ((axes[0], "plain qgZ - full precision"), (axes[1], "qgZ + LoCo - plain qgZ (same bits, grid)")):
+        ax.set_xticks(range(len(regimes)))
+        ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
+        ax.set_title(title + ": final val loss, paired, 95% CI", fontsize=10)
+    axes[2].set_xscale("log")
+    axes[2].set_xlabel("rho = plain's quantization error power / gradient sampling noise power")
+    axes[2].set_title("LoCo - plain against rho", fontsize=10)
+    for ax in axes:
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.grid(alpha=0.3)
+    for bits, color in colors.items():
+        axes[0].plot([], [], "o", color=color, label=bits)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def _short(row) -> str:
+    grid = "" if row["grid"] == "auto" else f" {row['grid'][:3]}"
+    return f"{row['params'] / 1e6:.1f}M W={row['world']} mb{row['micro_batch']}{grid}"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", nargs="+", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    regimes, repeats = load(args.runs)
+    borrow_full(regimes)
+    order = sorted(regimes, key=lambda tag: _order(regimes[tag]))
+    rows = [row for tag in order for row in regime_rows(tag, regimes[tag])]
+    os.makedirs(args.out, exist_ok=True)
+    text = markdown(rows, repeats, regimes)
+    with open(os.path.join(args.out, "map.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "map.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    plot(rows, os.path.join(args.out, "map.png"))
+    print(text)
+
+
+def _order(arms):
+    setup = next(iter(next(iter(arms.values())).values()))["setup"]
+    return setup["params"], setup["quant_grid"] != "auto", setup["nodes"] * setup["local"]
+
+
+if __name__ == "__main__":
+    main()
