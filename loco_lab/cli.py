@@ -12,6 +12,8 @@ import dataclasses
 import sys
 from typing import List, Optional
 
+from loco_lab import advise_cli
+
 DEFAULT_STEPS = 60  # x 3 arms x 3 seeds: under 10 minutes on 2 CPU cores
 DEFAULT_OUT = "loco_demo_out"
 
@@ -127,10 +129,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m loco_lab.cli", description="the deepspeed-loco demo app")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _demo_parser(sub)
+    advise_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    if args.command == "advise":
+        return advise_cli.run(args)
     if args.command == "demo":
         from loco_lab.launcher import LaunchError
         from loco_lab.run import run_demo

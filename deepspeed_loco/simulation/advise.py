@@ -1,0 +1,326 @@
+"""Which ``zeropp_loco_param`` to use on a given cluster shape, answered by short simulations: :func:`advise`.
+
+The answer follows the regime map of ``benchmarks/RESULTS.md`` ("Where LoCo pays"): what decides whether a bit
+setting costs loss is ``rho``, the power of plain qgZ's quantization error in the communicated mean gradient over
+the power of the gradient's own sampling noise at the step's batch. Where ``rho < 1`` (every 4/4 and 8/2 + Hadamard
+point measured) plain qgZ stayed within noise of full precision and LoCo changed nothing; where ``rho >= 1`` (every
+2/2 point) plain qgZ lost loss and LoCo recovered all or part of it, or, on larger models, added risk. So
+:func:`advise` first measures ``rho`` of each candidate in a short probe (cheap: a few steps of plain qgZ), then
+spends the rest of the budget on training comparisons (full precision, plain qgZ, qgZ + LoCo over several seeds) of
+the candidates with ``rho >= 1``, and recommends the setting with the fewest inter-node bits whose best arm is within
+noise of full precision, with LoCo on only where it measurably beat plain qgZ.
+"""
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.layout.wire import wire_bytes_per_element
+from deepspeed_loco.simulation.arms import parse_arm, zeropp_loco_param
+from deepspeed_loco.simulation.train import ArmResult, gradient_noise_scale, simulate
+from deepspeed_loco.utils.stats import t_interval
+
+CANDIDATES = ("plain2", "plain8-2h", "plain4")  # fewest inter-node bits first
+RHO_THRESHOLD = 1.0  # quantization error power equal to the sampling noise power
+PROBE_STEPS = 20
+MIN_STEPS = 50  # a comparison shorter than this says nothing about a real run
+MIN_SEEDS = 3  # a 95% interval needs at least 2; 3 is the least that resolved anything in the map
+
+
+@dataclass
+class Probe:
+    """One candidate's probe: ``rho`` (None if the noise scale could not be estimated), plain qgZ's mean per-step
+    error of the communicated mean, the gradient noise scale (samples), and the seconds one step of it took."""
+    candidate: str
+    rho: Optional[float]
+    step_error: float
+    noise_scale: Optional[float]
+    seconds_per_step: float
+
+
+@dataclass
+class Comparison:
+    """Training comparison of one candidate: final losses per arm key and seed, and the paired differences
+    ``(n, mean, low, high)`` of plain - full, LoCo - plain and LoCo - full (intervals None below two seeds)."""
+    candidate: str
+    steps: int
+    losses: Dict[str, Dict[int, float]] = field(default_factory=dict)
+    plain_minus_full: Optional[tuple] = None
+    loco_minus_plain: Optional[tuple] = None
+    loco_minus_full: Optional[tuple] = None
+
+
+@dataclass
+class Advice:
+    """What :func:`advise` found: the recommended ``zeropp_loco_param`` block, the probes, the comparisons, the
+    reasons and what it could not resolve within the budget (plain sentences)."""
+    config: Dict[str, Any]
+    recommended: str
+    probes: List[Probe]
+    comparisons: List[Comparison]
+    reasons: List[str]
+    unresolved: List[str]
+    budget_s: float
+    spent_s: float
+    group_size: int
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def table(self) -> str:
+        """A markdown table, one row per candidate, every column explained below it."""
+        compared = {c.candidate: c for c in self.comparisons}
+        lines = ["| setting | wire B/elem intra / inter | rho | plain step err | plain - full | LoCo - plain | "
+                 "LoCo - full |", "|---|---|---|---|---|---|---|"]
+        for probe in self.probes:
+            arm, c = parse_arm(probe.candidate), compared.get(probe.candidate)
+            cells = [_diff(getattr(c, name) if c else None)
+                     for name in ("plain_minus_full", "loco_minus_plain", "loco_minus_full")]
+            rho = f"{probe.rho:.2f}" if probe.rho is not None else "-"
+            lines.append(f"| {arm.variant} | {_bytes(arm, self.group_size)} | {rho} | {probe.step_error:.3f} | " + " | ".join(cells) +
+                         " |")
+        lines += [
+            "", "rho: power of plain qgZ's quantization error in the communicated mean gradient over the power of the "
+            "gradient's sampling noise at the step's batch (from the probe); below 1 the quantization hides in the "
+            "noise SGD already has. plain step err: ||g_sent - g_exact|| / ||g_exact||, mean over the probe's steps. "
+            "Differences: final loss (validation if given, else the mean training loss of the last tenth of the "
+            "steps), paired over seeds, mean [95% t-interval]; '-': not compared (rho below 1, or no budget left)."
+        ]
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """The recommendation and its evidence in plain sentences."""
+        lines = [f"Recommended: {self.recommended}", "  zeropp_loco_param = " + repr(self.config)]
+        lines += ["  " + r for r in self.reasons]
+        lines += ["Not resolved within the budget: " + u for u in self.unresolved]
+        lines.append(f"Spent {self.spent_s / 60:.1f} of {self.budget_s / 60:.1f} minutes.")
+        return "\n".join(lines)
+
+    def plot(self, path: str) -> None:
+        """A PNG: per compared candidate, each arm's final loss over seeds (points) and mean; needs matplotlib."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        fig = Figure(figsize=(4 + 3 * max(1, len(self.comparisons)), 4.5))
+        FigureCanvasAgg(fig)
+        for i, comparison in enumerate(self.comparisons or [None]):
+            ax = fig.add_subplot(1, max(1, len(self.comparisons)), i + 1)
+            if comparison is None:
+                ax.text(0.5, 0.5, "no training comparison was needed or affordable", ha="center", va="center")
+                continue
+            for x, (key, by_seed) in enumerate(comparison.losses.items()):
+                values = list(by_seed.values())
+                ax.plot([x] * len(values), values, "o", alpha=0.5)
+                ax.plot([x - 0.2, x + 0.2], [statistics.fmean(values)] * 2, color="black")
+            ax.set_xticks(range(len(comparison.losses)))
+            ax.set_xticklabels([parse_arm(k).label for k in comparison.losses], fontsize=7, rotation=20)
+            ax.set_title(f"{parse_arm(comparison.candidate).variant}, {comparison.steps} steps", fontsize=9)
+            ax.set_ylabel("final loss")
+            ax.grid(alpha=0.3)
+        fig.suptitle(f"advise: {self.recommended}", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+
+
+def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, local: int, budget_minutes: float,
+           candidates: Sequence[str] = CANDIDATES, seeds: int = MIN_SEEDS, steps: Optional[int] = None,
+           max_steps: int = 2000, probe_steps: int = PROBE_STEPS, loco: Optional[Dict[str, Any]] = None,
+           eval_fn: Optional[Callable] = None, on_progress: Optional[Callable[[str, int, int], None]] = None,
+           **simulate_kwargs) -> Advice:
+    """Recommends a ``zeropp_loco_param`` for ``nodes x local`` ranks, spending about ``budget_minutes`` of this
+    device's time on :func:`~deepspeed_loco.simulation.simulate` runs of ``model_fn`` on ``data_fn``'s batches.
+
+    ``candidates``: plain arm tokens of the bit settings to weigh (default 2/2, 8/2 + Hadamard, 4/4). ``seeds``:
+    seeds per arm in a comparison (>= 2). ``steps``: steps per comparison run (default: what the budget allows,
+    at most ``max_steps``). ``loco``: other keys of the block (``group_size``, ``err_beta``, ...), carried into the
+    recommendation. ``eval_fn``: a held-out loss (recommended); without it the comparison uses the training loss.
+    ``on_progress(stage, done, total)``: progress of the current stage. Other keyword arguments go to
+    ``simulate`` (``loss_fn``, ``optimizer_fn``, ``scheduler_fn``, ``device``, ``autocast_dtype``, ``grad_clip``,
+    ``rank_chunk``, ...). Runs one simulation at a time in this process.
+
+    Raises ValueError for a bad candidate, ``seeds < 2``, a non-positive budget or ``probe_steps < 2``.
+    """
+    arms = [parse_arm(c) for c in candidates]
+    if any(a.kind != "plain" for a in arms) or not arms:
+        raise ValueError(f"advise: candidates {list(candidates)!r} must be plain qgZ arms such as 'plain2', "
+                         f"'plain8-2h', 'plain4' (LoCo is weighed for each)")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 2:
+        raise ValueError(f"advise: seeds = {seeds!r}; a paired 95% interval needs at least 2 (3 recommended)")
+    if not budget_minutes > 0:
+        raise ValueError(f"advise: budget_minutes = {budget_minutes!r}, it must be positive")
+    if probe_steps < 2:
+        raise ValueError(f"advise: probe_steps = {probe_steps!r}, it must be at least 2")
+    budget_s, started = budget_minutes * 60.0, time.monotonic()
+    run = _Runner(model_fn, data_fn, nodes, local, loco or {}, eval_fn, simulate_kwargs)
+
+    probes = []
+    for index, arm in enumerate(arms):
+        if on_progress:
+            on_progress("probe", index, len(arms))
+        probes.append(_probe(run, arm.key, probe_steps))
+    comparisons, reasons, unresolved = [], [], []
+    for probe in probes:  # fewest inter-node bits first: the first acceptable candidate is the answer
+        left = budget_s - (time.monotonic() - started)
+        per_step = 3 * seeds * probe.seconds_per_step * 1.2  # full, plain, LoCo; LoCo's buffers cost a little more
+        affordable = min(max_steps, int(left / per_step)) if steps is None else steps
+        comparison = None
+        if affordable >= MIN_STEPS:
+            comparison = _compare(run, probe.candidate, affordable, seeds, on_progress)
+            comparisons.append(comparison)
+        elif probe.rho is None or probe.rho >= RHO_THRESHOLD:
+            unresolved.append(f"{parse_arm(probe.candidate).variant} (rho {_fmt(probe.rho)}) was not trained: "
+                              f"{left / 60:.1f} minutes left buy {max(affordable, 0)} steps per run, fewer than "
+                              f"{MIN_STEPS}.")
+        verdict = judge(probe, comparison)
+        reasons.append(verdict.reason)
+        unresolved += verdict.unresolved
+        if verdict.accepted:
+            arm = parse_arm(probe.candidate)
+            label = arm.label + (" + LoCo" if verdict.error_feedback else "")
+            config = _answer(arm, verdict.error_feedback, loco or {}, local)
+            break
+    else:
+        arm = parse_arm("plain4")
+        reasons.append("No candidate was shown safe within the budget: DeepSpeed's qgZ default, 4/4 without LoCo.")
+        label, config = arm.label, _answer(arm, False, loco or {}, local)
+    return Advice(config, label, probes, comparisons, reasons, unresolved, budget_s, time.monotonic() - started,
+                  LocoConfig.from_dict(config).group_size)
+
+
+@dataclass
+class Verdict:
+    """Whether a candidate is acceptable, with LoCo or without, why, and what stayed unresolved."""
+    accepted: bool
+    error_feedback: bool
+    reason: str
+    unresolved: List[str] = field(default_factory=list)
+
+
+def judge(probe: Probe, comparison: Optional[Comparison]) -> Verdict:
+    """The decision rule. With a comparison: acceptable with LoCo if LoCo - full contains 0 or lies below it and
+    either LoCo - plain lies below 0 or plain - full lies above 0; else with plain qgZ if plain - full contains 0 or
+    lies below; else not. Without one: acceptable with
+    plain qgZ by the regime map's prediction if ``rho < 1``; else not."""
+    arm = parse_arm(probe.candidate)
+    if comparison is None:
+        if probe.rho is not None and probe.rho < RHO_THRESHOLD:
+            return Verdict(True, False, f"{arm.variant}: rho {probe.rho:.2f} < 1: its quantization error hides in "
+                           f"the gradient's sampling noise; plain qgZ is expected within noise of full precision "
+                           f"and LoCo to change nothing (regime map; not trained: no budget left).")
+        return Verdict(False, False, f"{arm.variant}: rho {_fmt(probe.rho)} >= 1 and not trained.")
+    loco_pays = _below_zero(comparison.loco_minus_plain)
+    if loco_pays and _within_noise(comparison.loco_minus_full):
+        return Verdict(True, True, f"{arm.variant}: rho {_fmt(probe.rho)}; LoCo - plain "
+                       f"{_diff(comparison.loco_minus_plain)} excludes 0 and LoCo - full "
+                       f"{_diff(comparison.loco_minus_full)} does not exclude it: LoCo pays here.")
+    if _within_noise(comparison.loco_minus_full) and _above_zero(comparison.plain_minus_full):
+        return Verdict(True, True, f"{arm.variant}: rho {_fmt(probe.rho)}; plain qgZ lost loss (plain - full "
+                       f"{_diff(comparison.plain_minus_full)}) while LoCo stayed within noise of full precision "
+                       f"({_diff(comparison.loco_minus_full)}).",
+                       [f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: LoCo is "
+                        f"recommended as the arm within noise of full precision, not by a resolved gain."])
+    if _within_noise(comparison.plain_minus_full):
+        open_question = [] if loco_pays else [
+            f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: whether LoCo helps was "
+            f"not resolved in {comparison.steps}-step runs; plain qgZ is recommended (no error buffers)."]
+        return Verdict(True, False, f"{arm.variant}: rho {_fmt(probe.rho)}; plain qgZ within noise of full "
+                       f"precision in {comparison.steps}-step runs ({_diff(comparison.plain_minus_full)}).",
+                       open_question)
+    return Verdict(False, False, f"{arm.variant}: rho {_fmt(probe.rho)}; plain - full "
+                   f"{_diff(comparison.plain_minus_full)}, LoCo - full {_diff(comparison.loco_minus_full)}: "
+                   f"neither within noise of full precision in {comparison.steps}-step runs.")
+
+
+class _Runner:
+    """``simulate`` with the fixed arguments of one advice."""
+
+    def __init__(self, model_fn, data_fn, nodes, local, loco, eval_fn, simulate_kwargs):
+        self.model_fn, self.data_fn, self.nodes, self.local = model_fn, data_fn, nodes, local
+        self.loco, self.eval_fn, self.kwargs = loco, eval_fn, simulate_kwargs
+
+    def __call__(self, arms: Sequence[str], steps: int, seed: int, evaluate: bool) -> List[ArmResult]:
+        """The arms' results; ``evaluate``: run ``eval_fn`` after the last step (if there is one)."""
+        return simulate(self.model_fn, self.data_fn, arms, steps=steps, nodes=self.nodes, local=self.local,
+                        loco=self.loco, seed=seed, eval_fn=self.eval_fn if evaluate else None, **self.kwargs)
+
+
+def _probe(run: _Runner, candidate: str, steps: int) -> Probe:
+    started = time.monotonic()
+    (result, ) = run([candidate], steps, seed=0, evaluate=False)
+    elapsed = time.monotonic() - started
+    noise = gradient_noise_scale(result, first_step=2)
+    error = statistics.fmean(result.grad_rel_errors)
+    batch = result.rank_batch * result.world_size
+    rho = error**2 * (1 + noise / batch) / (noise / batch) if noise else None
+    return Probe(candidate, rho, error, noise, elapsed / steps)
+
+
+def _compare(run: _Runner, candidate: str, steps: int, seeds: int, on_progress) -> Comparison:
+    plain = parse_arm(candidate)
+    keys = ["full", plain.key, plain.key.replace("plain", "loco", 1)]
+    comparison = Comparison(candidate, steps, {key: {} for key in keys})
+    for seed in range(seeds):
+        if on_progress:
+            on_progress(f"compare {plain.variant}", seed, seeds)
+        for result in run(keys, steps, seed=seed, evaluate=True):
+            comparison.losses[result.key][seed] = _final_loss(result)
+    full, plain_key, loco_key = keys
+    comparison.plain_minus_full = _paired(comparison.losses, plain_key, full)
+    comparison.loco_minus_plain = _paired(comparison.losses, loco_key, plain_key)
+    comparison.loco_minus_full = _paired(comparison.losses, loco_key, full)
+    return comparison
+
+
+def _final_loss(result: ArmResult) -> float:
+    """The held-out loss after the last step, else the mean training loss of the last tenth of the steps."""
+    if result.final_val_loss is not None:
+        return result.final_val_loss
+    tail = result.train_losses[-max(1, len(result.train_losses) // 10):]
+    return statistics.fmean(tail)
+
+
+def _paired(losses, first, second) -> tuple:
+    diffs = [losses[first][s] - losses[second][s] for s in sorted(losses[first])]
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return (len(diffs), mean, None, None)
+    return (len(diffs), *t_interval(diffs))
+
+
+def _answer(arm, error_feedback: bool, loco: Dict[str, Any], local: int) -> Dict[str, Any]:
+    block = zeropp_loco_param(arm, **loco)
+    block["error_feedback"] = error_feedback
+    block.setdefault("quant_grid", "auto")
+    block.setdefault("local_world_size", local)
+    return block
+
+
+def _within_noise(cell) -> bool:
+    """The paired interval ``(n, mean, low, high)`` contains 0 or lies below it (the arm is not worse)."""
+    return cell is not None and cell[2] is not None and cell[2] <= 0
+
+
+def _above_zero(cell) -> bool:
+    """The paired interval lies wholly above 0 (the first arm is worse)."""
+    return cell is not None and cell[2] is not None and cell[2] > 0
+
+
+def _below_zero(cell) -> bool:
+    """The paired interval lies wholly below 0 (the first arm is better)."""
+    return cell is not None and cell[3] is not None and cell[3] < 0
+
+
+def _bytes(arm, group_size: int) -> str:
+    return " / ".join(f"{wire_bytes_per_element(bits, group_size):.3f}" for bits in (arm.intra_bits, arm.inter_bits))
+
+
+def _fmt(value: Optional[float]) -> str:
+    return "unknown" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
+def _diff(cell) -> str:
+    if cell is None:
+        return "-"
+    n, mean, low, high = cell
+    return f"{mean:+.4f}" + (f" [{low:+.4f}, {high:+.4f}]" if low is not None else " (1 seed)")

@@ -1,0 +1,95 @@
+"""advise(): the decision rule on hand-made evidence, and one end-to-end run on a toy problem."""
+import json
+
+import pytest
+import torch
+
+from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.simulation.advise import Comparison, Probe, advise, judge
+
+WORLD, MICRO = 4, 4
+
+
+def _comparison(plain_full, loco_plain, loco_full):
+    """Paired cells ``(n, mean, low, high)`` from ``(low, high)`` pairs (mean at the middle)."""
+    cell = lambda lo_hi: (3, sum(lo_hi) / 2, *lo_hi)  # noqa: E731
+    return Comparison("plain2", 300, {}, cell(plain_full), cell(loco_plain), cell(loco_full))
+
+
+def test_loco_is_recommended_where_it_measurably_beats_plain_and_matches_full():
+    verdict = judge(Probe("plain2", 2.5, 1.0, 38.0, 0.1), _comparison((0.004, 0.038), (-0.038, -0.003),
+                                                                      (-0.002, 0.002)))
+    assert verdict.accepted and verdict.error_feedback and verdict.unresolved == []
+
+
+def test_plain_is_recommended_where_it_matches_full_and_the_loco_question_stays_open():
+    verdict = judge(Probe("plain2", 2.9, 1.0, 38.0, 0.1), _comparison((-0.012, 0.025), (-0.022, 0.015),
+                                                                      (-0.012, 0.017)))
+    assert verdict.accepted and not verdict.error_feedback
+    assert len(verdict.unresolved) == 1 and "includes 0" in verdict.unresolved[0]
+
+
+def test_loco_within_noise_of_full_where_plain_departs_is_recommended_with_a_caveat():
+    verdict = judge(Probe("plain2", 2.8, 1.0, 38.0, 0.1), _comparison((0.006, 0.045), (-0.037, 0.005),
+                                                                      (-0.002, 0.021)))
+    assert verdict.accepted and verdict.error_feedback and "not by a resolved gain" in verdict.unresolved[0]
+
+
+def test_a_setting_that_costs_loss_either_way_is_rejected():
+    verdict = judge(Probe("plain2", 3.1, 1.0, 30.0, 0.1), _comparison((0.001, 0.029), (-0.033, 0.027),
+                                                                      (0.010, 0.090)))
+    assert not verdict.accepted
+
+
+def test_without_a_comparison_only_rho_below_one_is_accepted():
+    assert judge(Probe("plain4", 0.08, 0.17, 38.0, 0.1), None).accepted
+    assert not judge(Probe("plain2", 2.5, 1.0, 38.0, 0.1), None).accepted
+    assert not judge(Probe("plain2", None, 1.0, None, 0.1), None).accepted
+
+
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+
+
+def _data():
+    gen = torch.Generator().manual_seed(3)
+    teacher = torch.randn(8, 1, generator=gen)
+    while True:
+        x = torch.randn(WORLD * MICRO, 8, generator=gen)
+        yield x, torch.sin(x @ teacher)
+
+
+def _loss(model, batch):
+    return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+
+
+def test_advise_end_to_end_gives_a_valid_block_with_its_evidence(tmp_path):
+    stages = []
+    advice = advise(_model, _data, 2, 2, budget_minutes=5, candidates=("plain2", "plain4"), steps=50, seeds=2,
+                    probe_steps=5, loss_fn=_loss, loco={"group_size": 32},
+                    on_progress=lambda stage, done, total: stages.append(stage))
+    LocoConfig.from_dict(advice.config)  # a valid zeropp_loco_param block
+    assert advice.config["group_size"] == 32 and advice.config["local_world_size"] == 2
+    assert [p.candidate for p in advice.probes] == ["plain2", "plain4"] and stages[0] == "probe"
+    # the 2-bit candidate was trained three ways over both seeds (steps given, so the budget does not decide)
+    first = advice.comparisons[0]
+    assert first.candidate == "plain2" and set(first.losses) == {"full", "plain2", "loco2"}
+    assert all(set(by_seed) == {0, 1} for by_seed in first.losses.values())
+    assert first.loco_minus_plain[0] == 2 and first.loco_minus_plain[2] <= first.loco_minus_plain[3]
+    assert all(p.step_error > 0 for p in advice.probes)
+    assert advice.probes[0].step_error > advice.probes[1].step_error  # 2 bits err more than 4
+    json.dumps(advice.to_dict())
+    rows = [line for line in advice.table().splitlines() if line.startswith("| ") and "bit" in line.split("|")[1]]
+    assert [row.split("|")[1].strip() for row in rows] == ["2-bit", "4-bit"]  # one row per candidate
+    advice.plot(str(tmp_path / "advise.png"))
+    assert (tmp_path / "advise.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("kwargs, match", [({"candidates": ("loco2", )}, "must be plain qgZ arms"),
+                                           ({"seeds": 1}, "seeds = 1"), ({"budget_minutes": 0}, "budget_minutes = 0"),
+                                           ({"probe_steps": 1}, "probe_steps = 1")])
+def test_bad_arguments_are_clear_errors(kwargs, match):
+    args = dict(budget_minutes=1, loss_fn=_loss)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        advise(_model, _data, 2, 2, **args)
