@@ -30,6 +30,7 @@ from deepspeed_loco.utils.stats import t_interval  # noqa: E402
 
 BITS = (("4/4", "plain4", "loco4"), ("2/2", "plain2", "loco2"), ("8/2+H", "plain8-2h", "loco8-2h"))
 REPEAT_SUFFIX = "rep"
+BURST_WINDOWS = 10  # the first 100 steps: the per-step error series is stored as 10-step means
 SAME_TRAINING = ("params", "nodes", "local", "micro_batch", "steps", "lr", "warmup", "text", "dtype")
 
 
@@ -104,6 +105,20 @@ def regime_rows(tag, arms):
     return rows
 
 
+def burst_rows(tag, arms):
+    """Per LoCo arm and seed: LoCo's early burst, the largest 10-step mean of its per-step error in the first
+    ``BURST_WINDOWS`` windows over plain qgZ's at the same bits and seed, beside LoCo - plain of the final loss."""
+    rows = []
+    for _, plain, loco in BITS:
+        for seed in sorted(set(arms.get(plain, {})) & set(arms.get(loco, {}))):
+            p, q = arms[plain][seed], arms[loco][seed]
+            burst = (max(q["series"]["grad_rel_errors"][:BURST_WINDOWS]) /
+                     max(p["series"]["grad_rel_errors"][:BURST_WINDOWS]))
+            rows.append({"tag": tag, "arm": loco, "seed": seed, "burst": burst,
+                         "loco_minus_plain": q["final_val_loss"] - p["final_val_loss"]})
+    return rows
+
+
 def _rho(error, noise, batch):
     """Quantization error power over sampling noise power of the step's mean gradient (module docstring)."""
     share = noise / batch
@@ -120,7 +135,7 @@ def _diff(cell):
     return f"{mean:+.4f} [{low:+.4f}, {high:+.4f}] n={n}{mark}"
 
 
-def markdown(rows, repeats, regimes) -> str:
+def markdown(rows, bursts, repeats, regimes) -> str:
     head = ["regime", "bits", "B_noise (seq) / B", "plain step err", "rho", "sum err plain / LoCo",
             "plain - full (95% CI)", "LoCo - plain (95% CI)", "LoCo - full (95% CI)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -133,6 +148,11 @@ def markdown(rows, repeats, regimes) -> str:
             regime, r["bits"], noise, f"{r['plain_step_error']:.3f}", f"{r['rho']:.2f}" if r["rho"] else "-",
             f"{r['plain_sum_error']:.3f} / {loco_sum}", _diff(r["plain_minus_full"]), _diff(r["loco_minus_plain"]),
             _diff(r["loco_minus_full"])]) + " |")
+    lines += ["", "LoCo's early burst (largest 10-step mean of the per-step error in steps 1-100, LoCo over plain at the "
+              "same bits and seed) beside that seed's LoCo - plain:", "",
+              "| regime | arm | seed | burst | LoCo - plain |", "|---|---|---|---|---|"]
+    lines += [f"| {b['tag']} | {b['arm']} | {b['seed']} | {b['burst']:.2f} | {b['loco_minus_plain']:+.4f} |"
+              for b in sorted(bursts, key=lambda b: -b["burst"])]
     for record in repeats:
         original = regimes.get(record["tag"][:-len(REPEAT_SUFFIX)], {}).get(record["key"], {}).get(record["seed"])
         same = original is not None and original["final_val_loss"] == record["final_val_loss"]
@@ -141,14 +161,15 @@ def markdown(rows, repeats, regimes) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows, path) -> None:
-    """Left: plain - full; middle: LoCo - plain, per regime and bits, with 95% intervals; right: LoCo - plain
-    against rho (plain's quantization error power over the sampling noise power)."""
+def plot(rows, bursts, path) -> None:
+    """Left: plain - full; second: LoCo - plain, per regime and bits, with 95% intervals; third: LoCo - plain
+    against rho (plain's quantization error power over the sampling noise power); right: each seed's LoCo - plain
+    against LoCo's early burst."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(18, 5.8))
+    fig = Figure(figsize=(23, 5.8))
     FigureCanvasAgg(fig)
-    axes = [fig.add_subplot(1, 3, i) for i in (1, 2, 3)]
+    axes = [fig.add_subplot(1, 4, i) for i in (1, 2, 3, 4)]
     regimes = list(dict.fromkeys(r["tag"] for r in rows))
     colors = {"4/4": "tab:blue", "2/2": "tab:red", "8/2+H": "tab:purple"}
     offsets = {"4/4": -0.2, "2/2": 0.0, "8/2+H": 0.2}
@@ -172,6 +193,12 @@ def plot(rows, path) -> None:
     axes[2].set_xscale("log")
     axes[2].set_xlabel("rho = plain's quantization error power / gradient sampling noise power")
     axes[2].set_title("LoCo - plain against rho", fontsize=10)
+    for b in bursts:
+        axes[3].plot([b["burst"]], [b["loco_minus_plain"]], "o", alpha=0.7,
+                     color=colors[next(bits for bits, _, loco in BITS if loco == b["arm"])])
+    axes[3].set_xscale("log")
+    axes[3].set_xlabel("LoCo's early burst: max 10-step error in steps 1-100, over plain's")
+    axes[3].set_title("LoCo - plain per seed against LoCo's early burst", fontsize=10)
     for ax in axes:
         ax.axhline(0, color="black", linewidth=0.8)
         ax.grid(alpha=0.3)
@@ -196,13 +223,14 @@ def main(argv=None) -> None:
     borrow_full(regimes)
     order = sorted(regimes, key=lambda tag: _order(regimes[tag]))
     rows = [row for tag in order for row in regime_rows(tag, regimes[tag])]
+    bursts = [row for tag in order for row in burst_rows(tag, regimes[tag])]
     os.makedirs(args.out, exist_ok=True)
-    text = markdown(rows, repeats, regimes)
+    text = markdown(rows, bursts, repeats, regimes)
     with open(os.path.join(args.out, "map.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "map.json"), "w") as f:
-        json.dump(rows, f, indent=1)
-    plot(rows, os.path.join(args.out, "map.png"))
+        json.dump({"regimes": rows, "bursts": bursts}, f, indent=1)
+    plot(rows, bursts, os.path.join(args.out, "map.png"))
     print(text)
 
 
