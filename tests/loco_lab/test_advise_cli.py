@@ -1,0 +1,20 @@
+"""``python -m loco_lab.cli advise`` end to end on the tiny bundled model (a budget that buys the probe only)."""
+import json
+
+from loco_lab import cli
+
+
+def test_advise_writes_its_evidence_and_a_valid_block(tmp_path, capsys):
+    from deepspeed_loco.config import LocoConfig
+    out = tmp_path / "advise"
+    code = cli.main(["advise", "--nodes", "2", "--gpus-per-node", "2", "--budget-minutes", "0.01", "--model-size",
+                     "tiny", "--micro-batch", "2", "--device", "cpu", "--no-progress", "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "Recommended:" in printed and "Not resolved within the budget" in printed
+    advice = json.loads((out / "advise.json").read_text())
+    LocoConfig.from_dict(advice["config"])
+    assert advice["config"]["local_world_size"] == 2
+    assert [p["candidate"] for p in advice["probes"]] == ["plain2", "plain8-2h", "plain4"]
+    assert advice["comparisons"] == []  # 0.6 s buys no training comparison, and it says so
+    assert (out / "advise.png").stat().st_size > 0 and "| 2-bit |" in (out / "table.md").read_text()
