@@ -62,3 +62,9 @@ def test_deterministic_init_and_sizes():
     assert count_parameters(ByteLlama(SIZES["tiny"])) < count_parameters(ByteLlama(SIZES["small"]))
     for cfg in SIZES.values():
         assert cfg.dim % cfg.heads == 0 and (cfg.dim // cfg.heads) % 2 == 0
+
+
+def test_the_larger_sizes_have_the_documented_parameter_counts():
+    with torch.device("meta"):  # no memory: only the shapes count
+        counts = {name: count_parameters(ByteLlama(SIZES[name])) for name in ("medium", "30m", "125m")}
+    assert counts == {"medium": 10_818_432, "30m": 32_155_200, "125m": 116_430_720}
