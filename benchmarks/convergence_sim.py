@@ -121,7 +121,7 @@ def run_one(args) -> dict:
     from deepspeed_loco.ops import kernels_for
     from deepspeed_loco.simulation import gradient_noise_scale, simulate
     from loco_lab.data import load_corpus
-    from loco_lab.model import SIZES, ByteLlama, count_parameters
+    from loco_lab.model import SIZES, ByteLlama, count_parameters, mean_loss
 
     torch.set_num_threads(1)
     if args.warmup_frac > 0:
@@ -142,9 +142,7 @@ def run_one(args) -> dict:
     autocast = torch.bfloat16 if args.dtype == "bf16" else None
 
     def evaluate(model):
-        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-            losses = [float(model(x, y)) * x.shape[0] for x, y in validation]
-        return sum(losses) / sum(x.shape[0] for x, _ in validation)
+        return mean_loss(model, validation, autocast)
 
     def optimizer(params):
         return torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)

@@ -34,7 +34,7 @@ def run(args) -> int:
 
     from deepspeed_loco.simulation.advise import advise
     from loco_lab.data import load_corpus
-    from loco_lab.model import SIZES, ByteLlama
+    from loco_lab.model import SIZES, ByteLlama, mean_loss
 
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")
@@ -52,9 +52,7 @@ def run(args) -> int:
     autocast = torch.bfloat16 if device.type == "cuda" else None
 
     def evaluate(model):
-        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-            losses = [float(model(x, y)) * x.shape[0] for x, y in validation]
-        return sum(losses) / sum(x.shape[0] for x, _ in validation)
+        return mean_loss(model, validation, autocast)
 
     def optimizer(params):
         return torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)

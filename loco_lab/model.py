@@ -146,3 +146,14 @@ class ByteLlama(nn.Module):
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def mean_loss(model: nn.Module, batches, autocast_dtype=None) -> float:
+    """Mean next-byte cross-entropy of ``model`` over ``batches`` of ``(x, y)`` byte tensors on the model's device,
+    weighted by batch size; the forward passes run under ``torch.autocast`` to ``autocast_dtype`` (None: none)."""
+    total = count = 0
+    for x, y in batches:
+        with torch.autocast(x.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            total += float(model(x, y)) * x.shape[0]
+        count += x.shape[0]
+    return total / count

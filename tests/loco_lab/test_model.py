@@ -68,3 +68,13 @@ def test_the_larger_sizes_have_the_documented_parameter_counts():
     with torch.device("meta"):  # no memory: only the shapes count
         counts = {name: count_parameters(ByteLlama(SIZES[name])) for name in ("medium", "30m", "125m")}
     assert counts == {"medium": 10_818_432, "30m": 32_155_200, "125m": 116_430_720}
+
+
+def test_mean_loss_weights_each_batch_by_its_size():
+    from loco_lab.model import mean_loss
+    torch.manual_seed(0)
+    model = ByteLlama(TINY)
+    batches = [(torch.randint(0, VOCAB, (n, 16)), torch.randint(0, VOCAB, (n, 16))) for n in (1, 3)]
+    with torch.no_grad():
+        expected = (float(model(*batches[0])) + 3 * float(model(*batches[1]))) / 4
+        assert mean_loss(model, batches) == pytest.approx(expected, rel=1e-12)

@@ -2,10 +2,10 @@
 import json
 
 import pytest
-import torch
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.simulation.advise import Comparison, Probe, advise, judge
+from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
 WORLD, MICRO = 4, 4
 
@@ -47,20 +47,15 @@ def test_without_a_comparison_only_rho_below_one_is_accepted():
     assert not judge(Probe("plain2", None, 1.0, None, 0.1), None).accepted
 
 
+_loss = toy_loss
+
+
 def _model():
-    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    return toy_model(hidden=32)
 
 
 def _data():
-    gen = torch.Generator().manual_seed(3)
-    teacher = torch.randn(8, 1, generator=gen)
-    while True:
-        x = torch.randn(WORLD * MICRO, 8, generator=gen)
-        yield x, torch.sin(x @ teacher)
-
-
-def _loss(model, batch):
-    return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+    return toy_batches(WORLD * MICRO)
 
 
 def test_advise_end_to_end_gives_a_valid_block_with_its_evidence(tmp_path):

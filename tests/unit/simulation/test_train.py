@@ -3,25 +3,16 @@ import pytest
 import torch
 
 from deepspeed_loco.simulation import ArmResult, gradient_noise_scale, simulate
+from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
 WORLD, MICRO, STEPS = 4, 4, 30
 
 
-def _model():
-    return torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+_model, _loss = toy_model, toy_loss
 
 
 def _data():
-    gen = torch.Generator().manual_seed(3)
-    teacher = torch.randn(8, 1, generator=gen)
-    while True:
-        x = torch.randn(WORLD * MICRO, 8, generator=gen)
-        yield x, torch.sin(x @ teacher)
-
-
-def _loss(model, batch):
-    x, y = batch
-    return torch.nn.functional.mse_loss(model(x), y)
+    return toy_batches(WORLD * MICRO)
 
 
 def _run(arms, **kw):
