@@ -54,7 +54,8 @@ SERIES_WINDOW = 10  # per-step diagnostics are stored as means over windows of t
 SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "size": str, "micro_batch": int, "lr": float, "warmup": int, "group_size": int, "err_beta": float,
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
-    "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float
+    "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float,
+    "ef_from": int
 }
 
 
@@ -69,6 +70,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ef-hops", dest="ef_hops", default="all",
                    help="'all', or the hops (intra_node, inter_node; '+'-joined) whose error buffers carry over "
                         "steps (simulate's error_feedback_hops experiment)")
+    p.add_argument("--ef-from", dest="ef_from", type=int, default=1,
+                   help="LoCo arms: error feedback from this optimizer step on, plain qgZ before it "
+                        "(simulate's error_feedback_from_step experiment)")
     p.add_argument("--diagnostics", type=int, default=0, help="1: record the released share (LoCo arms)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16: forward/backward under autocast")
     p.add_argument("--eval-every", dest="eval_every", type=int, default=50)
@@ -163,7 +167,7 @@ def run_one(args) -> dict:
                           loss_fn=lambda model, batch: model(*batch), eval_fn=evaluate, eval_every=args.eval_every,
                           device=device, seed=args.seed, grad_clip=1.0, autocast_dtype=autocast,
                           error_feedback_hops=hops, diagnostics=bool(args.diagnostics),
-                          rank_chunk=args.rank_chunk or None)
+                          rank_chunk=args.rank_chunk or None, error_feedback_from_step=args.ef_from)
     kernels = kernels_for(device).__name__.rsplit(".", 1)[-1]
     record = {
         "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,
@@ -171,7 +175,7 @@ def run_one(args) -> dict:
                   "text": args.text or "bundled plays", "train_bytes": corpus.sizes()["train_bytes"],
                   "model": cfg.to_dict(), "nodes": args.nodes, "local": args.local, "micro_batch": args.micro_batch,
                   "lr": args.lr, "warmup": args.warmup, "dtype": args.dtype, "group_size": args.group_size,
-                  "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops,
+                  "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops, "ef_from": args.ef_from,
                   "quant_grid": args.quant_grid,
                   "eval_windows": args.eval_windows, "device": torch.cuda.get_device_name(device)
                   if device.type == "cuda" else "cpu", "kernels": kernels},

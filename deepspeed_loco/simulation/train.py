@@ -85,7 +85,7 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
              device: Union[str, torch.device] = "cpu", seed: int = 0, grad_clip: Optional[float] = None,
              autocast_dtype: Optional[torch.dtype] = None, grad_mode: str = "vmap",
              error_feedback_hops: Optional[Sequence[str]] = None, diagnostics: bool = False,
-             rank_chunk: Optional[int] = None,
+             rank_chunk: Optional[int] = None, error_feedback_from_step: int = 1,
              on_step: Optional[Callable[[ArmResult, int, float], None]] = None) -> List[ArmResult]:
     """Trains one replica per arm for ``steps`` optimizer steps and reports how each arm's reduce changed training.
 
@@ -102,7 +102,9 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
     statistics, random ops get a different draw per rank) or "loop" (one backward per rank, any model).
     ``error_feedback_hops``: an experiment, LoCo arms only: the hop names (``"intra_node"``, ``"inter_node"``)
     whose error buffers carry over steps; the others are zeroed after every reduce, which leaves that hop plain
-    qgZ. None: every hop (the library's behaviour). ``diagnostics``: also reduce every LoCo arm's gradients
+    qgZ. None: every hop (the library's behaviour). ``error_feedback_from_step``: an experiment, LoCo arms only:
+    before this optimizer step every buffer is zeroed after each reduce (plain qgZ), from it on error feedback
+    runs as configured (1: from the start, the library's behaviour). ``diagnostics``: also reduce every LoCo arm's gradients
     through plain qgZ to record ``released_fractions``. ``rank_chunk``: "vmap" mode computes the gradients of
     this many ranks per batched pass (default: all ``W`` at once), which bounds the activation memory of large
     ``W`` (memory plan: ``docs/simulation.md``). ``on_step(result, step, loss)``: progress.
@@ -113,6 +115,10 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
         raise ValueError(f"simulate: steps = {steps!r}, it must be >= 1")
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"simulate: grad_mode = {grad_mode!r}, it must be one of {GRAD_MODES}")
+    if isinstance(error_feedback_from_step, bool) or not isinstance(error_feedback_from_step, int) \
+            or error_feedback_from_step < 1:
+        raise ValueError(f"simulate: error_feedback_from_step = {error_feedback_from_step!r}, it must be an integer "
+                         f">= 1 (1: error feedback from the first step)")
     if rank_chunk is not None and (isinstance(rank_chunk, bool) or not isinstance(rank_chunk, int)
                                    or rank_chunk < 1):
         raise ValueError(f"simulate: rank_chunk = {rank_chunk!r}, it must be a positive integer or None (all ranks)")
@@ -134,7 +140,8 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
                 if unknown:
                     raise ValueError(f"simulate: error_feedback_hops {unknown} are not hops of this layout {known}")
             run = _ArmRun(arm, config, clusters, nodes * local, torch.device(device), grad_mode, autocast_dtype,
-                          loss_fn, error_feedback_hops if arm.kind == "loco" else None, rank_chunk)
+                          loss_fn, error_feedback_hops if arm.kind == "loco" else None, rank_chunk,
+                          error_feedback_from_step if arm.kind == "loco" else 1)
             results.append(run.train(model_fn, data_fn, steps, optimizer_fn, scheduler_fn, eval_fn, eval_every,
                                      seed, grad_clip, on_step))
         finally:
@@ -159,10 +166,12 @@ class _ArmRun:
     of a LoCo arm under ``diagnostics``."""
 
     def __init__(self, arm: Arm, config, clusters: List[SimulatedCluster], world: int, device: torch.device,
-                 grad_mode: str, autocast_dtype, loss_fn, error_feedback_hops, rank_chunk: Optional[int]):
+                 grad_mode: str, autocast_dtype, loss_fn, error_feedback_hops, rank_chunk: Optional[int],
+                 error_feedback_from_step: int):
         self.arm, self.config, self.clusters, self.world, self.device = arm, config, clusters, world, device
         self.grad_mode, self.autocast_dtype, self.loss_fn = grad_mode, autocast_dtype, loss_fn
         self.error_feedback_hops = error_feedback_hops
+        self.error_feedback_from_step = error_feedback_from_step
         self.rank_chunk = rank_chunk or world
 
     def train(self, model_fn, data_fn, steps, optimizer_fn, scheduler_fn, eval_fn, eval_every, seed, grad_clip,
@@ -188,8 +197,9 @@ class _ArmRun:
             exact = [g.sum(0) / self.world for g in stacked]
             spread = _grad_spread(stacked, exact)
             per_rank = [[g[rank] for g in stacked] for rank in range(self.world)]
-            comm = exact if not self.clusters else self._reduce(self.clusters[0], per_rank, names)
-            shadow = self._reduce(self.clusters[1], per_rank, names) if len(self.clusters) > 1 else None
+            comm = exact if not self.clusters else self._reduce(self.clusters[0], per_rank, names,
+                                                                self._kept_hops(step))
+            shadow = self._reduce(self.clusters[1], per_rank, names, None) if len(self.clusters) > 1 else None
             fidelity = self._fidelity(sums, comm, exact, shadow)  # before clipping scales the gradients in place
             for p, g in zip(params, comm):
                 p.grad = g.to(p.dtype)
@@ -247,12 +257,18 @@ class _ArmRun:
         model.zero_grad(set_to_none=True)
         return [torch.stack([g[i] for g in grads]) for i in range(len(named))], torch.stack(losses)
 
-    def _reduce(self, cluster: SimulatedCluster, per_rank, names) -> List[torch.Tensor]:
+    def _kept_hops(self, step: int) -> Optional[Sequence[str]]:
+        """The hops whose error buffers carry over after step ``step``'s reduce; None: every hop."""
+        return () if step < self.error_feedback_from_step else self.error_feedback_hops
+
+    @staticmethod
+    def _reduce(cluster: SimulatedCluster, per_rank, names, kept_hops: Optional[Sequence[str]]) -> List[torch.Tensor]:
+        """The communicated mean; afterwards the buffers of hops not in ``kept_hops`` (None: all kept) are zeroed."""
         mean = cluster.mean_gradients(per_rank, names)
-        if self.error_feedback_hops is not None and cluster is self.clusters[0]:
+        if kept_hops is not None:
             for state in cluster.states:
                 for _, hop, buffer in state.named_buffers():
-                    if hop not in self.error_feedback_hops:
+                    if hop not in kept_hops:
                         buffer.zero_()
         return mean
 

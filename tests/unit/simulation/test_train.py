@@ -169,3 +169,15 @@ def test_gradient_noise_scale_inverts_the_two_batch_norms():
     # noise swamps the signal: the ||G||^2 estimate is not positive
     assert gradient_noise_scale(ArmResult("full", "", 0, rank_grad_sq=[8.0], mean_grad_sq=[1.0], rank_batch=2,
                                           world_size=4)) is None
+
+
+def test_error_feedback_from_a_later_step_is_plain_qgz_until_then():
+    plain, loco = _run(["plain2", "loco2"])
+    never, = _run(["loco2"], error_feedback_from_step=STEPS + 1)
+    first, = _run(["loco2"], error_feedback_from_step=1)
+    late, = _run(["loco2"], error_feedback_from_step=11)
+    assert never.train_losses == plain.train_losses and first.train_losses == loco.train_losses
+    # plain qgZ for steps 1-10 (the loss of step 11 is computed before its reduce), LoCo's buffers from step 11 on
+    assert late.train_losses[:11] == plain.train_losses[:11] and late.train_losses != plain.train_losses
+    with pytest.raises(ValueError, match="error_feedback_from_step = 0"):
+        _run(["loco2"], error_feedback_from_step=0)
