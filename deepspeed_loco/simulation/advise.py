@@ -32,12 +32,14 @@ MIN_SEEDS = 3  # a 95% interval needs at least 2; 3 is the least that resolved a
 @dataclass
 class Probe:
     """One candidate's probe: ``rho`` (None if the noise scale could not be estimated), plain qgZ's mean per-step
-    error of the communicated mean, the gradient noise scale (samples), and the seconds one step of it took."""
+    error of the communicated mean, the gradient noise scale (samples), the seconds one training step took and
+    the seconds a run costs besides its steps (model, cluster and evaluation set-up)."""
     candidate: str
     rho: Optional[float]
     step_error: float
     noise_scale: Optional[float]
     seconds_per_step: float
+    seconds_per_run: float = 0.0
 
 
 @dataclass
@@ -162,8 +164,7 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
     comparisons, reasons, unresolved = [], [], []
     for probe in probes:  # fewest inter-node bits first: the first acceptable candidate is the answer
         left = budget_s - (time.monotonic() - started)
-        per_step = 3 * seeds * probe.seconds_per_step * 1.2  # full, plain, LoCo; LoCo's buffers cost a little more
-        affordable = min(max_steps, int(left / per_step)) if steps is None else steps
+        affordable = _affordable_steps(probe, left, seeds, max_steps) if steps is None else steps
         comparison = None
         if affordable >= MIN_STEPS:
             comparison = _compare(run, probe.candidate, affordable, seeds, on_progress)
@@ -249,11 +250,20 @@ def _probe(run: _Runner, candidate: str, steps: int) -> Probe:
     started = time.monotonic()
     (result, ) = run([candidate], steps, seed=0, evaluate=False)
     elapsed = time.monotonic() - started
+    step_s = result.wall_s / steps  # training only: no set-up, no evaluation
     noise = gradient_noise_scale(result, first_step=2)
     error = statistics.fmean(result.grad_rel_errors)
     batch = result.rank_batch * result.world_size
     rho = error**2 * (1 + noise / batch) / (noise / batch) if noise else None
-    return Probe(candidate, rho, error, noise, elapsed / steps)
+    return Probe(candidate, rho, error, noise, step_s, max(0.0, elapsed - result.wall_s))
+
+
+def _affordable_steps(probe: Probe, seconds: float, seeds: int, max_steps: int) -> int:
+    """Steps per run that a comparison (full, plain, LoCo over ``seeds`` seeds) can take within ``seconds``, at the
+    probe's cost per run and per step (LoCo's buffers and the evaluation counted as 20% more per step)."""
+    runs = 3 * seeds
+    per_run = seconds / runs - probe.seconds_per_run
+    return min(max_steps, int(per_run / (1.2 * probe.seconds_per_step))) if per_run > 0 else 0
 
 
 def _compare(run: _Runner, candidate: str, steps: int, seeds: int, on_progress) -> Comparison:
