@@ -90,7 +90,7 @@ def _record(spec: RunSpec, arm, seed: int, result: ArmResult, sizes: List[int]) 
         "validation": result.validation,
         "val_loss": result.final_val_loss,
         "step_time_s": result.wall_s / spec.steps,
-        "bytes_per_step": result.bytes_per_step if arm.kind != "full" else result.full_precision_bytes_per_step,
+        "bytes_per_step": result.bytes_per_step,
         "full_precision_bytes_per_step": result.full_precision_bytes_per_step,
         "error_buffer_bytes": buffers,
         "fidelity": {"grad_rel_error_mean": statistics.fmean(result.grad_rel_errors),
