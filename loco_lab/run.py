@@ -35,7 +35,7 @@ def describe(spec: RunSpec, engine: str = "deepspeed") -> str:
 def _data_line(spec: RunSpec) -> str:
     if spec.text is None:
         return f"train on {', '.join(TRAIN_PLAYS)}; validate on held-out {', '.join(VALIDATION_PLAYS)}"
-    corpus = load_corpus(spec.text)
+    corpus = load_corpus(spec.text, spec.model.seq_len)
     sizes = corpus.sizes()
     return (f"{spec.text}: train on {len(corpus.train_plays)} text(s), {sizes['train_bytes'] / 1e6:.2f} MB; validate "
             f"on held-out {', '.join(corpus.validation_plays)}, {sizes['validation_bytes'] / 1e6:.2f} MB")

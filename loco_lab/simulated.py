@@ -21,7 +21,7 @@ def run_simulated(spec: RunSpec, seeds: Sequence[int],
     """Every arm of ``spec`` for every seed; one result record per (seed, arm), seeds in order.
 
     ``on_step(label, seed, step, loss)`` reports progress."""
-    corpus = load_corpus(spec.text)
+    corpus = load_corpus(spec.text, spec.model.seq_len)
     device = torch.device(spec.device)
     sizes = [p.numel() for p in ByteLlama(spec.model).parameters()]
     records = []
