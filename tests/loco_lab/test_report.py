@@ -94,5 +94,5 @@ def test_cli_flags_to_spec():
     assert args.seeds == [4, 5] and args.engine == "deepspeed"
     defaults = parser.parse_args(["demo"])
     assert defaults.seeds == [0, 1, 2] and defaults.engine == "simulated"
-    with pytest.raises(SystemExit):
+    with pytest.raises(ValueError, match="--dim 30 must be a multiple of --heads 4"):
         cli.spec_from_args(parser.parse_args(["demo", "--dim", "30", "--heads", "4"]))
