@@ -83,13 +83,17 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
 
     ``model_fn()``: a fresh model (called under ``torch.manual_seed(seed)``, so every arm starts alike).
     ``data_fn()``: a fresh iterator of global batches (a tensor or a tuple of tensors whose dim 0 is split into
-    ``nodes * local`` equal micro-batches), the same sequence for every arm. ``arms``: e.g. ``"full"``,
-    ``"plain4"``, ``"loco8-2h"`` (:data:`~deepspeed_loco.simulation.arms.GRAMMAR`). ``loco``: the other keys of
-    ``zeropp_loco_param`` (``group_size``, ``err_beta``, ``reset_T``, ``error_bits``, ``quant_grid``).
+    ``nodes * local`` equal micro-batches), the same sequence for every arm, at least ``steps`` long. ``arms``: a
+    non-empty list of distinct arms, e.g. ``"full"``, ``"plain4"``, ``"loco8-2h"``
+    (:data:`~deepspeed_loco.simulation.arms.GRAMMAR`). ``steps``, ``nodes``, ``local``: integers >= 1; ``seed``:
+    >= 0. ``loco``: the other keys of ``zeropp_loco_param`` (``group_size``, ``err_beta``, ``reset_T``,
+    ``error_bits``, ``quant_grid``); not ``local_world_size`` (that is ``local``) nor the keys each arm's name sets
+    (bits per hop, ``hadamard``, ``error_feedback``).
     ``optimizer_fn`` (default AdamW, lr 1e-3) and ``scheduler_fn`` (stepped once per step) build the optimizer.
     ``loss_fn(model, batch)``: the scalar loss of one micro-batch. ``eval_fn(model) -> float`` runs every
-    ``eval_every`` steps and after the last. ``grad_clip``: clip the communicated mean's global norm.
-    ``autocast_dtype``: forward/backward under ``torch.autocast``. ``grad_mode``: "vmap" (one batched pass over
+    ``eval_every`` steps (0: only after the last; > 0 needs ``eval_fn``) and after the last. ``grad_clip``: None,
+    or clip the communicated mean's global norm to this number > 0. ``device``: one torch can use here.
+    ``autocast_dtype``: None, or forward/backward under ``torch.autocast`` in ``torch.bfloat16``/``torch.float16``. ``grad_mode``: "vmap" (one batched pass over
     the ``W`` micro-batches; the model must be functional: no in-place buffer updates such as batch norm's running
     statistics, random ops get a different draw per rank) or "loop" (one backward per rank, any model).
     ``error_feedback_hops``: an experiment, LoCo arms only: the hop names (``"intra_node"``, ``"inter_node"``)
