@@ -118,9 +118,8 @@ def spec_from_args(args) -> "RunSpec":  # noqa: F821
         arms = parse_arms(args.arms, args.bits)
     except ValueError as err:
         raise ValueError(f"--arms: {err}") from None
-    if args.text:
-        from loco_lab.data import load_corpus
-        load_corpus(args.text, model.seq_len)  # too little text says how much it needs, before anything starts
+    from loco_lab.data import load_corpus
+    load_corpus(args.text, model.seq_len)  # too little text for the context says how much it needs, up front
     device = resolve_device(args.device, 1 if args.engine == "simulated" else args.nodes * args.local)
     backend = resolve_backend(args.backend, device, args.nodes * args.local)
     dtype = args.dtype if args.dtype != "auto" else ("bf16" if device == "cuda" else "fp32")

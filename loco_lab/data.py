@@ -82,12 +82,7 @@ class ByteCorpus:
             read = lambda names: SEPARATOR.join(open(os.path.join(path, f), "rb").read() for f in names)  # noqa
             train, validation = read(f for f in files if f not in held), read(held)
             names = tuple(f for f in files if f not in held), tuple(held)
-            need_train, need_validation = bytes_needed(seq_len)
-            if len(train) < need_train or len(validation) < need_validation:
-                raise ValueError(f"--text {path}: too little text for a context of {seq_len} bytes: the training "
-                                 f"files hold {len(train)} bytes and the held-out {', '.join(held)} {len(validation)}; "
-                                 f"they need at least {need_train} and {need_validation} (one window of context + 1 "
-                                 f"bytes each)")
+            _check_parts(f"--text {path}", f"the held-out {', '.join(held)}", len(train), len(validation), seq_len)
         elif os.path.isfile(path):
             text = open(path, "rb").read()
             need = file_bytes_needed(seq_len, validation_share)
@@ -133,8 +128,23 @@ class ByteCorpus:
 
 def load_corpus(text: Optional[str], seq_len: int) -> ByteCorpus:
     """The bundled plays, or with ``text`` (a file or a folder of ``.txt`` files) the user's own text, for a
-    context of ``seq_len`` bytes (:meth:`ByteCorpus.from_path` says what it raises)."""
-    return ByteCorpus.from_path(text, seq_len) if text else ByteCorpus()
+    context of ``seq_len`` bytes (:meth:`ByteCorpus.from_path` says what it raises; a context longer than the
+    bundled plays allow is a ValueError too)."""
+    if text:
+        return ByteCorpus.from_path(text, seq_len)
+    corpus = ByteCorpus()
+    _check_parts("the bundled plays", f"the held-out {', '.join(VALIDATION_PLAYS)}", corpus.train.numel(),
+                 corpus.validation.numel(), seq_len)
+    return corpus
+
+
+def _check_parts(source: str, held_out: str, train: int, validation: int, seq_len: int) -> None:
+    """Raises ValueError unless ``train`` and ``validation`` bytes of ``source`` are :func:`bytes_needed`."""
+    need_train, need_validation = bytes_needed(seq_len)
+    if train < need_train or validation < need_validation:
+        raise ValueError(f"{source}: too little text for a context of {seq_len} bytes: the training part holds {train} "
+                         f"bytes and {held_out} {validation}; they need at least {need_train} and {need_validation} "
+                         f"(one window of context + 1 bytes each)")
 
 
 def _windows(data: torch.Tensor, starts: torch.Tensor, seq_len: int) -> Tuple[torch.Tensor, torch.Tensor]:

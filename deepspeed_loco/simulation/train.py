@@ -37,7 +37,8 @@ class ArmResult:
     communicated mean is nonzero while plain qgZ with the same bits would have sent zero for the same gradients,
     i.e. nonzero only because of the remembered error. ``bytes_per_step``: what one rank sends per step on all
     hops; ``full`` sends a fp32 reduce-scatter, so its ``bytes_per_step`` is ``full_precision_bytes_per_step``,
-    ``(W - 1) / W * N * 4`` (a ratio of 1.0). ``loco``: the ``zeropp_loco_param`` block the arm ran with (None for ``full``).
+    ``(W - 1) / W * N * 4`` (a ratio of 1.0). ``loco``: the ``zeropp_loco_param`` block the arm ran with (None for
+    ``full``).
     """
     key: str
     label: str
@@ -93,9 +94,10 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
     ``loss_fn(model, batch)``: the scalar loss of one micro-batch. ``eval_fn(model) -> float`` runs every
     ``eval_every`` steps (0: only after the last; > 0 needs ``eval_fn``) and after the last. ``grad_clip``: None,
     or clip the communicated mean's global norm to this number > 0. ``device``: one torch can use here.
-    ``autocast_dtype``: None, or forward/backward under ``torch.autocast`` in ``torch.bfloat16``/``torch.float16``. ``grad_mode``: "vmap" (one batched pass over
-    the ``W`` micro-batches; the model must be functional: no in-place buffer updates such as batch norm's running
-    statistics, random ops get a different draw per rank) or "loop" (one backward per rank, any model).
+    ``autocast_dtype``: None, or forward/backward under ``torch.autocast`` in ``torch.bfloat16``/``torch.float16``.
+    ``grad_mode``: "vmap" (one batched pass over the ``W`` micro-batches; the model must be functional: no in-place
+    buffer updates such as batch norm's running statistics, random ops get a different draw per rank) or "loop"
+    (one backward per rank, any model).
     ``error_feedback_hops``: an experiment, LoCo arms only: the hop names (``"intra_node"``, ``"inter_node"``)
     whose error buffers carry over steps; the others are zeroed after every reduce, which leaves that hop plain
     qgZ. None: every hop (the library's behaviour). ``diagnostics``: also reduce every LoCo arm's gradients

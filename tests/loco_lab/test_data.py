@@ -97,6 +97,8 @@ def test_a_text_file_too_short_for_the_context_says_how_many_bytes_it_needs(tmp_
 def test_a_folder_too_short_for_the_context_says_how_many_bytes_it_needs(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"a" * 100)
     (tmp_path / "macbeth.txt").write_bytes(b"")
-    with pytest.raises(ValueError, match=r"too little text for a context of 64 bytes: the training files hold 100 "
+    with pytest.raises(ValueError, match=r"too little text for a context of 64 bytes: the training part holds 100 "
                                          r"bytes and the held-out macbeth.txt 0; they need at least 66 and 65"):
         data.load_corpus(str(tmp_path), 64)
+    with pytest.raises(ValueError, match=r"the bundled plays: too little text for a context of 10000000 bytes"):
+        data.load_corpus(None, 10_000_000)
