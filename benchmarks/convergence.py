@@ -103,7 +103,10 @@ def run_all(args) -> None:
         arms = parse_arms(args.arms, 4)
     except ValueError as err:
         raise SystemExit(f"--arms: {err}")
-    spec = base_spec(args)
+    try:
+        spec = base_spec(args)
+    except ValueError as err:  # --device / --backend this host cannot run
+        raise SystemExit(str(err))
     gpus = gpu_count() if spec.device == "cuda" else 0
     os.makedirs(args.out, exist_ok=True)
     runs_path = os.path.join(args.out, "runs.jsonl")

@@ -134,7 +134,7 @@ def run_one(args) -> dict:
     cfg = SIZES[args.size]
     device = torch.device(args.device)
     world = args.nodes * args.local
-    corpus = load_corpus(args.text)
+    corpus = load_corpus(args.text, cfg.seq_len)
     global_batch = args.micro_batch * world
 
     def batches():

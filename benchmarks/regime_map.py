@@ -148,8 +148,8 @@ def markdown(rows, bursts, repeats, regimes) -> str:
             regime, r["bits"], noise, f"{r['plain_step_error']:.3f}", f"{r['rho']:.2f}" if r["rho"] else "-",
             f"{r['plain_sum_error']:.3f} / {loco_sum}", _diff(r["plain_minus_full"]), _diff(r["loco_minus_plain"]),
             _diff(r["loco_minus_full"])]) + " |")
-    lines += ["", "LoCo's early burst (largest 10-step mean of the per-step error in steps 1-100, LoCo over plain at the "
-              "same bits and seed) beside that seed's LoCo - plain:", "",
+    lines += ["", "LoCo's early burst (largest 10-step mean of the per-step error in steps 1-100, LoCo over plain "
+              "at the same bits and seed) beside that seed's LoCo - plain:", "",
               "| regime | arm | seed | burst | LoCo - plain |", "|---|---|---|---|---|"]
     lines += [f"| {b['tag']} | {b['arm']} | {b['seed']} | {b['burst']:.2f} | {b['loco_minus_plain']:+.4f} |"
               for b in sorted(bursts, key=lambda b: -b["burst"])]

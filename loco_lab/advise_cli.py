@@ -39,7 +39,7 @@ def run(args) -> int:
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")
     cfg = SIZES[args.model_size]
-    corpus = load_corpus(args.text)
+    corpus = load_corpus(args.text, cfg.seq_len)
     global_batch = args.micro_batch * args.nodes * args.local
 
     def batches():

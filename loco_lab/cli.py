@@ -9,6 +9,8 @@ ZeRO-3 worker processes instead (gloo on CPU; NCCL with a GPU per rank; with few
 """
 import argparse
 import dataclasses
+import math
+import os
 import sys
 from typing import List, Optional
 
@@ -16,6 +18,8 @@ from loco_lab import advise_cli
 
 DEFAULT_STEPS = 60  # x 3 arms x 3 seeds: under 10 minutes on 2 CPU cores
 DEFAULT_OUT = "loco_demo_out"
+AT_LEAST_ONE = ("steps", "layers", "dim", "heads", "seq_len", "micro_batch", "nodes", "local", "eval_every",
+                "eval_windows")  # integer flags (dest names); None: not given
 
 
 def _demo_parser(sub) -> argparse.ArgumentParser:
@@ -76,7 +80,7 @@ def resolve_device(requested: str, world_size: int) -> str:
     from loco_lab.launcher import gpu_count
     gpus = gpu_count()
     if requested == "cuda" and gpus == 0:
-        raise SystemExit("--device cuda: no CUDA GPU on this host (use --device cpu)")
+        raise ValueError("--device cuda: no CUDA GPU on this host (use --device cpu)")
     if requested == "auto":
         return "cuda" if gpus >= world_size else "cpu"
     return requested
@@ -87,45 +91,75 @@ def resolve_backend(requested: str, device: str, world_size: int) -> str:
     from loco_lab.launcher import gpu_count
     if device == "cpu":
         if requested == "nccl":
-            raise SystemExit("--backend nccl needs CUDA tensors: use --device cuda, or --backend gloo/auto")
+            raise ValueError("--backend nccl needs CUDA tensors: use --device cuda, or --backend gloo/auto")
         return "gloo"
     gpus = gpu_count()
     if requested == "auto":
         return "nccl" if gpus >= world_size else "gloo"
     if requested == "nccl" and gpus < world_size:
-        raise SystemExit(f"--backend nccl: NCCL refuses two ranks on one GPU, and {world_size} ranks share {gpus} "
+        raise ValueError(f"--backend nccl: NCCL refuses two ranks on one GPU, and {world_size} ranks share {gpus} "
                          f"GPU(s) here; use --backend gloo (or auto), or lower --nodes/--local")
     return requested
 
 
 def spec_from_args(args) -> "RunSpec":  # noqa: F821
+    """The demo's ``RunSpec`` from its flags, every flag checked first (:func:`check_flags`).
+
+    Raises ValueError (FileNotFoundError for a missing ``--text``) naming the flag and what is valid.
+    """
     from loco_lab.arms import RunSpec, parse_arms
     from loco_lab.model import SIZES
+    check_flags(args)
     model = SIZES[args.model_size]
     overrides = {k: getattr(args, a) for k, a in (("layers", "layers"), ("dim", "dim"), ("heads", "heads"),
                                                   ("seq_len", "seq_len")) if getattr(args, a) is not None}
     model = dataclasses.replace(model, **overrides)
     if model.dim % model.heads or (model.dim // model.heads) % 2:
-        raise SystemExit(f"--dim {model.dim} must be a multiple of --heads {model.heads} with an even head size")
-    if args.nodes < 1 or args.local < 1:
-        raise SystemExit("--nodes and --local must be at least 1")
-    if args.steps < 1:
-        raise SystemExit("--steps must be at least 1")
+        raise ValueError(f"--dim {model.dim} must be a multiple of --heads {model.heads} with an even head size")
     try:
         arms = parse_arms(args.arms, args.bits)
     except ValueError as err:
-        raise SystemExit(f"--arms: {err}")
+        raise ValueError(f"--arms: {err}") from None
+    from loco_lab.data import load_corpus
+    load_corpus(args.text, model.seq_len)  # too little text for the context says how much it needs, up front
     device = resolve_device(args.device, 1 if args.engine == "simulated" else args.nodes * args.local)
     backend = resolve_backend(args.backend, device, args.nodes * args.local)
     dtype = args.dtype if args.dtype != "auto" else ("bf16" if device == "cuda" else "fp32")
     return RunSpec(model=model, arms=arms, steps=args.steps, micro_batch=args.micro_batch, lr=args.lr,
                    warmup=max(1, args.steps // 10), group_size=args.group_size, err_beta=args.err_beta,
                    nodes=args.nodes, local=args.local, device=device, backend=backend, dtype=dtype,
-                   eval_every=max(1, min(args.eval_every, args.steps)), eval_windows=args.eval_windows,
+                   eval_every=min(args.eval_every, args.steps), eval_windows=args.eval_windows,
                    out_dir=args.out, fidelity=not args.no_fidelity, text=args.text, quant_grid=args.quant_grid)
 
 
+def check_flags(args) -> None:
+    """The demo flags argparse cannot check by type or choices; raises ValueError naming the first bad one."""
+    from deepspeed_loco.config import LocoConfig, LocoConfigError
+    for name in AT_LEAST_ONE:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {value} is invalid: it must be an integer >= 1")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise ValueError(f"--lr {args.lr} is invalid: it must be a number > 0 (the peak learning rate)")
+    for flag, key in (("--group-size", "group_size"), ("--err-beta", "err_beta")):
+        try:
+            LocoConfig(**{key: getattr(args, key)})
+        except LocoConfigError as err:
+            raise ValueError(f"{flag}: {err}") from None
+    negative = [seed for seed in args.seeds if seed < 0]
+    twice = sorted({seed for seed in args.seeds if args.seeds.count(seed) > 1})
+    if negative or twice:
+        raise ValueError(f"--seeds {' '.join(map(str, args.seeds))} is invalid: seeds must be integers >= 0, each "
+                         f"given once (each seed is one paired run of every arm)")
+    if args.dtype == "fp16" and args.engine == "simulated":
+        raise ValueError("--dtype fp16 is invalid with --engine simulated: it trains in fp32 or bf16 (autocast, "
+                         "no loss scaling); use --dtype fp32/bf16/auto, or --engine deepspeed for fp16")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out} is a file: it must be a directory (made when missing)")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    """Runs a command; a bad flag prints one line, ``<prog> demo: error: <what is wrong>``, and returns 2."""
     parser = argparse.ArgumentParser(prog="python3 -m loco_lab.cli", description="the deepspeed-loco demo app")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _demo_parser(sub)
@@ -139,7 +173,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command == "demo":
         from loco_lab.launcher import LaunchError
         from loco_lab.run import run_demo
-        spec = spec_from_args(args)
+        try:
+            spec = spec_from_args(args)
+        except (ValueError, FileNotFoundError) as err:
+            print(f"{parser.prog} demo: error: {err}", file=sys.stderr)
+            return 2
         try:
             run_demo(spec, seeds=args.seeds, engine=args.engine, progress=not args.no_progress)
         except LaunchError as err:

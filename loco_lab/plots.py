@@ -20,11 +20,12 @@ class Series:
 @dataclass
 class Panel:
     """One plot: its curves; ``ylim`` ``(low, high)`` zooms the y axis (plus 5% margins), None shows every point
-    of every curve."""
+    of every curve; ``xlim`` the same for the x axis (plus 2% margins, so end markers stay whole)."""
     title: str
     xlabel: str
     series: List[Series] = field(default_factory=list)
     ylim: Optional[Tuple[float, float]] = None
+    xlim: Optional[Tuple[float, float]] = None
 
 
 def line_chart(panels: Sequence[Panel], title: str = "", panel_size: Tuple[int, int] = (560, 400)) -> bytes:
@@ -48,6 +49,10 @@ def line_chart(panels: Sequence[Panel], title: str = "", panel_size: Tuple[int, 
             low, high = panel.ylim
             pad = 0.05 * (high - low)  # the zoom's own extremes stay inside the frame
             ax.set_ylim(low - pad, high + pad)
+        if panel.xlim is not None and panel.xlim[0] < panel.xlim[1]:
+            low, high = panel.xlim
+            pad = 0.02 * (high - low)
+            ax.set_xlim(low - pad, high + pad)
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel(panel.xlabel)
         ax.grid(True, color="0.9")

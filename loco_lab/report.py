@@ -38,9 +38,9 @@ def _fmt_err(value: Optional[float]) -> str:
     return f"{value:.1e}" if value < 1e-3 else f"{value:.4f}"
 
 
-COLUMNS = {  # every column of the demo's table, explained (printed under it)
+COLUMNS = {  # every column of the demo's table, explained (printed under it; column_notes fills in the braces)
     "arm": "how gradients were reduced: full precision, plain qgZ (quantized, no error feedback) or qgZ + LoCo",
-    "val loss": "next-byte cross-entropy on the held-out plays after the last step: mean +- sd over seeds",
+    "val loss": "next-byte cross-entropy on {held_out} after the last step: mean +- sd over seeds",
     "train loss": "training loss over the last 10% of steps: mean +- sd over seeds",
     "bytes/step/rank": "gradient bytes one rank sends per optimizer step, both hops, values and scales",
     "vs full": "those bytes over what a full-precision (fp32) reduce-scatter sends",
@@ -48,7 +48,13 @@ COLUMNS = {  # every column of the demo's table, explained (printed under it)
     "grad rel. err": "||communicated mean - exact mean|| / ||exact mean||, averaged over steps",
     "running-sum rel. err": "the same for the sums of all communicated and all exact gradients so far, after the "
                             "last step: the bias error feedback removes",
-    "step time": "wall time per optimizer step of the whole simulated cluster on this machine",
+    "median step time": "{step_time}; the median over seeds",
+}
+STEP_TIMES = {  # what "median step time" measured, by engine
+    "simulated": "wall time per optimizer step of all W virtual ranks together, simulated in one process on this "
+                 "machine (training time / steps, evaluation excluded)",
+    "deepspeed": "wall time per optimizer step of the slowest of the W DeepSpeed worker processes, which share this "
+                 "machine (median over steps)",
 }
 
 
@@ -86,8 +92,11 @@ def table_rows(results: Sequence[dict]) -> List[List[str]]:
     return rows
 
 
-def column_notes() -> List[str]:
-    return [f"  {name}: {meaning}" for name, meaning in COLUMNS.items()]
+def column_notes(held_out: str = "the held-out plays", engine: str = "simulated") -> List[str]:
+    """One line per column of ``COLUMNS``: ``held_out`` names the validation text (e.g. ``"the held-out plays"``,
+    ``"the last 10% of mine.txt"``), ``engine`` ("simulated" or "deepspeed") what the step time measured."""
+    return [f"  {name}: {meaning.format(held_out=held_out, step_time=STEP_TIMES[engine])}"
+            for name, meaning in COLUMNS.items()]
 
 
 def _mean(values) -> Optional[float]:
@@ -151,11 +160,19 @@ def summary_lines(results: Sequence[dict]) -> List[str]:
                   (loco[s].get("fidelity") or {}).get("sum_rel_error_final", 1) for s in seeds
                   if (loco[s].get("fidelity") or {}).get("sum_rel_error_final")]
         if ratios:
-            lines.append(f"  running-sum error of the communicated gradients: LoCo's is {min(ratios):.1f}-"
-                         f"{max(ratios):.1f}x smaller than plain qgZ's on every seed (the bias error feedback "
-                         f"removes)" if min(ratios) > 1 else
+            lines.append(f"  running-sum error of the communicated gradients: LoCo's is {_span(ratios)}x smaller "
+                         f"than plain qgZ's on every seed (the bias error feedback removes)" if min(ratios) > 1 else
                          f"  running-sum error: LoCo / plain ratios {', '.join(f'{1 / r:.2f}' for r in ratios)}")
+    if max(len(runs) for runs in groups.values()) < 2:
+        lines.append("one seed: every figure above is a single run; comparing arms needs two or more seeds "
+                     "(e.g. --seeds 0 1 2), which give the 95% intervals")
     return lines
+
+
+def _span(values: Sequence[float]) -> str:
+    """``"1.8"`` when the values agree to one decimal, else ``"1.6-2.1"``."""
+    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+    return low if low == high else f"{low}-{high}"
 
 
 def _verdict(diffs: Sequence[float], subject: str) -> str:
@@ -173,11 +190,18 @@ def _verdict(diffs: Sequence[float], subject: str) -> str:
     return text + ": no measurable difference at this size and length (the interval contains 0)"
 
 
-def ema(values: Sequence[float], decay: float = 0.9) -> List[float]:
-    out, acc = [], None
-    for i, v in enumerate(values):
-        acc = v if acc is None else decay * acc + (1 - decay) * v
-        out.append(acc / 1.0)
+def ema(values: Sequence[float], decay: Optional[float] = None) -> List[float]:
+    """The bias-corrected exponential moving average: ``out[t]`` is the mean of ``values[:t + 1]`` weighted by
+    ``decay ** age`` (so a constant series gives the constant back, and the start does not lag towards 0 or the
+    first value). ``decay`` None: ``1 - 1 / window`` with a window of 10% of the series (at least 1 value, no
+    smoothing), the share of steps the table's train loss averages, so short runs lag by a step or less."""
+    if decay is None:
+        decay = 1 - 1 / max(1.0, len(values) / 10)
+    out, acc, weight = [], 0.0, 0.0
+    for v in values:
+        acc = decay * acc + (1 - decay) * v
+        weight = decay * weight + (1 - decay)
+        out.append(acc / weight)
     return out
 
 
@@ -193,8 +217,13 @@ def arm_color(arm: Arm) -> Color:
 
 
 def plot(results: Sequence[dict], title: str = "") -> bytes:
-    """PNG bytes: per arm, the seed mean of the train loss (EMA), of the validation loss (every point, then zoomed
-    on the second half) and of the running-sum gradient error."""
+    """PNG bytes of :func:`loss_panels`."""
+    return line_chart(loss_panels(results), title=title)
+
+
+def loss_panels(results: Sequence[dict]) -> List[Panel]:
+    """Per arm, the seed mean of the train loss (:func:`ema`), of the validation loss (every point, then the second
+    half zoomed, its x axis from its first point) and of the running-sum gradient error."""
     train, val, err = [], [], []
     skip = 0
     for key, runs in _by_arm(results).items():
@@ -214,15 +243,18 @@ def plot(results: Sequence[dict], title: str = "") -> bytes:
     early = [y for s in train for x, y in s.points if x == max(1, (len(s.points) * 3) // 10)]
     if ylim and early:  # show the part where the arms can differ, not the first drop from ln(256)
         ylim = (ylim[0], min(ylim[1], max(early)))
-    panels = [Panel("train loss (seed mean, EMA 0.9, zoomed past the first drop)", "step", train, ylim),
-              Panel("validation loss, held-out plays (seed mean, every point)", "step", val)]
+    panels = [Panel("train loss (seed mean, EMA over 10% of the steps, zoomed past the first drop)", "step", train,
+                    ylim),
+              Panel("validation loss, held-out text (seed mean, every point)", "step", val)]
     last = max((x for series in val for x, _ in series.points), default=0)
-    late = [y for series in val for x, y in series.points if x >= last / 2]
+    late = [(x, y) for series in val for x, y in series.points if x >= last / 2]
     if len(late) > 1:  # the same curves again, zoomed on the second half where the arms differ
-        panels.append(Panel("validation loss, second half (zoom)", "step", val, (min(late), max(late))))
+        ys = [y for _, y in late]
+        panels.append(Panel("validation loss, second half (zoom)", "step", val, (min(ys), max(ys)),
+                            xlim=(min(x for x, _ in late), last)))
     if err:
         panels.append(Panel("running-sum grad rel. error (seed mean)", "step", err))
-    return line_chart(panels, title=title)
+    return panels
 
 
 def median(values: Sequence[float]) -> float:

@@ -1,6 +1,7 @@
 """Runs the demo: every arm for every seed, on the simulated cluster (default) or through real DeepSpeed ZeRO-3
 worker processes, with a progress bar; then prints and writes the table, what it says, results.json and the PNG."""
 import json
+import logging
 import os
 import sys
 import time
@@ -35,23 +36,52 @@ def describe(spec: RunSpec, engine: str = "deepspeed") -> str:
 def _data_line(spec: RunSpec) -> str:
     if spec.text is None:
         return f"train on {', '.join(TRAIN_PLAYS)}; validate on held-out {', '.join(VALIDATION_PLAYS)}"
-    corpus = load_corpus(spec.text)
+    corpus = load_corpus(spec.text, spec.model.seq_len)
     sizes = corpus.sizes()
     return (f"{spec.text}: train on {len(corpus.train_plays)} text(s), {sizes['train_bytes'] / 1e6:.2f} MB; validate "
             f"on held-out {', '.join(corpus.validation_plays)}, {sizes['validation_bytes'] / 1e6:.2f} MB")
 
 
+def _held_out(spec: RunSpec) -> str:
+    """The validation text in words: "the held-out plays", "the held-out mine.txt (last 10%)"."""
+    if spec.text is None:
+        return "the held-out plays"
+    return "the held-out " + ", ".join(load_corpus(spec.text, spec.model.seq_len).validation_plays)
+
+
+class _BarLog(logging.Handler):
+    """Stands in for the ``deepspeed_loco`` logger's console handler while a bar is open: the same format, filters
+    and stream, written through ``tqdm.write`` so that a line never lands inside the bar."""
+
+    def __init__(self, bar, console: logging.StreamHandler):
+        super().__init__(console.level)
+        self.bar, self.stream = bar, console.stream
+        self.setFormatter(console.formatter)
+        for log_filter in console.filters:
+            self.addFilter(log_filter)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.bar.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
 class _Progress:
-    """tqdm bar over all arms' steps in the launcher process, plus LoCo's own log lines (each once)."""
+    """tqdm bar over all arms' steps in the launcher process, plus LoCo's own log lines (each once); while the bar
+    is open, the ``deepspeed_loco`` logger prints through it (:class:`_BarLog`)."""
 
     def __init__(self, spec: RunSpec, runs: int, enabled: bool = True):
+        from deepspeed_loco.utils.logging import HANDLER_NAME, logger
         self.spec = spec
         self.seen = set()
         self.bar = None
+        self.logger, self.handlers = logger, list(logger.handlers)
         if enabled:
             from tqdm import tqdm
             self.bar = tqdm(total=runs * spec.steps, unit="step", dynamic_ncols=True, desc="starting",
                             file=sys.stdout)
+            logger.handlers = [_BarLog(self.bar, h) if h.get_name() == HANDLER_NAME else h for h in self.handlers]
         self.current = -1
 
     def __call__(self, message) -> None:
@@ -88,8 +118,10 @@ class _Progress:
             print(text, flush=True)
 
     def close(self) -> None:
+        """Closes the bar and gives the logger its handlers back."""
         if self.bar is not None:
             self.bar.close()
+        self.logger.handlers = self.handlers
 
 
 def run_demo(spec: RunSpec, seeds: Sequence[int] = (0, ), engine: str = "simulated", progress: bool = True,
@@ -113,8 +145,9 @@ def run_demo(spec: RunSpec, seeds: Sequence[int] = (0, ), engine: str = "simulat
     rows = table_rows(results)
     lines = summary_lines(results)
     print()
+    notes = column_notes(_held_out(spec), engine)
     print(format_table(rows))
-    print("\n".join(["", "columns:"] + column_notes() + [""] + lines))
+    print("\n".join(["", "columns:"] + notes + [""] + lines))
     png_path = os.path.join(spec.out_dir, "loss_curves.png")
     m = spec.model
     title = title or (f"LoCo demo: {m.layers}x{m.dim} byte LM, {spec.nodes}x{spec.local} ranks, {spec.steps} steps, "
@@ -123,7 +156,7 @@ def run_demo(spec: RunSpec, seeds: Sequence[int] = (0, ), engine: str = "simulat
         f.write(plot(results, title=title))
     with open(os.path.join(spec.out_dir, "table.md"), "w") as f:
         f.write(describe(spec, engine) + "\n\n" + format_table(rows, markdown=True) + "\n\n" +
-                "\n".join(column_notes() + [""] + lines) + "\n")
+                "\n".join(notes + [""] + lines) + "\n")
     with open(os.path.join(spec.out_dir, "results.json"), "w") as f:
         json.dump({"spec": _spec_dict(spec), "engine": engine, "seeds": list(seeds), "wall_s": wall, "arms": results},
                   f, indent=1)

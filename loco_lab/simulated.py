@@ -21,7 +21,7 @@ def run_simulated(spec: RunSpec, seeds: Sequence[int],
     """Every arm of ``spec`` for every seed; one result record per (seed, arm), seeds in order.
 
     ``on_step(label, seed, step, loss)`` reports progress."""
-    corpus = load_corpus(spec.text)
+    corpus = load_corpus(spec.text, spec.model.seq_len)
     device = torch.device(spec.device)
     sizes = [p.numel() for p in ByteLlama(spec.model).parameters()]
     records = []
@@ -90,7 +90,7 @@ def _record(spec: RunSpec, arm, seed: int, result: ArmResult, sizes: List[int]) 
         "validation": result.validation,
         "val_loss": result.final_val_loss,
         "step_time_s": result.wall_s / spec.steps,
-        "bytes_per_step": result.bytes_per_step if arm.kind != "full" else result.full_precision_bytes_per_step,
+        "bytes_per_step": result.bytes_per_step,
         "full_precision_bytes_per_step": result.full_precision_bytes_per_step,
         "error_buffer_bytes": buffers,
         "fidelity": {"grad_rel_error_mean": statistics.fmean(result.grad_rel_errors),

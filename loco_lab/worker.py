@@ -101,7 +101,7 @@ def _run(rank: int, spec, queue) -> None:
     _note(f"process group up: rank {rank} of {world} ({spec.backend}, {where})")
     if world != spec.world_size:
         raise RuntimeError(f"world size {world} != {spec.nodes} nodes x {spec.local} ranks")
-    corpus = load_corpus(spec.text)
+    corpus = load_corpus(spec.text, spec.model.seq_len)
     for index, arm in enumerate(spec.arms):
         _note(f"arm {index}: {arm.label}, seed {arm.seed}")
         result = train_arm(spec, arm, index, corpus, rank, world, queue)

@@ -81,8 +81,8 @@ class Advice:
             cells = [_diff(getattr(c, name) if c else None)
                      for name in ("plain_minus_full", "loco_minus_plain", "loco_minus_full")]
             rho = f"{probe.rho:.2f}" if probe.rho is not None else "-"
-            lines.append(f"| {arm.variant} | {_bytes(arm, self.group_size)} | {rho} | {probe.step_error:.3f} | " + " | ".join(cells) +
-                         " |")
+            lines.append(f"| {arm.variant} | {_bytes(arm, self.group_size)} | {rho} | {probe.step_error:.3f} | "
+                         + " | ".join(cells) + " |")
         lines += [
             "", "rho: power of plain qgZ's quantization error in the communicated mean gradient over the power of the "
             "gradient's sampling noise at the step's batch (from the probe); below 1 the quantization hides in the "

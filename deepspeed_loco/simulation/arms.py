@@ -1,7 +1,7 @@
 """The arms of a comparison: full-precision reduce, plain qgZ, or qgZ + LoCo, with bits per hop and Hadamard."""
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from deepspeed_loco.config import SUPPORTED_GRAD_BITS
 
@@ -113,14 +113,19 @@ def parse_arms(text: str, bits: int) -> Tuple[Arm, ...]:
     """
     if bits not in SUPPORTED_GRAD_BITS:
         raise ValueError(f"default bits {bits!r}: must be one of {SUPPORTED_GRAD_BITS}")
-    arms = [parse_arm(token, bits) for token in (t.strip() for t in text.split(",")) if token]
+    arms = tuple(parse_arm(token, bits) for token in (t.strip() for t in text.split(",")) if token)
+    check_distinct(arms)
+    return arms
+
+
+def check_distinct(arms: Sequence[Arm]) -> None:
+    """Raises ValueError for an empty list of arms, or one naming the arms given more than once (by key)."""
     if not arms:
         raise ValueError(f"no arm given; {GRAMMAR}")
     keys = [arm.key for arm in arms]
     twice = sorted({key for key in keys if keys.count(key) > 1})
     if twice:
         raise ValueError(f"arm(s) {', '.join(twice)} given more than once")
-    return tuple(arms)
 
 
 def zeropp_loco_param(arm: Arm, **settings: Any) -> Optional[Dict[str, Any]]:

@@ -16,11 +16,11 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.simulation.arms import Arm, parse_arm, zeropp_loco_param
+from deepspeed_loco.simulation.arms import Arm
+from deepspeed_loco.simulation.checks import check_arguments
 from deepspeed_loco.simulation.cluster import SimulatedCluster
 
 Batch = Union[torch.Tensor, Tuple[torch.Tensor, ...]]
-GRAD_MODES = ("vmap", "loop")
 
 
 @dataclass
@@ -36,11 +36,12 @@ class ArmResult:
     ``released_fractions`` (``diagnostics`` only, LoCo arms; empty otherwise): share of coordinates whose
     communicated mean is nonzero while plain qgZ with the same bits would have sent zero for the same gradients,
     i.e. nonzero only because of the remembered error. ``bytes_per_step``: what one rank sends per step on all
-    hops (0 for ``full``), against ``full_precision_bytes_per_step``, a fp32 reduce-scatter's
-    ``(W - 1) / W * N * 4``. ``loco``: the ``zeropp_loco_param`` block the arm ran with (None for ``full``).
-    ``rank_grad_sq[t]`` / ``mean_grad_sq[t]``: the mean over ranks of ``||g_rank||^2`` and ``||g_exact||^2`` (the
-    exact fp32 gradients, before any quantization), from which :func:`gradient_noise_scale` estimates the
-    gradient noise scale; ``rank_batch``: the leading size of one rank's micro-batch; ``world_size``: ``W``.
+    hops; ``full`` sends a fp32 reduce-scatter, so its ``bytes_per_step`` is ``full_precision_bytes_per_step``,
+    ``(W - 1) / W * N * 4`` (a ratio of 1.0). ``loco``: the ``zeropp_loco_param`` block the arm ran with (None for
+    ``full``). ``rank_grad_sq[t]`` / ``mean_grad_sq[t]``: the mean over ranks of ``||g_rank||^2`` and
+    ``||g_exact||^2`` (the exact fp32 gradients, before any quantization), from which :func:`gradient_noise_scale`
+    estimates the gradient noise scale; ``rank_batch``: the leading size of one rank's micro-batch; ``world_size``:
+    ``W``.
     """
     key: str
     label: str
@@ -91,42 +92,46 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
 
     ``model_fn()``: a fresh model (called under ``torch.manual_seed(seed)``, so every arm starts alike).
     ``data_fn()``: a fresh iterator of global batches (a tensor or a tuple of tensors whose dim 0 is split into
-    ``nodes * local`` equal micro-batches), the same sequence for every arm. ``arms``: e.g. ``"full"``,
-    ``"plain4"``, ``"loco8-2h"`` (:data:`~deepspeed_loco.simulation.arms.GRAMMAR`). ``loco``: the other keys of
-    ``zeropp_loco_param`` (``group_size``, ``err_beta``, ``reset_T``, ``error_bits``, ``quant_grid``).
+    ``nodes * local`` equal micro-batches), the same sequence for every arm, at least ``steps`` long. ``arms``: a
+    non-empty list of distinct arms, e.g. ``"full"``, ``"plain4"``, ``"loco8-2h"``
+    (:data:`~deepspeed_loco.simulation.arms.GRAMMAR`). ``steps``, ``nodes``, ``local``: integers >= 1; ``seed``:
+    >= 0. ``loco``: the other keys of ``zeropp_loco_param`` (``group_size``, ``err_beta``, ``reset_T``,
+    ``error_bits``, ``quant_grid``); not ``local_world_size`` (that is ``local``) nor the keys each arm's name sets
+    (bits per hop, ``hadamard``, ``error_feedback``).
     ``optimizer_fn`` (default AdamW, lr 1e-3) and ``scheduler_fn`` (stepped once per step) build the optimizer.
     ``loss_fn(model, batch)``: the scalar loss of one micro-batch. ``eval_fn(model) -> float`` runs every
-    ``eval_every`` steps and after the last. ``grad_clip``: clip the communicated mean's global norm.
-    ``autocast_dtype``: forward/backward under ``torch.autocast``. ``grad_mode``: "vmap" (one batched pass over
-    the ``W`` micro-batches; the model must be functional: no in-place buffer updates such as batch norm's running
-    statistics, random ops get a different draw per rank) or "loop" (one backward per rank, any model).
+    ``eval_every`` steps (0: only after the last; > 0 needs ``eval_fn``) and after the last. ``grad_clip``: None,
+    or clip the communicated mean's global norm to this number > 0. ``device``: one torch can use here.
+    ``autocast_dtype``: None, or forward/backward under ``torch.autocast`` in ``torch.bfloat16``/``torch.float16``.
+    ``grad_mode``: "vmap" (one batched pass over the ``W`` micro-batches; the model must be functional: no in-place
+    buffer updates such as batch norm's running statistics, random ops get a different draw per rank) or "loop"
+    (one backward per rank, any model).
     ``error_feedback_hops``: an experiment, LoCo arms only: the hop names (``"intra_node"``, ``"inter_node"``)
     whose error buffers carry over steps; the others are zeroed after every reduce, which leaves that hop plain
     qgZ. None: every hop (the library's behaviour). ``error_feedback_from_step``: an experiment, LoCo arms only:
     before this optimizer step every buffer is zeroed after each reduce (plain qgZ), from it on error feedback
-    runs as configured (1: from the start, the library's behaviour). ``diagnostics``: also reduce every LoCo arm's gradients
-    through plain qgZ to record ``released_fractions``. ``rank_chunk``: "vmap" mode computes the gradients of
-    this many ranks per batched pass (default: all ``W`` at once), which bounds the activation memory of large
-    ``W`` (memory plan: ``docs/simulation.md``). ``on_step(result, step, loss)``: progress.
+    runs as configured (1: from the start, the library's behaviour). ``diagnostics``: also reduce every LoCo
+    arm's gradients through plain qgZ to record ``released_fractions``. ``rank_chunk``: None, or "vmap" mode
+    computes the gradients of this many ranks (>= 1) per batched pass (default: all ``W`` at once), which bounds
+    the activation memory of large ``W`` (memory plan: ``docs/simulation.md``). ``on_step(result, step, loss)``:
+    progress.
 
-    Raises ValueError for ``steps < 1``, a bad arm, ``grad_mode`` or hop name, or a batch that does not split.
+    Before anything trains, every argument is checked (:func:`~deepspeed_loco.simulation.checks.check_arguments`):
+    a bad one raises TypeError or ValueError naming it and what is valid; a ``loco`` block that is invalid for any
+    arm (or, with ``full`` alone, for default bits) raises :class:`~deepspeed_loco.config.LocoConfigError`.
+    During training, ValueError for a ``data_fn`` that runs out before ``steps`` (naming the step) or a batch
+    that does not split into ``nodes * local`` micro-batches; TypeError for a ``model_fn`` that returns no
+    ``torch.nn.Module`` or a batch that is not a tensor or a tuple of tensors.
     """
-    if steps < 1:
-        raise ValueError(f"simulate: steps = {steps!r}, it must be >= 1")
-    if grad_mode not in GRAD_MODES:
-        raise ValueError(f"simulate: grad_mode = {grad_mode!r}, it must be one of {GRAD_MODES}")
-    if isinstance(error_feedback_from_step, bool) or not isinstance(error_feedback_from_step, int) \
-            or error_feedback_from_step < 1:
-        raise ValueError(f"simulate: error_feedback_from_step = {error_feedback_from_step!r}, it must be an integer "
-                         f">= 1 (1: error feedback from the first step)")
-    if rank_chunk is not None and (isinstance(rank_chunk, bool) or not isinstance(rank_chunk, int)
-                                   or rank_chunk < 1):
-        raise ValueError(f"simulate: rank_chunk = {rank_chunk!r}, it must be a positive integer or None (all ranks)")
-    parsed = [parse_arm(a) if isinstance(a, str) else a for a in arms]
+    parsed, configs, device = check_arguments(
+        model_fn=model_fn, data_fn=data_fn, arms=arms, steps=steps, nodes=nodes, local=local, loco=loco,
+        optimizer_fn=optimizer_fn, scheduler_fn=scheduler_fn, loss_fn=loss_fn, eval_fn=eval_fn, eval_every=eval_every,
+        device=device, seed=seed, grad_clip=grad_clip, autocast_dtype=autocast_dtype, grad_mode=grad_mode,
+        error_feedback_hops=error_feedback_hops, diagnostics=diagnostics, rank_chunk=rank_chunk,
+        error_feedback_from_step=error_feedback_from_step, on_step=on_step)
     optimizer_fn = optimizer_fn or (lambda params: torch.optim.AdamW(params, lr=1e-3))
     results = []
-    for arm in parsed:
-        config = zeropp_loco_param(arm, **(loco or {}), local_world_size=local)
+    for arm, config in zip(parsed, configs):
         clusters = []
         try:
             if config is not None:
@@ -134,13 +139,8 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
                 if diagnostics and arm.kind == "loco":
                     clusters.append(SimulatedCluster(LocoConfig.from_dict({**config, "error_feedback": False}),
                                                      nodes, local))
-            if error_feedback_hops is not None and clusters:
-                known = [hop.name for hop in clusters[0].plan.hops]
-                unknown = sorted(set(error_feedback_hops) - set(known))
-                if unknown:
-                    raise ValueError(f"simulate: error_feedback_hops {unknown} are not hops of this layout {known}")
-            run = _ArmRun(arm, config, clusters, nodes * local, torch.device(device), grad_mode, autocast_dtype,
-                          loss_fn, error_feedback_hops if arm.kind == "loco" else None, rank_chunk,
+            run = _ArmRun(arm, config, clusters, nodes * local, device, grad_mode, autocast_dtype, loss_fn,
+                          error_feedback_hops if arm.kind == "loco" else None, rank_chunk,
                           error_feedback_from_step if arm.kind == "loco" else 1)
             results.append(run.train(model_fn, data_fn, steps, optimizer_fn, scheduler_fn, eval_fn, eval_every,
                                      seed, grad_clip, on_step))
@@ -177,7 +177,10 @@ class _ArmRun:
     def train(self, model_fn, data_fn, steps, optimizer_fn, scheduler_fn, eval_fn, eval_every, seed, grad_clip,
               on_step) -> ArmResult:
         torch.manual_seed(seed)
-        model = model_fn().to(self.device)
+        model = model_fn()
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"simulate: model_fn() returned {type(model).__name__}: it must return a torch.nn.Module")
+        model = model.to(self.device)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         names, params = [name for name, _ in named], [p for _, p in named]
         optimizer = optimizer_fn(params)
@@ -188,7 +191,7 @@ class _ArmRun:
         sums = (torch.zeros(numel, dtype=torch.float64, device=self.device),
                 torch.zeros(numel, dtype=torch.float64, device=self.device))
         wrapper = _LossOf(model, self.loss_fn)
-        data: Iterator[Batch] = iter(data_fn())
+        data = _batches(data_fn, steps)
         started, evaluating = time.monotonic(), 0.0
         for step in range(1, steps + 1):
             micro = _split(next(data), self.world, self.device)
@@ -203,7 +206,7 @@ class _ArmRun:
             fidelity = self._fidelity(sums, comm, exact, shadow)  # before clipping scales the gradients in place
             for p, g in zip(params, comm):
                 p.grad = g.to(p.dtype)
-            if grad_clip:
+            if grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(params, grad_clip)
             lr = optimizer.param_groups[0]["lr"]
             before = torch.nn.utils.parameters_to_vector(params).detach().float()
@@ -225,8 +228,8 @@ class _ArmRun:
             if on_step is not None:
                 on_step(result, step, result.train_losses[-1])
         result.wall_s = time.monotonic() - started - evaluating
-        if self.clusters:
-            result.bytes_per_step = sum(r.stats.total_bytes for r in self.clusters[0].reducers) / self.world / steps
+        result.bytes_per_step = (sum(r.stats.total_bytes for r in self.clusters[0].reducers) / self.world / steps
+                                 if self.clusters else result.full_precision_bytes_per_step)
         return result
 
     def _rank_grads(self, model, wrapper, named, micro: List[Batch]) -> Tuple[List[torch.Tensor], torch.Tensor]:
@@ -343,15 +346,46 @@ def _cat(parts: List[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def _batches(data_fn, steps: int) -> Iterator[Batch]:
+    """``data_fn()``'s batches, one per step; raises ValueError naming the step where they run out."""
+    batches = data_fn()
+    try:
+        data = iter(batches)
+    except TypeError:
+        raise TypeError(f"simulate: data_fn() returned {type(batches).__name__}: it must return an iterable of "
+                        f"batches") from None
+    for step in range(1, steps + 1):
+        try:
+            yield next(data)
+        except StopIteration:
+            raise ValueError(f"simulate: data_fn() ran out of batches at step {step} of steps = {steps}: it must "
+                             f"yield at least {steps} batches (one per step)") from None
+
+
 def _split(batch: Batch, world: int, device: torch.device) -> List[Batch]:
     """The ``world`` micro-batches of a global batch (dim 0 split evenly), on ``device``."""
     tensors = batch if isinstance(batch, tuple) else (batch, )
+    if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in tensors):
+        raise TypeError(f"simulate: a batch from data_fn is {_describe(batch)}: it must be a tensor or a tuple of "
+                        f"tensors, each with the global batch on dim 0")
+    sizes = {t.shape[0] for t in tensors}
     size = tensors[0].shape[0]
-    if size % world:
-        raise ValueError(f"simulate: a global batch of {size} does not split into {world} equal micro-batches")
+    if len(sizes) > 1 or size == 0 or size % world:
+        raise ValueError(f"simulate: a global batch of {'/'.join(map(str, sorted(sizes)))} does not split into "
+                         f"{world} equal micro-batches: dim 0 of every tensor must be the same multiple of "
+                         f"nodes * local = {world}")
     parts = [t.to(device).chunk(world) for t in tensors]
     micro = list(zip(*parts))
     return micro if isinstance(batch, tuple) else [m[0] for m in micro]
+
+
+def _describe(batch) -> str:
+    """A batch's type in words: ``"a list"``, ``"a tuple of (Tensor, int)"``, ``"a 0-dim tensor"``."""
+    if isinstance(batch, torch.Tensor):
+        return "a 0-dim tensor"
+    if isinstance(batch, tuple):
+        return f"a tuple of ({', '.join(type(t).__name__ for t in batch)})"
+    return f"a {type(batch).__name__}"
 
 
 def _stack(micro: List[Batch]) -> Batch:

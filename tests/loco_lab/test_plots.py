@@ -40,3 +40,12 @@ def test_a_zoomed_panel_hides_what_is_outside_and_an_unzoomed_one_shows_it():
     zoomed = _count(line_chart([Panel("v", "step", [near, outlier], ylim=(0.9, 1.2))]), green)
     whole = _count(line_chart([Panel("v", "step", [near, outlier])]), green)
     assert whole > 3 * zoomed  # in the zoomed panel only the legend's swatch is left of the outlier
+
+
+def test_xlim_starts_the_x_axis_where_asked():
+    early = Series("early", [(0, 1.0), (40, 1.0)], (0, 160, 0))
+    late = Series("late", [(50, 1.0), (100, 1.1)], (0, 0, 0))
+    green = (0, 160, 0)
+    cut = _count(line_chart([Panel("v", "step", [early, late], xlim=(50, 100))]), green)
+    whole = _count(line_chart([Panel("v", "step", [early, late])]), green)
+    assert whole > 3 * cut  # only the legend's swatch is left of the early curve

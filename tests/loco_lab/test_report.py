@@ -4,8 +4,8 @@ import pytest
 from loco_lab import cli
 from loco_lab.arms import RunSpec, ds_config, parse_arm, parse_arms
 from loco_lab.model import SIZES
-from loco_lab.report import (COLUMNS, UNIFORM_COLORS, arm_color, column_notes, format_table, gap_closed,
-                             human_bytes, paired_interval, summary_lines, table_rows)
+from loco_lab.report import (COLUMNS, UNIFORM_COLORS, arm_color, column_notes, ema, format_table, gap_closed,
+                             human_bytes, loss_panels, paired_interval, summary_lines, table_rows)
 
 
 def _result(token, val, sum_err=None, seed=0):
@@ -49,12 +49,41 @@ def test_summary_claims_only_what_the_seeds_support():
     assert lines[0].startswith("8/2-bit + Hadamard, LoCo vs plain qgZ, validation loss over 3 seed(s): -0.3000")
     assert lines[0].endswith(": LoCo is better")
     assert lines[1].startswith("  plain qgZ vs full precision: +0.4000") and lines[1].endswith("plain qgZ is worse")
-    assert "LoCo's is 30.0-30.0x smaller" in lines[2]
+    assert "LoCo's is 30.0x smaller" in lines[2]  # one number when every seed gives the same
+    assert not any(line.startswith("one seed") for line in lines)
     noisy = [_result("plain4", 2.2 + d, 0.2, seed) for seed, d in enumerate((0.03, -0.02, 0.0))] + \
         [_result("loco4", 2.2 + d, 0.02, seed) for seed, d in enumerate((-0.01, 0.02, 0.01))]
     assert "no measurable difference" in summary_lines(noisy)[0]
     one = summary_lines([_result("plain4", 2.2, 0.2), _result("loco4", 2.1, 0.02), _result("loco2", 2.3)])
     assert "one seed: no claim" in one[0] and not any(line.startswith("2-bit") for line in one)
+    assert one[-1].startswith("one seed: every figure above is a single run; comparing arms needs two or more seeds")
+    assert summary_lines([_result("full", 2.0)]) == [one[-1]]  # also when no pair of arms was compared
+
+
+def test_column_notes_say_what_was_validated_on_and_timed():
+    notes = column_notes()
+    assert "val loss: next-byte cross-entropy on the held-out plays" in notes[1]
+    assert notes[-1].startswith("  median step time: wall time per optimizer step of all W virtual ranks together, "
+                                "simulated in one process") and notes[-1].endswith("; the median over seeds")
+    own = column_notes("the held-out mine.txt (last 10%)", "deepspeed")
+    assert "on the held-out mine.txt (last 10%) after the last step" in own[1]
+    assert "the slowest of the W DeepSpeed worker processes" in own[-1] and "simulated" not in " ".join(own)
+
+
+def test_ema_is_bias_corrected_and_keeps_up_with_short_runs():
+    assert ema([3.0] * 7) == pytest.approx([3.0] * 7, abs=1e-12)
+    assert ema([3.0] * 500, 0.95) == pytest.approx([3.0] * 500, abs=1e-12)
+    falling = [5.0 - 2.0 * t / 14 for t in range(15)]  # 15 steps from 5 to 3: the EMA 0.9 used to end near 3.9
+    assert abs(ema(falling)[-1] - falling[-1]) < 0.1
+    noisy = [3.0 + (-1) ** t for t in range(1000)]  # a long run is smoothed over 100 steps
+    assert max(abs(v - 3.0) for v in ema(noisy)[100:]) < 0.02
+
+
+def test_the_second_validation_panel_starts_at_its_first_point():
+    runs = [dict(_result(token, 2.0), train_losses=[3.0] * 40, validation=[(0, 5.5), (10, 3.1), (20, 2.6), (30, 2.3),
+                                                                             (40, 2.2)]) for token in ("full", "loco4")]
+    train, whole, zoom = loss_panels(runs)  # no running-sum errors recorded: no fourth panel
+    assert whole.xlim is None and zoom.xlim == (20, 40) and zoom.ylim == (2.2, 2.6)
 
 
 def test_arm_colors():
@@ -94,5 +123,5 @@ def test_cli_flags_to_spec():
     assert args.seeds == [4, 5] and args.engine == "deepspeed"
     defaults = parser.parse_args(["demo"])
     assert defaults.seeds == [0, 1, 2] and defaults.engine == "simulated"
-    with pytest.raises(SystemExit):
+    with pytest.raises(ValueError, match="--dim 30 must be a multiple of --heads 4"):
         cli.spec_from_args(parser.parse_args(["demo", "--dim", "30", "--heads", "4"]))

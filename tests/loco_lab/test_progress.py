@@ -1,0 +1,31 @@
+"""The demo's progress bar: while it is open, the deepspeed_loco logger prints through tqdm.write (a line never
+lands inside the bar), in its own format; closing it gives the logger its handlers back."""
+import re
+
+import tqdm
+
+from deepspeed_loco.utils.logging import HANDLER_NAME, logger
+from loco_lab.arms import RunSpec
+from loco_lab.model import SIZES
+from loco_lab.run import _Progress
+
+
+def test_log_lines_go_through_the_bar(monkeypatch):
+    written = []
+    monkeypatch.setattr(tqdm.tqdm, "write", classmethod(lambda cls, text, file=None, **kw: written.append(text)))
+    monkeypatch.setattr(logger, "propagate", False)  # as in the demo, where the root logger has no handler
+    before = list(logger.handlers)
+    bar = _Progress(RunSpec(model=SIZES["tiny"], arms=()), runs=1)
+    try:
+        assert HANDLER_NAME not in [h.get_name() for h in logger.handlers]
+        logger.info("deepspeed_loco: a line while the bar is open")
+    finally:
+        bar.close()
+    assert logger.handlers == before
+    assert len(written) == 1
+    assert re.fullmatch(r"\[.*\] \[INFO\] \[test_progress.py:\d+\] deepspeed_loco: a line while the bar is open",
+                        written[0])
+    quiet = _Progress(RunSpec(model=SIZES["tiny"], arms=()), runs=1, enabled=False)
+    assert logger.handlers == before
+    quiet.close()
+    assert logger.handlers == before
