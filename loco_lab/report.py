@@ -4,6 +4,7 @@ import statistics
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
+from deepspeed_loco.utils.stats import ema, format_mean_sd, t_interval
 from loco_lab.arms import Arm, record_arm
 from loco_lab.plots import Color, Panel, Series, line_chart
 
@@ -19,6 +20,7 @@ MIXED_COLORS = {  # (kind, inter-node bits) with other intra-node bits: plain qg
     ("loco", 8): (110, 200, 110), ("loco", 4): (60, 170, 60), ("loco", 3): (20, 130, 50), ("loco", 2): (0, 90, 40),
 }
 HADAMARD_WHITE = 0.45  # a Hadamard arm has its arm's colour mixed with this share of white
+TRAIN_EMA_BETA = 0.9  # the plotted train loss: this EMA of the per-step seed mean
 
 
 def human_bytes(n: Optional[float]) -> str:
@@ -60,12 +62,6 @@ def _by_arm(results: Sequence[dict]) -> Dict[str, List[dict]]:
     return groups
 
 
-def _mean_sd(values: Sequence[float], digits: int = 4) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.fmean(values):.{digits}f} +- {statistics.stdev(values):.{digits}f}"
-
-
 def table_rows(results: Sequence[dict]) -> List[List[str]]:
     """One row per arm, each figure over that arm's seeds (see ``COLUMNS``)."""
     rows = [list(COLUMNS)]
@@ -74,8 +70,8 @@ def table_rows(results: Sequence[dict]) -> List[List[str]]:
         first = runs[0]
         rows.append([
             first["label"],
-            _mean_sd([r["val_loss"] for r in runs]),
-            _mean_sd([r["train_loss"] for r in runs]),
+            format_mean_sd([r["val_loss"] for r in runs]),
+            format_mean_sd([r["train_loss"] for r in runs]),
             human_bytes(statistics.fmean(r["bytes_per_step"] for r in runs)),
             f"{first['bytes_per_step'] / first['full_precision_bytes_per_step']:.3f}x",
             human_bytes(first["error_buffer_bytes"]),
@@ -93,19 +89,6 @@ def column_notes() -> List[str]:
 def _mean(values) -> Optional[float]:
     values = [v for v in values if v is not None]
     return statistics.fmean(values) if values else None
-
-
-# two-sided 95% Student t quantiles by degrees of freedom (1-10); normal beyond
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-
-
-def paired_interval(diffs: Sequence[float]) -> Optional[tuple]:
-    """``(mean, low, high)``: the mean of paired differences and its 95% t-interval; None below 2 pairs."""
-    if len(diffs) < 2:
-        return None
-    mean = statistics.fmean(diffs)
-    half = _T95.get(len(diffs) - 1, 1.96) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return mean, mean - half, mean + half
 
 
 def format_table(rows: List[List[str]], markdown: bool = False) -> str:
@@ -160,7 +143,7 @@ def summary_lines(results: Sequence[dict]) -> List[str]:
 
 def _verdict(diffs: Sequence[float], subject: str) -> str:
     """``diffs`` (subject minus reference, lower is better) in words, with the 95% interval when there are 2+."""
-    interval = paired_interval(diffs)
+    interval = t_interval(diffs)
     if interval is None:
         return (f"{diffs[0]:+.4f} ({'one seed: no claim, seed noise is of this size' if diffs else 'no data'})"
                 if diffs else "no data")
@@ -171,14 +154,6 @@ def _verdict(diffs: Sequence[float], subject: str) -> str:
     if high < 0:
         return text + f": {subject} is better"
     return text + ": no measurable difference at this size and length (the interval contains 0)"
-
-
-def ema(values: Sequence[float], decay: float = 0.9) -> List[float]:
-    out, acc = [], None
-    for i, v in enumerate(values):
-        acc = v if acc is None else decay * acc + (1 - decay) * v
-        out.append(acc / 1.0)
-    return out
 
 
 def arm_color(arm: Arm) -> Color:
@@ -202,7 +177,7 @@ def plot(results: Sequence[dict], title: str = "") -> bytes:
         color, label = arm_color(record_arm(runs[0])), runs[0]["label"] + seeds
         losses = [statistics.fmean(step) for step in zip(*(r["train_losses"] for r in runs))]
         skip = max(skip, len(losses) // 10)
-        train.append(Series(label, list(enumerate(ema(losses), start=1)), color))
+        train.append(Series(label, list(enumerate(ema(losses, TRAIN_EMA_BETA), start=1)), color))
         points = [(column[0][0], statistics.fmean(v for _, v in column))
                   for column in zip(*(r["validation"] for r in runs))]
         val.append(Series(label, points, color, markers=True))
@@ -214,7 +189,7 @@ def plot(results: Sequence[dict], title: str = "") -> bytes:
     early = [y for s in train for x, y in s.points if x == max(1, (len(s.points) * 3) // 10)]
     if ylim and early:  # show the part where the arms can differ, not the first drop from ln(256)
         ylim = (ylim[0], min(ylim[1], max(early)))
-    panels = [Panel("train loss (seed mean, EMA 0.9, zoomed past the first drop)", "step", train, ylim),
+    panels = [Panel(f"train loss (seed mean, EMA {TRAIN_EMA_BETA}, zoomed past the first drop)", "step", train, ylim),
               Panel("validation loss, held-out plays (seed mean, every point)", "step", val)]
     last = max((x for series in val for x, _ in series.points), default=0)
     late = [y for series in val for x, y in series.points if x >= last / 2]

@@ -5,7 +5,7 @@ from loco_lab import cli
 from loco_lab.arms import RunSpec, ds_config, parse_arm, parse_arms
 from loco_lab.model import SIZES
 from loco_lab.report import (COLUMNS, UNIFORM_COLORS, arm_color, column_notes, format_table, gap_closed,
-                             human_bytes, paired_interval, summary_lines, table_rows)
+                             human_bytes, summary_lines, table_rows)
 
 
 def _result(token, val, sum_err=None, seed=0):
@@ -34,12 +34,6 @@ def test_table_has_one_row_per_arm_with_mean_and_spread_over_seeds():
     assert format_table(rows, markdown=True).startswith("| arm")
     assert len(column_notes()) == len(COLUMNS)
     assert human_bytes(3 * 2**20) == "3.00 MiB"
-
-
-def test_paired_interval_is_the_95_percent_t_interval():
-    mean, low, high = paired_interval([1.0, 2.0, 3.0])
-    assert mean == 2.0 and high - mean == pytest.approx(4.303 * 1.0 / 3**0.5)
-    assert paired_interval([1.0]) is None
 
 
 def test_summary_claims_only_what_the_seeds_support():
