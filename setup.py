@@ -14,8 +14,9 @@ setup(
     package_data={"deepspeed_loco": ["csrc/quantization/*"]},
     include_package_data=True,
     python_requires=">=3.9",
-    # what the library imports (ninja: the op builder's JIT build of the CUDA kernels; hjson: HJSON DeepSpeed configs)
-    install_requires=["torch>=2.1", "deepspeed>=0.19.8", "pydantic>=2", "packaging", "hjson", "ninja"],
+    # what the library imports (ninja: the op builder's JIT build of the CUDA kernels; hjson: HJSON DeepSpeed configs;
+    # scipy: the Student t quantile of deepspeed_loco.utils.stats.t_interval)
+    install_requires=["torch>=2.1", "deepspeed>=0.19.8", "pydantic>=2", "packaging", "hjson", "ninja", "scipy"],
     extras_require={
         "demo": ["tqdm", "matplotlib"],  # loco_lab (the demo) and the benchmark drivers, run from a checkout
         "test": ["pytest", "tqdm", "matplotlib"],

@@ -33,13 +33,15 @@ from loco_lab.arms import Arm, RunSpec, parse_arms, record_arm  # noqa: E402
 from loco_lab.launcher import gpu_count, launch  # noqa: E402
 from loco_lab.model import SIZES  # noqa: E402
 from loco_lab.plots import Panel, Series, line_chart  # noqa: E402
-from loco_lab.report import arm_color, ema, gap_closed, human_bytes  # noqa: E402
+from loco_lab.report import arm_color, gap_closed, human_bytes  # noqa: E402
 from loco_lab.run import describe  # noqa: E402
 from deepspeed_loco.layout.wire import wire_bytes_per_element  # noqa: E402
+from deepspeed_loco.utils.stats import ema, mean_sd  # noqa: E402
 
 BIT_WIDTH_ARMS = "full,plain4,loco4,plain3,loco3,plain2,loco2"  # issue 6: the same bits on both hops
 PER_LINK_ARMS = "loco8-4,plain8-2,loco8-2,plain4h,loco4h,loco8-4h,plain8-2h,loco8-2h,plain2h,loco2h"  # issue 8
 DEFAULT_ARMS = f"{BIT_WIDTH_ARMS},{PER_LINK_ARMS}"
+TRAIN_EMA_BETA = 0.95  # the plotted train loss: this EMA of the per-step seed mean
 GAP_REFERENCE = "plain2"  # issue 8 measures every arm against the gap between plain 2/2-bit qgZ and full precision
 GOAL_GAP_SHARE = 0.75  # issue 8 goal: LoCo with a 2-bit inter-node hop closes this share of that gap ...
 GOAL_INTER_BITS = 4.25  # ... and an arm with at most this many inter-node wire bits per element (scales included)
@@ -139,11 +141,11 @@ def run_all(args) -> None:
     summarize(args)
 
 
-def _mean_sd(values):
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return float("nan"), float("nan"), 0
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan"), len(values)
+def _measured(values):
+    """``(mean, sd, n)`` over the runs that measured a finite value (records without one and diverged runs are left
+    out)."""
+    return mean_sd([v for v in values if v is not None and math.isfinite(v)])
+
 
 def wire_bits(bits, group_size):
     """Bits per element on a hop of ``bits``-bit groups of ``group_size`` with one fp32 scale each (None if unknown)."""
@@ -167,7 +169,7 @@ def summarize(args) -> str:
     order = [a.key for a in parse_arms(DEFAULT_ARMS, 4)]
     keys = [k for k in order if k in by] + sorted(k for k in by if k not in order)
     arms = {k: record_arm(next(iter(by[k].values()))) for k in keys}
-    stats = {k: _mean_sd([r["val_loss"] for r in by[k].values()]) for k in keys}
+    stats = {k: _measured([r["val_loss"] for r in by[k].values()]) for k in keys}
     lines = [_setup_line(runs), ""]
     lines += _md(_arm_rows(by, keys, stats))
     lines.append("")
@@ -223,11 +225,11 @@ def _arm_rows(by, keys, stats):
         seeds = by[key]
         vals = [r["val_loss"] for r in seeds.values()]
         mean, sd, n = stats[key]
-        grad = _mean_sd([r.get("fidelity", {}).get("grad_rel_error_mean") for r in seeds.values()])
-        summ = _mean_sd([r.get("fidelity", {}).get("sum_rel_error_final") for r in seeds.values()])
+        grad = _measured([r.get("fidelity", {}).get("grad_rel_error_mean") for r in seeds.values()])
+        summ = _measured([r.get("fidelity", {}).get("sum_rel_error_final") for r in seeds.values()])
         first = next(iter(seeds.values()))
-        rows.append([first["label"], str(n), f"{mean:.4f}", f"{sd:.4f}", f"{min(vals):.4f}..{max(vals):.4f}",
-                     f"{_mean_sd([r['train_loss'] for r in seeds.values()])[0]:.4f}", _fmt(grad[0]), _fmt(summ[0]),
+        rows.append([first["label"], str(n), f"{mean:.4f}", _fmt_sd(sd, n), f"{min(vals):.4f}..{max(vals):.4f}",
+                     f"{_measured([r['train_loss'] for r in seeds.values()])[0]:.4f}", _fmt(grad[0]), _fmt(summ[0]),
                      human_bytes(first["bytes_per_step"]),
                      f"{statistics.median(r['step_time_s'] for r in seeds.values()) * 1000:.0f} ms"])
     return rows
@@ -245,14 +247,14 @@ def _gap_rows(by, keys, arms, stats):
             continue
         plain, loco = by[plain_key], by[key]
         paired = [plain[s]["val_loss"] - loco[s]["val_loss"] for s in sorted(plain) if s in loco]
-        pm, psd, _ = _mean_sd(paired)
+        pm, psd, pn = _measured(paired)
         plain_mean, loco_mean = stats[plain_key][0], stats[key][0]
         if full is None:
             plain_gap = loco_gap = share_text = "-"
         else:
             gap = plain_mean - full[0]
             share = gap_closed(full[0], plain_mean, loco_mean)
-            noise = max((stats[k][1] for k in ("full", plain_key) if math.isfinite(stats[k][1])), default=math.nan)
+            noise = max((stats[k][1] for k in ("full", plain_key) if stats[k][2] > 1), default=math.nan)
             if share is None:
                 share_text = "-"
             elif gap <= 0:
@@ -261,7 +263,7 @@ def _gap_rows(by, keys, arms, stats):
                 share_text = f"{share:+.0%}" + (" (gap < 2 seed sd: noise)" if gap < 2 * noise else "")
             plain_gap, loco_gap = f"{gap:+.4f}", f"{loco_mean - full[0]:+.4f}"
         rows.append([arm.widths + (" + Hadamard" if arm.hadamard else ""), plain_gap, loco_gap, share_text,
-                     " ".join(f"{d:+.4f}" for d in paired), f"{pm:+.4f} +- {psd:.4f}"])
+                     " ".join(f"{d:+.4f}" for d in paired), f"{pm:+.4f} +- {_fmt_sd(psd, pn)}"])
     return rows
 
 
@@ -298,7 +300,7 @@ def _link_rows(by, keys, arms, stats):
         pct, share = _vs_full_pct(stats, key), _reference_share(stats, key)
         rows.append([next(iter(seeds.values()))["label"], str(arm.intra_bits), str(arm.inter_bits),
                      "yes" if arm.hadamard else "no", _bits(wire_bits(arm.inter_bits, group)),
-                     _bits(wire_bits(arm.intra_bits, group)), f"{mean:.4f} +- {_fmt_sd(sd)} ({n})",
+                     _bits(wire_bits(arm.intra_bits, group)), f"{mean:.4f} +- {_fmt_sd(sd, n)} ({n})",
                      "-" if pct is None else f"{pct:+.2f}%", "-" if share is None else f"{share:+.1%}",
                      human_bytes(next(iter(seeds.values()))["bytes_per_step"])])
     return rows
@@ -336,8 +338,8 @@ def _loss_goal(by, keys, arms, stats) -> str:
                   and (wire_bits(arms[k].inter_bits, _group_size(by[k])) or math.inf) <= GOAL_INTER_BITS]
     if not candidates:
         return goal + f"not measured (no arm with <= {GOAL_INTER_BITS:g} inter-node bits per element ran)"
-    full_mean, full_sd, _ = stats["full"]
-    reference = f" (full: {full_mean:.4f} +- {_fmt_sd(full_sd)})"
+    full_mean, full_sd, full_n = stats["full"]
+    reference = f" (full: {full_mean:.4f} +- {_fmt_sd(full_sd, full_n)})"
     met = [k for k in candidates if _vs_full_pct(stats, k) <= GOAL_LOSS_PCT]
     if met:
         return goal + "met by " + ", ".join(f"{k} ({_vs_full_pct(stats, k):+.2f}%)" for k in met) + reference
@@ -351,8 +353,9 @@ def _bits(value):
     return "-" if value is None else f"{value:.3f}"
 
 
-def _fmt_sd(sd):
-    return f"{sd:.4f}" if math.isfinite(sd) else "-"
+def _fmt_sd(sd, n):
+    """A seed sd, ``"-"`` below two seeds (where there is no spread to show)."""
+    return f"{sd:.4f}" if n > 1 else "-"
 
 
 def _fmt(v):
@@ -380,7 +383,7 @@ def _plot(by, keys, arms, title, key_labels=False, panel_size=(560, 400)) -> byt
         color, label = arm_color(arms[key]), key if key_labels else first["label"]
         n = min(len(r["train_losses"]) for r in seeds)
         mean_train = [statistics.fmean(r["train_losses"][i] for r in seeds) for i in range(n)]
-        train.append(Series(label, list(enumerate(ema(mean_train, 0.95), start=1)), color))
+        train.append(Series(label, list(enumerate(ema(mean_train, TRAIN_EMA_BETA), start=1)), color))
         steps = [s for s, _ in first["validation"]]
         val.append(Series(label, [(s, statistics.fmean(dict(r["validation"])[s] for r in seeds)) for s in steps
                                   if all(s in dict(r["validation"]) for r in seeds)], color, markers=True))

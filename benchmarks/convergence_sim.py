@@ -43,6 +43,7 @@ sys.path.insert(0, ROOT)  # run from a checkout without installing
 
 from deepspeed_loco.layout.wire import wire_bytes_per_element  # noqa: E402
 from deepspeed_loco.simulation.arms import parse_arm  # noqa: E402
+from deepspeed_loco.utils.stats import ema, format_mean_sd, mean_sd, t_interval  # noqa: E402
 
 ARMS_17 = ("full,plain4,loco4,plain4h,loco4h,plain3,loco3,plain3h,loco3h,plain2,loco2,plain2h,loco2h,"
            "plain8-2,loco8-2,plain8-2h,loco8-2h")
@@ -51,6 +52,7 @@ REFERENCE_ARMS = ("full", GAP_REFERENCE)  # what a tag may borrow from its refer
 REFERENCE_MATCH = ("steps", "size", "params", "model", "text", "nodes", "local", "micro_batch", "lr", "warmup",
                    "dtype", "eval_windows")  # setup keys a reference tag's runs must share with the tag's
 SERIES_WINDOW = 10  # per-step diagnostics are stored as means over windows of this many steps
+TRAIN_EMA_BETA = 0.95  # the plotted training loss: this EMA of the per-step seed mean
 SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "size": str, "micro_batch": int, "lr": float, "warmup": int, "group_size": int, "err_beta": float,
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
@@ -373,21 +375,14 @@ def _setup_line(setup: dict) -> str:
             f"({setup['kernels']})")
 
 
-def _mean_sd(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return float("nan"), float("nan"), 0
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan"), len(values)
-
-
 def _pm(values, digits=4):
-    mean, sd, n = _mean_sd(values)
-    return f"{mean:.{digits}f}" + (f" +- {sd:.{digits}f}" if n > 1 else "") if n else "-"
+    """``"mean +- sd"`` over the runs that recorded the value (None: not measured in that run)."""
+    return format_mean_sd([v for v in values if v is not None], digits)
 
 
 def _arm_rows(arms, keys, names, ref_tag=None):
     """One row per arm; ``names``: the arm's shown name; ``ref_tag``: the tag full / plain2 were borrowed from."""
-    stat = {k: _mean_sd([r["final_val_loss"] for r in arms[k].values()])[0] for k in keys}
+    stat = {k: statistics.fmean(r["final_val_loss"] for r in arms[k].values()) for k in keys}
     full, ref = stat.get("full"), stat.get(GAP_REFERENCE)
     of = f" (@{ref_tag})" if ref_tag else ""
     rows = [["arm", "n", "final val loss", "best val loss", "train loss (last 50)", f"vs full{of}",
@@ -412,15 +407,15 @@ def _arm_rows(arms, keys, names, ref_tag=None):
 
 
 def _paired_rows(arms, pairs, names):
-    from scipy.stats import t as student_t
     rows = [["first - second", "n", "mean difference", "sd", "95% CI", "CI excludes 0"]]
     for first, second in pairs:
         seeds = sorted(set(arms[first]) & set(arms[second]))
         diffs = [arms[first][s]["final_val_loss"] - arms[second][s]["final_val_loss"] for s in seeds]
-        mean, sd, n = _mean_sd(diffs)
-        if n > 1:
-            half = student_t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-            ci, excludes = f"[{mean - half:+.4f}, {mean + half:+.4f}]", "yes" if abs(mean) > half else "no"
+        mean, sd, n = mean_sd(diffs)
+        interval = t_interval(diffs)
+        if interval:
+            _, low, high = interval
+            ci, excludes = f"[{low:+.4f}, {high:+.4f}]", "yes" if low > 0 or high < 0 else "no"
         else:
             ci, excludes = "- (n = 1)", "-"
         rows.append([f"{names[first]} - {names[second]}", str(n), f"{mean:+.4f}", f"{sd:.4f}" if n > 1 else "-", ci,
@@ -447,12 +442,12 @@ def _plot(arms, keys, names, tag, path) -> None:
         steps = [s for s, _ in runs[0]["validation"]]
         val.plot(steps, [statistics.fmean(r["validation"][i][1] for r in runs) for i in range(len(steps))], **style)
         losses = [statistics.fmean(v) for v in zip(*(r["train_losses"] for r in runs))]
-        train.plot(range(1, len(losses) + 1), _ema(losses), **style)
+        train.plot(range(1, len(losses) + 1), ema(losses, TRAIN_EMA_BETA), **style)
         series = [statistics.fmean(v) for v in zip(*(r["series"]["update_rms"] for r in runs))]
         moves.plot([SERIES_WINDOW * (i + 1) for i in range(len(series))], series, **style)
     n = min(len(a) for a in arms.values())
     for ax, title in ((val, f"validation loss (held-out plays), mean of {n}+ seeds"),
-                      (train, "training loss (EMA 0.95)"), (moves, "update RMS / learning rate")):
+                      (train, f"training loss (EMA {TRAIN_EMA_BETA})"), (moves, "update RMS / learning rate")):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -469,13 +464,6 @@ def _color(arm) -> str:
     return base if not arm.hadamard else {"tab:blue": "tab:cyan", "tab:green": "tab:olive", "tab:red": "tab:orange",
                                           "tab:purple": "tab:pink"}.get(base, "tab:brown")
 
-
-def _ema(values, beta=0.95):
-    out, acc = [], values[0]
-    for v in values:
-        acc = beta * acc + (1 - beta) * v
-        out.append(acc)
-    return out
 
 def main(argv=None) -> None:
     args = parse_args(argv)

@@ -4,6 +4,7 @@ import statistics
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
+from deepspeed_loco.utils.stats import ema, format_mean_sd, t_interval
 from loco_lab.arms import Arm, record_arm
 from loco_lab.plots import Color, Panel, Series, line_chart
 
@@ -66,12 +67,6 @@ def _by_arm(results: Sequence[dict]) -> Dict[str, List[dict]]:
     return groups
 
 
-def _mean_sd(values: Sequence[float], digits: int = 4) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.fmean(values):.{digits}f} +- {statistics.stdev(values):.{digits}f}"
-
-
 def table_rows(results: Sequence[dict]) -> List[List[str]]:
     """One row per arm, each figure over that arm's seeds (see ``COLUMNS``)."""
     rows = [list(COLUMNS)]
@@ -80,8 +75,8 @@ def table_rows(results: Sequence[dict]) -> List[List[str]]:
         first = runs[0]
         rows.append([
             first["label"],
-            _mean_sd([r["val_loss"] for r in runs]),
-            _mean_sd([r["train_loss"] for r in runs]),
+            format_mean_sd([r["val_loss"] for r in runs]),
+            format_mean_sd([r["train_loss"] for r in runs]),
             human_bytes(statistics.fmean(r["bytes_per_step"] for r in runs)),
             f"{first['bytes_per_step'] / first['full_precision_bytes_per_step']:.3f}x",
             human_bytes(first["error_buffer_bytes"]),
@@ -102,19 +97,6 @@ def column_notes(held_out: str = "the held-out plays", engine: str = "simulated"
 def _mean(values) -> Optional[float]:
     values = [v for v in values if v is not None]
     return statistics.fmean(values) if values else None
-
-
-# two-sided 95% Student t quantiles by degrees of freedom (1-10); normal beyond
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-
-
-def paired_interval(diffs: Sequence[float]) -> Optional[tuple]:
-    """``(mean, low, high)``: the mean of paired differences and its 95% t-interval; None below 2 pairs."""
-    if len(diffs) < 2:
-        return None
-    mean = statistics.fmean(diffs)
-    half = _T95.get(len(diffs) - 1, 1.96) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return mean, mean - half, mean + half
 
 
 def format_table(rows: List[List[str]], markdown: bool = False) -> str:
@@ -177,7 +159,7 @@ def _span(values: Sequence[float]) -> str:
 
 def _verdict(diffs: Sequence[float], subject: str) -> str:
     """``diffs`` (subject minus reference, lower is better) in words, with the 95% interval when there are 2+."""
-    interval = paired_interval(diffs)
+    interval = t_interval(diffs)
     if interval is None:
         return (f"{diffs[0]:+.4f} ({'one seed: no claim, seed noise is of this size' if diffs else 'no data'})"
                 if diffs else "no data")
@@ -190,19 +172,11 @@ def _verdict(diffs: Sequence[float], subject: str) -> str:
     return text + ": no measurable difference at this size and length (the interval contains 0)"
 
 
-def ema(values: Sequence[float], decay: Optional[float] = None) -> List[float]:
-    """The bias-corrected exponential moving average: ``out[t]`` is the mean of ``values[:t + 1]`` weighted by
-    ``decay ** age`` (so a constant series gives the constant back, and the start does not lag towards 0 or the
-    first value). ``decay`` None: ``1 - 1 / window`` with a window of 10% of the series (at least 1 value, no
-    smoothing), the share of steps the table's train loss averages, so short runs lag by a step or less."""
-    if decay is None:
-        decay = 1 - 1 / max(1.0, len(values) / 10)
-    out, acc, weight = [], 0.0, 0.0
-    for v in values:
-        acc = decay * acc + (1 - decay) * v
-        weight = decay * weight + (1 - decay)
-        out.append(acc / weight)
-    return out
+def train_curve(losses: Sequence[float]) -> List[float]:
+    """The plotted train loss: the bias-corrected EMA (:func:`~deepspeed_loco.utils.stats.ema`) over a window of 10%
+    of the steps (``beta = 1 - 1 / window``, at least one step: no smoothing), the share of steps the table's train
+    loss averages, so a short run lags by a step or less and a long one is smoothed over many."""
+    return ema(losses, 1 - 1 / max(1.0, len(losses) / 10))
 
 
 def arm_color(arm: Arm) -> Color:
@@ -222,7 +196,7 @@ def plot(results: Sequence[dict], title: str = "") -> bytes:
 
 
 def loss_panels(results: Sequence[dict]) -> List[Panel]:
-    """Per arm, the seed mean of the train loss (:func:`ema`), of the validation loss (every point, then the second
+    """Per arm, the seed mean of the train loss (:func:`train_curve`), of the validation loss (every point, then the second
     half zoomed, its x axis from its first point) and of the running-sum gradient error."""
     train, val, err = [], [], []
     skip = 0
@@ -231,7 +205,7 @@ def loss_panels(results: Sequence[dict]) -> List[Panel]:
         color, label = arm_color(record_arm(runs[0])), runs[0]["label"] + seeds
         losses = [statistics.fmean(step) for step in zip(*(r["train_losses"] for r in runs))]
         skip = max(skip, len(losses) // 10)
-        train.append(Series(label, list(enumerate(ema(losses), start=1)), color))
+        train.append(Series(label, list(enumerate(train_curve(losses), start=1)), color))
         points = [(column[0][0], statistics.fmean(v for _, v in column))
                   for column in zip(*(r["validation"] for r in runs))]
         val.append(Series(label, points, color, markers=True))

@@ -8,7 +8,7 @@ py=${PYTHON:-python3}
 if ! "$py" -c "import torch" 2>/dev/null; then
   "$py" -m pip install -q torch==2.13.0
 fi
-if ! "$py" -c "import deepspeed_loco, deepspeed, pytest, ninja, tqdm, matplotlib" 2>/dev/null \
+if ! "$py" -c "import deepspeed_loco, deepspeed, pytest, ninja, tqdm, matplotlib, scipy" 2>/dev/null \
    || [ "$("$py" -c 'import deepspeed_loco, os; print(os.path.dirname(os.path.dirname(deepspeed_loco.__file__)))' 2>/dev/null)" != "$root" ]; then
   "$py" -m pip install -q -e "$root[test,demo]"
 fi

@@ -4,8 +4,8 @@ import pytest
 from loco_lab import cli
 from loco_lab.arms import RunSpec, ds_config, parse_arm, parse_arms
 from loco_lab.model import SIZES
-from loco_lab.report import (COLUMNS, UNIFORM_COLORS, arm_color, column_notes, ema, format_table, gap_closed,
-                             human_bytes, loss_panels, paired_interval, summary_lines, table_rows)
+from loco_lab.report import (COLUMNS, UNIFORM_COLORS, arm_color, column_notes, format_table, gap_closed,
+                             human_bytes, loss_panels, summary_lines, table_rows, train_curve)
 
 
 def _result(token, val, sum_err=None, seed=0):
@@ -36,12 +36,6 @@ def test_table_has_one_row_per_arm_with_mean_and_spread_over_seeds():
     assert human_bytes(3 * 2**20) == "3.00 MiB"
 
 
-def test_paired_interval_is_the_95_percent_t_interval():
-    mean, low, high = paired_interval([1.0, 2.0, 3.0])
-    assert mean == 2.0 and high - mean == pytest.approx(4.303 * 1.0 / 3**0.5)
-    assert paired_interval([1.0]) is None
-
-
 def test_summary_claims_only_what_the_seeds_support():
     clear = [_result(t, v + 0.001 * seed, e, seed) for seed in (0, 1, 2)
              for t, v, e in (("full", 2.0, 1e-8), ("plain8-2h", 2.4, 0.3), ("loco8-2h", 2.1, 0.01))]
@@ -70,13 +64,13 @@ def test_column_notes_say_what_was_validated_on_and_timed():
     assert "the slowest of the W DeepSpeed worker processes" in own[-1] and "simulated" not in " ".join(own)
 
 
-def test_ema_is_bias_corrected_and_keeps_up_with_short_runs():
-    assert ema([3.0] * 7) == pytest.approx([3.0] * 7, abs=1e-12)
-    assert ema([3.0] * 500, 0.95) == pytest.approx([3.0] * 500, abs=1e-12)
+def test_train_curve_is_bias_corrected_and_keeps_up_with_short_runs():
+    assert train_curve([3.0] * 7) == pytest.approx([3.0] * 7, abs=1e-12)
+    assert train_curve([3.0] * 500) == pytest.approx([3.0] * 500, abs=1e-12)
     falling = [5.0 - 2.0 * t / 14 for t in range(15)]  # 15 steps from 5 to 3: the EMA 0.9 used to end near 3.9
-    assert abs(ema(falling)[-1] - falling[-1]) < 0.1
+    assert abs(train_curve(falling)[-1] - falling[-1]) < 0.1
     noisy = [3.0 + (-1) ** t for t in range(1000)]  # a long run is smoothed over 100 steps
-    assert max(abs(v - 3.0) for v in ema(noisy)[100:]) < 0.02
+    assert max(abs(v - 3.0) for v in train_curve(noisy)[100:]) < 0.02
 
 
 def test_the_second_validation_panel_starts_at_its_first_point():

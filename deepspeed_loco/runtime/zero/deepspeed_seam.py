@@ -7,7 +7,8 @@ What is patched, and how it is undone:
   is validated and taken out before DeepSpeed parses the config.
 * On one ``DeepSpeedZeroOptimizer_Stage3`` instance (by :class:`OptimizerPatch`, undone by its ``restore``): the
   bucket reduce ``__avg_scatter_grads`` (name-mangled, :data:`REDUCE_METHOD`), ``step``, ``state_dict`` and
-  ``load_state_dict``.
+  ``load_state_dict``. ``restore`` removes LoCo's own wrappers only: one that something else wrapped afterwards
+  stays under that wrapper, passing every call through (see :class:`_Slot`).
 * Read, never written: the optimizer's ``dp_process_group``, ``dtype``, ``gradient_accumulation_dtype``,
   ``loss_scale``, ``overflow``, ``param_names`` and its partition-group helpers.
 
@@ -100,6 +101,41 @@ def installed() -> bool:
 
 
 # ------------------------------------------------------------------------------------ per-optimizer patch
+class _Slot:
+    """One method of an object that LoCo wrapped, and how to take LoCo out of it again.
+
+    What is installed (an instance attribute) is a forwarder that calls ``replacement`` until :meth:`release`, and
+    from then on the method it replaced (``replaced``: what the attribute gave before, the class's bound method or
+    an earlier instance attribute).
+    """
+
+    def __init__(self, owner: Any, name: str, replacement: Callable):
+        self.owner, self.name = owner, name
+        self.had_own = name in vars(owner)  # an instance attribute was there (else the class's method showed)
+        self.replaced = getattr(owner, name)
+        self.target = replacement
+
+        @functools.wraps(replacement)
+        def forwarder(*args, **kwargs):
+            return self.target(*args, **kwargs)
+
+        self.forwarder = forwarder
+        setattr(owner, name, forwarder)
+
+    def release(self) -> bool:
+        """Takes LoCo out of the method. True: the forwarder was still the attribute and the object has what it had
+        before again. False: something was installed on top of the forwarder after LoCo; it stays, and the forwarder
+        under it now passes every call to the replaced method."""
+        self.target = self.replaced
+        if vars(self.owner).get(self.name) is not self.forwarder:
+            return False
+        if self.had_own:
+            setattr(self.owner, self.name, self.replaced)
+        else:
+            delattr(self.owner, self.name)
+        return True
+
+
 class OptimizerPatch:
     """Routes one ZeRO-3 optimizer's bucket reduce, ``step`` and checkpoint methods through LoCo.
 
@@ -118,18 +154,26 @@ class OptimizerPatch:
         self._state_key, self._missing = state_key, missing
         self._group_ranks: Optional[List[int]] = None  # the data-parallel ranks, read at the first reduce
         self._checked_groups = set()
-        self._stock = {name: getattr(optimizer, name) for name in ("step", "state_dict", "load_state_dict")}
+        self._slots = [_Slot(optimizer, name, method) for name, method in (
+            (REDUCE_METHOD, self._avg_scatter_grads), ("step", self._step), ("state_dict", self._state_dict),
+            ("load_state_dict", self._load_state_dict))]
+        self._stock = {slot.name: slot.replaced for slot in self._slots}  # what LoCo's methods call through to
         self._load_signature = inspect.signature(self._stock["load_state_dict"])
-        setattr(optimizer, REDUCE_METHOD, self._avg_scatter_grads)
-        optimizer.step = self._step
-        optimizer.state_dict = self._state_dict
-        optimizer.load_state_dict = self._load_state_dict
 
     def restore(self) -> None:
-        """Gives the optimizer back its own methods (LoCo's state is left as it is)."""
-        delattr(self.optimizer, REDUCE_METHOD)  # the class's method shows through again
-        for name, method in self._stock.items():
-            setattr(self.optimizer, name, method)
+        """Takes LoCo out of the optimizer's methods (LoCo's state is left as it is); a second call does nothing.
+
+        A method whose attribute is still LoCo's wrapper gets back exactly what it had before (the class's method
+        shows through again). A method that something else wrapped after LoCo (the demo's gradient-fidelity probe
+        wraps the reduce) keeps that wrapper, which goes on working: LoCo's wrapper under it now passes every call
+        straight to the method LoCo replaced. (Raising instead would leave LoCo in the data path of an optimizer
+        whose later wrapper cannot be taken off first.)
+        """
+        slots, self._slots = self._slots, []
+        stacked = [slot.name for slot in slots if not slot.release()]
+        if stacked:
+            log_rank0(f"deepspeed-loco: {', '.join(stacked)} of the ZeRO-3 optimizer were wrapped again after LoCo; "
+                      f"those wrappers stay, and LoCo's under them only passes calls through")
 
     @property
     def group_ranks(self) -> List[int]:

@@ -75,7 +75,8 @@ class LocoHook:
             self.telemetry.on_step(self.state.step, reset or overflow)
 
     def detach(self) -> None:
-        """Gives the optimizer back its stock reduce, step and checkpoint methods."""
+        """Gives the optimizer back its stock reduce, step and checkpoint methods; one that something wrapped again
+        after LoCo keeps that wrapper, with LoCo's under it passing calls through (``OptimizerPatch.restore``)."""
         self.patch.restore()
 
     def planned_buffer_bytes(self, params) -> int:
