@@ -11,8 +11,7 @@ ZEROPP_SOURCE = ("Wang et al. 2023, ZeRO++, arXiv 2306.10209, and the DeepSpeed 
                  "(github.com/microsoft/DeepSpeed blogs/zeropp): 384 V100 SXM3 (24 DGX-2, 16 per node), fp16")
 ZEROPP_SETTINGS = ("18B: 40 layers, hidden 6144, seq 512, activation checkpointing (DeepSpeed ZeRO++ tutorial, "
                    "docs/_tutorials/zeropp.md); 138B: 43 layers, hidden 16384 (assumed: 12*L*h^2 = 138B), seq 512, "
-                   "checkpointing; NVSwitch 150 GB/s per GPU per direction (1200 Gbit/s); overlap on "
-                   "(tutorial: overlap_comm true)")
+                   "checkpointing; NVSwitch 150 GB/s per GPU per direction (1200 Gbit/s)")
 ZEROPP_MODELS = ((18e9, 40, 6144), (138e9, 43, 16384))
 
 
@@ -21,26 +20,27 @@ def zeropp_cluster(inter_gbps: float) -> Cluster:
     return Cluster(gpus=384, gpus_per_node=16, gpu=GPUS["v100"], intra_gbps=1200, inter_gbps=inter_gbps)
 
 
-def zeropp_speedup(model: Tuple[float, int, int], tokens: int, inter_gbps: float,
+def zeropp_speedup(model: Tuple[float, int, int], tokens: int, inter_gbps: float, overlap: bool,
                    baseline_gbps: Optional[float] = None) -> float:
-    """Throughput of ZeRO++ over ZeRO-3 (ZeRO-3 at ``baseline_gbps`` if given, else at the same bandwidth)."""
+    """Throughput of ZeRO++ over ZeRO-3 (ZeRO-3 at ``baseline_gbps`` if given, else at the same bandwidth), both
+    with or both without overlap."""
     params, layers, hidden = model
     workload = Workload(params, layers, hidden, 512, tokens, recompute=True)
-    ours = predict(workload, zeropp_cluster(inter_gbps), METHODS["zeropp"])
-    base = predict(workload, zeropp_cluster(baseline_gbps or inter_gbps), METHODS["zero3"])
+    ours = predict(workload, zeropp_cluster(inter_gbps), METHODS["zeropp"], overlap=overlap)
+    base = predict(workload, zeropp_cluster(baseline_gbps or inter_gbps), METHODS["zero3"], overlap=overlap)
     return base.step_s / ours.step_s
 
 
 @dataclass(frozen=True)
 class Figure:
     """A published figure: ``low``..``high`` (a ratio of throughputs; low == high for one number), the setting,
-    its source; ``predict`` gives the model's value (None: not comparable, ``reason`` says why)."""
+    its source; ``predict(overlap)`` gives the model's value (None: not comparable, ``reason`` says why)."""
     name: str
     low: float
     high: float
     setting: str
     source: str
-    predict: Optional[Callable[[], float]]
+    predict: Optional[Callable[[bool], float]]
     reason: str = ""
 
     def relative_error(self, predicted: float) -> float:
@@ -52,13 +52,13 @@ class Figure:
         return 0.0
 
 
-def _speedup(model: Tuple[float, int, int], tokens: int, gbps: float) -> Callable[[], float]:
-    return lambda: zeropp_speedup(model, tokens, gbps)
+def _speedup(model: Tuple[float, int, int], tokens: int, gbps: float) -> Callable[[bool], float]:
+    return lambda overlap: zeropp_speedup(model, tokens, gbps, overlap)
 
 
-def _all_at_100_gbps() -> Sequence[float]:
+def _all_at_100_gbps(overlap: bool) -> Sequence[float]:
     """ZeRO++ over ZeRO-3 at 100 Gbit/s for both models at 1K and 2K tokens per GPU."""
-    return [zeropp_speedup(model, tokens, 100) for tokens in (1024, 2048) for model in ZEROPP_MODELS]
+    return [zeropp_speedup(model, tokens, 100, overlap) for tokens in (1024, 2048) for model in ZEROPP_MODELS]
 
 
 FIGURES = (
@@ -72,13 +72,13 @@ FIGURES = (
            _speedup(ZEROPP_MODELS[1], 2048, 400)),
     Figure("ZeRO++/ZeRO-3, 100 Gbps, max over models and 1K/2K", 2.2, 2.2,
            "'up to 2.2x' at 100 Gbps (blog Fig. 7); which model and batch reach it is not stated", ZEROPP_SOURCE,
-           lambda: max(_all_at_100_gbps())),
+           lambda overlap: max(_all_at_100_gbps(overlap))),
     Figure("ZeRO++/ZeRO-3, 100 Gbps, mean over models and 1K/2K", 2.0, 2.0,
            "'about 2x on average' at 100 Gbps; the averaged set is not stated", ZEROPP_SOURCE,
-           lambda: mean(_all_at_100_gbps())),
+           lambda overlap: mean(_all_at_100_gbps(overlap))),
     Figure("ZeRO++ at 200 Gbps / ZeRO-3 at 800 Gbps, 18B, 1K tok/GPU", 1.0, 1.0,
            "'comparable' throughput (blog Fig. 8); tokens per GPU not stated, 1K assumed", ZEROPP_SOURCE,
-           lambda: zeropp_speedup(ZEROPP_MODELS[0], 1024, 200, baseline_gbps=800)),
+           lambda overlap: zeropp_speedup(ZEROPP_MODELS[0], 1024, 200, overlap, baseline_gbps=800)),
     Figure("LoCo 4-bit over full-precision Adam", 1.14, 1.40,
            "Megatron-LM and FSDP, LLaMA-2 and Mixtral", "Xie et al., LoCo, IEEE TPAMI 2025, arXiv 2407.04480",
            None, "not pinned: GPU count, GPUs per node, interconnect bandwidth and tokens per GPU of each speed-up "
@@ -93,13 +93,6 @@ FIGURES = (
 )
 
 
-def validation_rows():
-    """``(figure, predicted or None, relative error or None)`` per figure."""
-    rows = []
-    for figure in FIGURES:
-        if figure.predict is None:
-            rows.append((figure, None, None))
-        else:
-            value = figure.predict()
-            rows.append((figure, value, figure.relative_error(value)))
-    return rows
+def validation_rows(overlap: bool):
+    """``(figure, predicted or None)`` per figure, every method with (or every method without) overlap."""
+    return [(figure, figure.predict(overlap) if figure.predict else None) for figure in FIGURES]
