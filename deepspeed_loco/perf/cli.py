@@ -52,7 +52,6 @@ def run_predict(args, parser) -> dict:
     method = METHODS[args.method]
     result = asdict(predict(workload, cluster, method, kernels, args.overlap))
     result.update(result.pop("collectives"))
-    result["comm_s"] = sum(v for k, v in result.items() if k.endswith(("all_gather_s", "all_to_all_s", "scatter_s")))
     if method.grad_bits:
         group = method.grad_group or args.hidden
         result["wire_bytes_per_element"] = [wire_bytes_per_element(bits, group) for bits in method.grad_bits]

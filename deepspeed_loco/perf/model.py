@@ -189,12 +189,14 @@ def load_kernel_costs(path: str) -> KernelCosts:
 @dataclass(frozen=True)
 class Prediction:
     """One step: ``compute_s`` (matmuls), ``kernel_s`` (gradient codec), ``collectives`` (seconds per kind),
-    ``exposed_s`` (communication not hidden behind compute), ``step_s``; rates per second and per GPU."""
+    ``comm_s`` (their sum), ``exposed_s`` (communication not hidden behind compute), ``step_s``; rates per second
+    and per GPU."""
     method: str
     overlap: bool
     compute_s: float
     kernel_s: float
     collectives: Dict[str, float]
+    comm_s: float
     exposed_s: float
     step_s: float
     tokens_per_s: float
@@ -237,12 +239,13 @@ def exposed_seconds(collectives: Dict[str, float], compute_s: float, layers: int
 
 def predict(workload: Workload, cluster: Cluster, method: Method, kernels: KernelCosts = DEFAULT_KERNELS,
             overlap: bool = True) -> Prediction:
-    """Step time: compute and codec kernels (both on the GPU's SMs, so serial) plus the exposed communication."""
+    """Step time: compute, plus the codec kernels, plus the exposed communication. The kernels are never hidden:
+    they share the SMs with the compute, and each sits in the dependency chain of the hop it feeds."""
     flops = workload.flops_per_gpu()
     compute = flops / cluster.sustained_flops
     kernel = kernels.seconds(method.kernels, workload.params, cluster.gpu) if method.kernels else 0.0
     collectives = collective_seconds(workload, cluster, method)
-    exposed = exposed_seconds(collectives, compute + kernel, workload.layers, overlap)
+    exposed = exposed_seconds(collectives, compute, workload.layers, overlap)
     step = compute + kernel + exposed
-    return Prediction(method.name, overlap, compute, kernel, collectives, exposed, step,
+    return Prediction(method.name, overlap, compute, kernel, collectives, sum(collectives.values()), exposed, step,
                       workload.tokens_per_gpu * cluster.gpus / step, flops / step / 1e12)
