@@ -87,3 +87,13 @@ def test_kernel_json_rows_replace_the_defaults(tmp_path):
     assert costs.seconds("loco 4/4", 1.0, h100) == pytest.approx(2 * default.kernel_s / WORKLOAD.params
                                                                  * h100.hbm_tbps / GPUS["h200"].hbm_tbps)
     assert "deepspeed" in costs.source
+
+
+def test_default_kernel_costs_are_the_pass5_json():
+    from pathlib import Path
+    from deepspeed_loco.perf.model import DEFAULT_KERNELS, KERNEL_ROWS
+    path = Path(__file__).resolve().parents[3] / "benchmarks/results/kernels/issue15_pass5_h200.json"
+    measured = load_kernel_costs(str(path))
+    h200 = GPUS["h200"]
+    for name in KERNEL_ROWS:  # on the H200 both are unscaled; DeepSpeed's dequantize is a default in both
+        assert measured.seconds(name, 1.0, h200) == pytest.approx(DEFAULT_KERNELS.seconds(name, 1.0, h200), rel=2e-3)
