@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 from deepspeed_loco.layout.wire import wire_bytes_per_element
 from deepspeed_loco.perf.model import (DEFAULT_KERNELS, GPUS, INTER_LATENCY_US, INTRA_LATENCY_US, METHODS, Cluster,
                                        Workload, load_kernel_costs, predict)
-from deepspeed_loco.perf.published import validation_rows
+from deepspeed_loco.perf.published import FIGURES, ZEROPP_SETTINGS, validation_rows
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,8 +61,8 @@ def run_predict(args, parser) -> dict:
 
 def format_validation() -> str:
     """The validation table, one line per figure: the published value, then the prediction and its relative error
-    without overlap (the assumption validated, docs/performance.md) and with full overlap; then the reasons for
-    the figures not compared."""
+    without overlap (the assumption validated, docs/performance.md) and with full overlap; then each figure's
+    setting and source, and the reasons for the figures not compared."""
     lines = [f"{'figure':58s} {'published':>9s} {'no-overlap':>10s} {'rel.err':>7s} {'overlap':>8s} {'rel.err':>7s}"]
     notes = []
     for (figure, serial), (_, overlapped) in zip(validation_rows(False), validation_rows(True)):
@@ -75,7 +75,11 @@ def format_validation() -> str:
         verdict = "" if abs(error) <= 0.15 else "  (no-overlap outside 15%)"
         lines.append(f"{figure.name:58s} {published:>9s} {serial:10.2f} {error:+7.1%} {overlapped:8.2f} "
                      f"{figure.relative_error(overlapped):+7.1%}{verdict}")
-    return "\n".join(lines + [""] + notes)
+    lines += ["", f"ZeRO++ runs modelled as: {ZEROPP_SETTINGS}"]
+    for source in dict.fromkeys(figure.source for figure in FIGURES):  # each source once, in order
+        lines += ["", f"Source: {source}"]
+        lines += [f"  {figure.name}: {figure.setting}" for figure in FIGURES if figure.source == source]
+    return "\n".join(lines + ["", "Not compared:"] + notes)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

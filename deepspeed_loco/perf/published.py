@@ -13,6 +13,7 @@ ZEROPP_SETTINGS = ("18B: 40 layers, hidden 6144, seq 512, activation checkpointi
                    "docs/_tutorials/zeropp.md); 138B: 43 layers, hidden 16384 (assumed: 12*L*h^2 = 138B), seq 512, "
                    "checkpointing; NVSwitch 150 GB/s per GPU per direction (1200 Gbit/s)")
 ZEROPP_MODELS = ((18e9, 40, 6144), (138e9, 43, 16384))
+MODEL_NAMES = ("18B", "138B")
 
 
 def zeropp_cluster(inter_gbps: float) -> Cluster:
@@ -62,14 +63,10 @@ def _all_at_100_gbps(overlap: bool) -> Sequence[float]:
 
 
 FIGURES = (
-    Figure("ZeRO++/ZeRO-3, 18B, 400 Gbps, 1K tok/GPU", 1.28, 1.36, "range over model sizes; " + ZEROPP_SETTINGS,
-           ZEROPP_SOURCE + ", blog Fig. 6", _speedup(ZEROPP_MODELS[0], 1024, 400)),
-    Figure("ZeRO++/ZeRO-3, 138B, 400 Gbps, 1K tok/GPU", 1.28, 1.36, "range over model sizes", ZEROPP_SOURCE,
-           _speedup(ZEROPP_MODELS[1], 1024, 400)),
-    Figure("ZeRO++/ZeRO-3, 18B, 400 Gbps, 2K tok/GPU", 1.24, 1.29, "range over model sizes", ZEROPP_SOURCE,
-           _speedup(ZEROPP_MODELS[0], 2048, 400)),
-    Figure("ZeRO++/ZeRO-3, 138B, 400 Gbps, 2K tok/GPU", 1.24, 1.29, "range over model sizes", ZEROPP_SOURCE,
-           _speedup(ZEROPP_MODELS[1], 2048, 400)),
+    *(Figure(f"ZeRO++/ZeRO-3, {name}, 400 Gbps, {tokens // 1024}K tok/GPU", low, high,
+             "the blog's range over model sizes (Fig. 6)", ZEROPP_SOURCE, _speedup(model, tokens, 400))
+      for tokens, low, high in ((1024, 1.28, 1.36), (2048, 1.24, 1.29))
+      for name, model in zip(MODEL_NAMES, ZEROPP_MODELS)),
     Figure("ZeRO++/ZeRO-3, 100 Gbps, max over models and 1K/2K", 2.2, 2.2,
            "'up to 2.2x' at 100 Gbps (blog Fig. 7); which model and batch reach it is not stated", ZEROPP_SOURCE,
            lambda overlap: max(_all_at_100_gbps(overlap))),
@@ -79,7 +76,7 @@ FIGURES = (
     *(Figure(f"ZeRO++ at 200 Gbps / ZeRO-3 at 800 Gbps, {name}, 1K tok/GPU", 1.0, 1.0,
              "'comparable' throughput (blog Fig. 8); tokens per GPU not stated, 1K assumed", ZEROPP_SOURCE,
              lambda overlap, m=model: zeropp_speedup(m, 1024, 200, overlap, baseline_gbps=800))
-      for name, model in zip(("18B", "138B"), ZEROPP_MODELS)),
+      for name, model in zip(MODEL_NAMES, ZEROPP_MODELS)),
     Figure("LoCo 4-bit over full-precision Adam", 1.14, 1.40,
            "Megatron-LM and FSDP, LLaMA-2 and Mixtral", "Xie et al., LoCo, IEEE TPAMI 2025, arXiv 2407.04480",
            None, "not pinned: GPU count, GPUs per node, interconnect bandwidth and tokens per GPU of each speed-up "

@@ -33,5 +33,5 @@ def test_validate_lists_every_published_figure(capsys):
     main(["validate"])
     out = capsys.readouterr().out
     for figure in FIGURES:
-        assert figure.name in out
+        assert figure.name in out and figure.source in out and figure.setting in out
         assert figure.predict is not None or figure.reason in out
