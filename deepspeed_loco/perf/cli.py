@@ -48,7 +48,10 @@ def run_predict(args, parser) -> dict:
     except ValueError as exc:
         parser.error(str(exc))
     workload = Workload(args.params, args.layers, args.hidden, args.seq, args.tokens_per_gpu, args.recompute)
-    kernels = load_kernel_costs(args.kernels) if args.kernels else DEFAULT_KERNELS
+    try:
+        kernels = load_kernel_costs(args.kernels) if args.kernels else DEFAULT_KERNELS
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        parser.error(f"--kernels: {exc}")
     method = METHODS[args.method]
     result = asdict(predict(workload, cluster, method, kernels, args.overlap))
     result.update(result.pop("collectives"))

@@ -173,7 +173,10 @@ def load_kernel_costs(path: str) -> KernelCosts:
     to ``DEFAULT_KERNEL_ELEMENTS``. Times are the JSON's device's, used unscaled on any ``--gpu``; a kernel
     without a row (its DeepSpeed dequantize has none) keeps its H200 default, also unscaled."""
     with open(path) as f:
-        rows = json.load(f)["rows"]
+        rows = json.load(f).get("rows")
+    if not rows or not all({"kernel", "config", "shape", "dtype", "ms"} <= set(r) for r in rows):
+        raise ValueError(f"{path}: expected the JSON of benchmarks/kernels.py --json, a 'rows' list of "
+                         "{kernel, config, shape, dtype, ms}")
     largest = max(r["shape"][0] * r["shape"][1] for r in rows)
     measured = {}
     for dtype in ("fp16", "bf16"):  # bf16 last, so it wins

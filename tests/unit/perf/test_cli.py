@@ -35,3 +35,11 @@ def test_validate_lists_every_published_figure(capsys):
     for figure in FIGURES:
         assert figure.name in out and figure.source in out and figure.setting in out
         assert figure.predict is not None or figure.reason in out
+
+
+def test_predict_rejects_a_json_that_is_not_kernels_output(capsys, tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text('{"rows": [{"kernel": "x"}]}')
+    with pytest.raises(SystemExit):
+        main(ARGS + ["--method", "loco4", "--kernels", str(path)])
+    assert "--kernels: " in capsys.readouterr().err
