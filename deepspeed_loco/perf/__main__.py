@@ -1,0 +1,3 @@
+from deepspeed_loco.perf.cli import main
+
+main()

@@ -1,0 +1,94 @@
+"""``python -m deepspeed_loco.perf predict ...`` prints one JSON object for one method and cluster;
+``python -m deepspeed_loco.perf validate`` prints each published figure beside the model's prediction."""
+import argparse
+import json
+from dataclasses import asdict
+from typing import Optional, Sequence
+
+from deepspeed_loco.layout.wire import wire_bytes_per_element
+from deepspeed_loco.perf.model import (DEFAULT_KERNELS, GPUS, INTER_LATENCY_US, INTRA_LATENCY_US, METHODS, Cluster,
+                                       Workload, load_kernel_costs, predict)
+from deepspeed_loco.perf.published import FIGURES, ZEROPP_SETTINGS, validation_rows
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m deepspeed_loco.perf", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("predict", help="step time, tokens/s, TFLOPS per GPU and per-collective seconds (JSON)")
+    p.add_argument("--params", type=float, required=True, help="parameters, e.g. 18e9")
+    p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--hidden", type=int, required=True)
+    p.add_argument("--seq", type=int, required=True, help="sequence length (tokens)")
+    p.add_argument("--tokens-per-gpu", type=int, required=True, help="tokens per GPU per step")
+    p.add_argument("--recompute", action="store_true", help="activation checkpointing: the forward runs twice")
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--gpus-per-node", type=int, required=True)
+    p.add_argument("--gpu", choices=sorted(GPUS), required=True)
+    p.add_argument("--tflops", type=float, default=None, help="sustained TFLOPS per GPU (overrides the GPU table)")
+    p.add_argument("--intra-gbps", type=float, required=True, help="one GPU's NVLink, one direction, Gbit/s")
+    p.add_argument("--inter-gbps", type=float, required=True, help="one node's NICs together, one direction, Gbit/s")
+    p.add_argument("--intra-latency-us", type=float, default=INTRA_LATENCY_US, help="per NVLink hop")
+    p.add_argument("--inter-latency-us", type=float, default=INTER_LATENCY_US, help="per network hop")
+    p.add_argument("--method", choices=list(METHODS), required=True)
+    p.add_argument("--kernels", default=None, help="JSON written by benchmarks/kernels.py --json")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                   help="overlap communication with compute (default: on)")
+    commands.add_parser("validate", help="published figures beside the model's predictions")
+    return parser
+
+
+def run_predict(args, parser) -> dict:
+    """The prediction for ``args`` as a JSON-ready dict; a bad flag combination exits through ``parser.error``."""
+    for flag in ("params", "layers", "hidden", "seq", "tokens_per_gpu"):
+        if getattr(args, flag) <= 0:
+            parser.error(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    try:
+        cluster = Cluster(args.gpus, args.gpus_per_node, GPUS[args.gpu], args.intra_gbps, args.inter_gbps,
+                          args.intra_latency_us, args.inter_latency_us, args.tflops)
+    except ValueError as exc:
+        parser.error(str(exc))
+    workload = Workload(args.params, args.layers, args.hidden, args.seq, args.tokens_per_gpu, args.recompute)
+    try:
+        kernels = load_kernel_costs(args.kernels) if args.kernels else DEFAULT_KERNELS
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        parser.error(f"--kernels: {exc}")
+    method = METHODS[args.method]
+    result = asdict(predict(workload, cluster, method, kernels, args.overlap))
+    result.update(result.pop("collectives"))
+    if method.grad_bits:
+        group = method.grad_group or args.hidden
+        result["wire_bytes_per_element"] = [wire_bytes_per_element(bits, group) for bits in method.grad_bits]
+    result["kernels_source"] = kernels.source if method.kernels else None
+    return result
+
+
+def format_validation() -> str:
+    """The validation table, one line per figure: the published value, then the prediction and its relative error
+    without overlap (the assumption validated, docs/performance.md) and with full overlap; then each figure's
+    setting and source, and the reasons for the figures not compared."""
+    lines = [f"{'figure':58s} {'published':>9s} {'no-overlap':>10s} {'rel.err':>7s} {'overlap':>8s} {'rel.err':>7s}"]
+    notes = []
+    for (figure, serial), (_, overlapped) in zip(validation_rows(False), validation_rows(True)):
+        published = f"{figure.low:.2f}" if figure.low == figure.high else f"{figure.low:.2f}-{figure.high:.2f}"
+        if serial is None:
+            lines.append(f"{figure.name:58s} {published:>9s} {'n/a':>10s} {'n/a':>7s} {'n/a':>8s} {'n/a':>7s}")
+            notes.append(f"{figure.name}: {figure.reason}")
+            continue
+        error = figure.relative_error(serial)
+        verdict = "" if abs(error) <= 0.15 else "  (no-overlap outside 15%)"
+        lines.append(f"{figure.name:58s} {published:>9s} {serial:10.2f} {error:+7.1%} {overlapped:8.2f} "
+                     f"{figure.relative_error(overlapped):+7.1%}{verdict}")
+    lines += ["", f"ZeRO++ runs modelled as: {ZEROPP_SETTINGS}"]
+    for source in dict.fromkeys(figure.source for figure in FIGURES):  # each source once, in order
+        lines += ["", f"Source: {source}"]
+        lines += [f"  {figure.name}: {figure.setting}" for figure in FIGURES if figure.source == source]
+    return "\n".join(lines + ["", "Not compared:"] + notes)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "predict":
+        print(json.dumps(run_predict(args, parser), indent=1))
+    else:
+        print(format_validation())
