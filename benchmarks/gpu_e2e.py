@@ -55,6 +55,7 @@ does all of this and saves ``results_<size>.json`` and the printed tables under 
     python3 benchmarks/gpu_e2e.py --size 1b --micro-batch 8 --steps 20 --out $OUT/results_1b.json
 """
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -114,6 +115,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the results as JSON to this path (rank 0)")
+    parser.add_argument("--table", help="also write the printed report to this path (rank 0)")
     parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # the deepspeed launcher's
     args = parser.parse_args(argv)
     args.arms = _parse_arms(parser, args.arms)
@@ -245,17 +247,32 @@ def train_step(engine, batch) -> None:
     engine.step()
 
 
+@contextlib.contextmanager
+def deterministic_kernels():
+    """Deterministic kernels where torch has them (warnings elsewhere) inside the block, the previous setting after
+    it: two identical steps must give bit-identical gradients (flash attention's backward, for one, accumulates
+    with atomics otherwise)."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
 def first_step_gradients(engine, batch) -> tuple:
-    """Runs one step; returns ``(partitions, absmax)`` per parameter name: this rank's fp32 partition of the
-    reduced (mean) gradient before the optimizer step (on the CPU), and the largest magnitude of the parameter's
-    local gradient on any rank (a float)."""
+    """Runs one step (with :func:`deterministic_kernels`); returns ``(partitions, absmax)`` per parameter name: this
+    rank's fp32 partition of the reduced (mean) gradient before the optimizer step (on the CPU), and the largest
+    magnitude of the parameter's local gradient on any rank (a float)."""
     from deepspeed.utils import safe_get_local_grad
     named = list(engine.module.named_parameters())
     absmax = {}
     handles = [param.register_hook(lambda grad, name=name: absmax.__setitem__(name, grad.abs().max().item()))
                for name, param in named]
-    loss = engine(*batch)
-    engine.backward(loss)
+    with deterministic_kernels():
+        loss = engine(*batch)
+        engine.backward(loss)
     for handle in handles:
         handle.remove()
     partitions = {name: safe_get_local_grad(param).detach().float().cpu() for name, param in named}
@@ -471,8 +488,9 @@ def format_report(report: dict) -> str:
         ratio = r["vs_zero3"] or {}
         check = r.get("gradient_check")
         text = "reference" if r["arm"] == "zero3" else "n/a (no zero3 arm)" if check is None else (
-            f"{'pass' if check['passed'] else 'FAIL'} (max {check['max_abs_diff']:.2e}, "
-            f"{check['max_diff_over_bound']:.2f}x bound)")
+            f"{'pass' if check['passed'] else 'FAIL'} "
+            + ("(bit-identical)" if check["passed"] and env["world_size"] == 1 else
+               f"(max {check['max_abs_diff']:.2e}, {check['max_diff_over_bound']:.2f}x bound)"))
         lines.append(f"{r['arm']:<6} {r['step_s'] * 1e3:>9.2f} {ratio.get('step_s', float('nan')):>8.3f} "
                      f"{r['tokens_per_s']:>11.0f} {ratio.get('tokens_per_s', float('nan')):>8.3f} "
                      f"{r['peak_memory_bytes'] / 2**20:>9.0f} {text:>28}")
@@ -514,7 +532,10 @@ def main(argv: Optional[List[str]] = None) -> int:
               "bits": "/".join(map(str, args.bits)), "group_size": args.group_size, "arms": results,
               "gradient_check_passed": all(r.get("gradient_check", {"passed": True})["passed"] for r in results)}
     if dist.get_rank() == 0:
-        print(format_report(report), flush=True)
+        text = format_report(report)
+        print(text, flush=True)
+        if args.table:
+            Path(args.table).write_text(text + "\n")
         if args.out:
             Path(args.out).write_text(json.dumps(report, indent=1))
     dist.destroy_process_group()
