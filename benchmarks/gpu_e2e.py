@@ -45,14 +45,16 @@ itself), on N GPUs and on several nodes (NCCL), and on CPU with gloo and our PyT
         --local-world-size 2          # CPU: ours as 2 nodes x 2; DeepSpeed counts one node (LOCAL_SIZE) and
                                       # reduce-scatters (its qgZ kernels are CUDA-only)
 
-On the device (one H200, torch 2.11 CUDA, DeepSpeed's wheel carried in ``.whl/``; ``benchmarks/device_gpu_e2e.sh``
-does all of this and saves ``results_<size>.json`` and the printed tables under ``$OUT``):
+On the device (one H200, torch 2.11 CUDA, DeepSpeed's wheel carried in ``.whl/``, built by
+``benchmarks/device_wheelhouse.sh``), one call: ``OUT=$OUT bash benchmarks/device_gpu_e2e.sh --steps 20``, which runs
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0
+    export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0                    # DeepSpeed 0.19.8 cannot parse 9.0a
     python3 -c "from deepspeed_loco.ops import loco_cuda; loco_cuda.load()"      # build our kernels once
-    python3 benchmarks/gpu_e2e.py --size 125m --micro-batch 16 --steps 20 --out $OUT/results_125m.json
-    python3 benchmarks/gpu_e2e.py --size 1b --micro-batch 8 --steps 20 --out $OUT/results_1b.json
+    python3 benchmarks/gpu_e2e.py --size 125m --micro-batch 16 --steps 20 \
+        --out $OUT/results_125m.json --table $OUT/table_125m.txt
+    python3 benchmarks/gpu_e2e.py --size 1b --micro-batch 8 --steps 20 \
+        --out $OUT/results_1b.json --table $OUT/table_1b.txt
 """
 import argparse
 import contextlib
