@@ -59,6 +59,7 @@ On the device (one H200, torch 2.11 CUDA, DeepSpeed's wheel carried in ``.whl/``
 import argparse
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import platform
@@ -81,8 +82,8 @@ from loco_lab.model import SIZES, VOCAB, ByteLlama, ModelConfig, count_parameter
 ARMS = ("zero3", "dsqgz", "plain", "loco")  # run in this order: zero3 first, the gradient check's reference
 CONFIGS = {
     **SIZES,  # tiny ... 125m (116.4M parameters, context 256)
-    "350m": ModelConfig(layers=28, dim=1024, heads=16, seq_len=1024),  # 352.6M
-    "1b": ModelConfig(layers=20, dim=2048, heads=16, seq_len=1024),  # 1007.7M
+    "350m": ModelConfig(layers=28, dim=1024, heads=16, seq_len=1024),  # 354.7M parameters
+    "1b": ModelConfig(layers=20, dim=2048, heads=16, seq_len=1024),  # 1009.1M
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 BITS = (2, 3, 4, 8)
@@ -251,16 +252,20 @@ def train_step(engine, batch) -> None:
 
 @contextlib.contextmanager
 def deterministic_kernels():
-    """Deterministic kernels where torch has them (warnings elsewhere) inside the block, the previous setting after
+    """Deterministic kernels where torch has them (warnings elsewhere) inside the block, the previous settings after
     it: two identical steps must give bit-identical gradients (flash attention's backward, for one, accumulates
-    with atomics otherwise)."""
+    with atomics otherwise). New tensors stay uninitialized, as in the timed steps."""
+    from torch.utils import deterministic
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = deterministic.fill_uninitialized_memory
     torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic.fill_uninitialized_memory = False
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        deterministic.fill_uninitialized_memory = fill
 
 
 def first_step_gradients(engine, batch) -> tuple:
@@ -285,9 +290,10 @@ def first_step_gradients(engine, batch) -> tuple:
 
 
 def gradient_bound(absmax: float, world: int, bits: tuple, dtype: torch.dtype, quantized: bool) -> float:
-    """The largest difference allowed between ``arm``'s and zero3's first-step mean gradient of a parameter whose
-    local gradients reach magnitude ``absmax``: 0 with one rank; else the two hops' half steps (``bits`` intra/inter,
-    when ``quantized``) plus ``world`` roundings of ``dtype`` (module docstring)."""
+    """The largest difference allowed between an arm's and zero3's first-step mean gradient of a parameter whose
+    local gradients reach magnitude ``absmax``, in the gradient's units: 0 with one rank; else the two hops' half
+    steps (``bits`` intra/inter, when the arm ``quantized``) plus ``world`` roundings of ``dtype`` (module
+    docstring)."""
     if world == 1:
         return 0.0
     bound = world * torch.finfo(dtype).eps * absmax
@@ -338,8 +344,9 @@ def profile_seconds(prof, steps: int, on_cuda: bool) -> dict:
             micros = event.device_time_total if on_cuda else event.cpu_time_total
             loco[name[len(RANGE_PREFIX):]] = micros * 1e-6 / steps
             continue
-        if on_cuda:
-            micros = event.self_device_time_total if name.lower().startswith("nccl") else None
+        if on_cuda:  # the kernels themselves, not the host-side "nccl:..." records around their launch
+            is_kernel = event.device_type != DeviceType.CPU and name.lower().startswith("nccl")
+            micros = event.self_device_time_total if is_kernel else None
         else:
             micros = event.cpu_time_total if name.startswith("c10d::") else None
         kind = collective_kind(name) if micros is not None else None
@@ -437,6 +444,7 @@ def run_arm(arm: str, args: argparse.Namespace, device: torch.device, reference:
     if hasattr(engine, "destroy"):
         engine.destroy()
     del engine
+    gc.collect()  # the next arm's peak memory starts from what this one leaves
     return result, gradients
 
 
