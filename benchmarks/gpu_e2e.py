@@ -501,11 +501,12 @@ def format_report(report: dict) -> str:
             f"{'pass' if check['passed'] else 'FAIL'} "
             + ("(bit-identical)" if check["passed"] and env["world_size"] == 1 else
                f"(max {check['max_abs_diff']:.2e}, {check['max_diff_over_bound']:.2f}x bound)"))
-        lines.append(f"{r['arm']:<6} {r['step_s'] * 1e3:>9.2f} {ratio.get('step_s', float('nan')):>8.3f} "
-                     f"{r['tokens_per_s']:>11.0f} {ratio.get('tokens_per_s', float('nan')):>8.3f} "
-                     f"{r['peak_memory_bytes'] / 2**20:>9.0f} {text:>28}")
-    lines += ["", "profile, ms per step (" + ("NCCL kernels, our kernels' device time"
-                                             if env["device_type"] == "cuda" else "host time") + "):"]
+        step_ratio, tokens_ratio = (f"{ratio[key]:.3f}" if ratio else "-" for key in ("step_s", "tokens_per_s"))
+        lines.append(f"{r['arm']:<6} {r['step_s'] * 1e3:>9.2f} {step_ratio:>8} {r['tokens_per_s']:>11.0f} "
+                     f"{tokens_ratio:>8} {r['peak_memory_bytes'] / 2**20:>9.0f} {text:>28}")
+    if any(r["profile"] for r in report["arms"]):
+        lines += ["", "profile, ms per step (" + ("NCCL kernels, our kernels' device time"
+                                                 if env["device_type"] == "cuda" else "host time") + "):"]
     for r in report["arms"]:
         if not r["profile"]:
             continue
