@@ -115,6 +115,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--group-size", type=int, default=256, help="ours: elements per quantization group")
     parser.add_argument("--local-world-size", type=int,
                         help="ours: ranks per node (default: the launcher's); set it to simulate nodes")
+    parser.add_argument("--overlap-comm", default="on", choices=("on", "off"),
+                        help="ZeRO's overlap_comm: reduce on a side stream while backward runs (default on, ZeRO-3's)")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the results as JSON to this path (rank 0)")
@@ -193,10 +195,10 @@ def ds_qgz_expected() -> bool:
     return dist.get_world_size() // get_accelerator().device_count() > 1
 
 
-def ds_config(arm: str, args: argparse.Namespace, device: torch.device) -> dict:
-    """The DeepSpeed config of ``arm``: ZeRO-3, torch's AdamW, ``--dtype``; qgZ for dsqgz, plain and loco, and our
-    ``zeropp_loco_param`` block for plain (no error feedback) and loco."""
-    zero = {"stage": 3, "overlap_comm": device.type == "cuda", "contiguous_gradients": True}
+def ds_config(arm: str, args: argparse.Namespace) -> dict:
+    """The DeepSpeed config of ``arm``: ZeRO-3 (``--overlap-comm``), torch's AdamW, ``--dtype``; qgZ for dsqgz,
+    plain and loco, and our ``zeropp_loco_param`` block for plain (no error feedback) and loco."""
+    zero = {"stage": 3, "overlap_comm": args.overlap_comm == "on", "contiguous_gradients": True}
     if arm != "zero3":
         zero["zero_quantized_gradients"] = True
     if arm in ("plain", "loco"):
@@ -224,7 +226,7 @@ def random_batch(args: argparse.Namespace, step: int, device: torch.device):
     return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
 
-def build_engine(arm: str, args: argparse.Namespace, device: torch.device) -> tuple:
+def build_engine(arm: str, args: argparse.Namespace) -> tuple:
     """``(engine, parameters)``: a fresh model (seeded: the same weights in every arm) under a ZeRO-3 engine for
     ``arm``, and its number of parameters."""
     import deepspeed
@@ -233,7 +235,7 @@ def build_engine(arm: str, args: argparse.Namespace, device: torch.device) -> tu
     model = ByteLlama(args.model)
     parameters = count_parameters(model)
     initialize = deepspeed_loco.initialize if arm in ("plain", "loco") else deepspeed.initialize
-    engine, _, _, _ = initialize(model=model, model_parameters=model.parameters(), config=ds_config(arm, args, device))
+    engine, _, _, _ = initialize(model=model, model_parameters=model.parameters(), config=ds_config(arm, args))
     if arm in ("plain", "loco") and deepspeed_loco.loco_hook(engine) is None:
         raise RuntimeError(f"arm {arm}: deepspeed_loco.initialize returned an engine without a LoCo hook")
     return engine, parameters
@@ -406,7 +408,7 @@ def run_arm(arm: str, args: argparse.Namespace, device: torch.device, reference:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    engine, parameters = build_engine(arm, args, device)
+    engine, parameters = build_engine(arm, args)
     gradients = first_step_gradients(engine, random_batch(args, 0, device))
     for step in range(1, args.warmup):
         train_step(engine, random_batch(args, step, device))
@@ -491,7 +493,7 @@ def format_report(report: dict) -> str:
              f"({env['backend']}), torch {env['torch']}, DeepSpeed {env['deepspeed']}",
              f"model {report['size']}: {model['parameters'] / 1e6:.1f}M parameters, {model['layers']} layers, dim "
              f"{model['dim']}, {model['heads']} heads, seq {model['seq_len']}; micro-batch {report['micro_batch']}, "
-             f"{report['dtype']}, bits (ours) {report['bits']}",
+             f"{report['dtype']}, overlap_comm {report['overlap_comm']}, bits (ours) {report['bits']}",
              "", f"{'arm':<6} {'step ms':>9} {'x zero3':>8} {'tokens/s':>11} {'x zero3':>8} {'peak MiB':>9} "
              f"{'grad check':>28}"]
     for r in report["arms"]:
@@ -540,7 +542,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     model = dict(args.model.to_dict(), parameters=results[0]["parameters"])
     report = {"environment": environment(device), "size": args.size, "model": model, "micro_batch": args.micro_batch,
               "steps": args.steps, "warmup": args.warmup, "profile_steps": args.profile_steps, "dtype": args.dtype,
-              "bits": "/".join(map(str, args.bits)), "group_size": args.group_size, "arms": results,
+              "overlap_comm": args.overlap_comm, "bits": "/".join(map(str, args.bits)), "group_size": args.group_size,
+              "arms": results,
               "gradient_check_passed": all(r.get("gradient_check", {"passed": True})["passed"] for r in results)}
     if dist.get_rank() == 0:
         text = format_report(report)
