@@ -51,9 +51,9 @@ On the device (one H200, torch 2.11 CUDA, DeepSpeed's wheel carried in ``.whl/``
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0                    # DeepSpeed 0.19.8 cannot parse 9.0a
     python3 -c "from deepspeed_loco.ops import loco_cuda; loco_cuda.load()"      # build our kernels once
-    python3 benchmarks/gpu_e2e.py --size 125m --micro-batch 16 --steps 20 \
+    python3 benchmarks/gpu_e2e.py --size 125m --micro-batch 16 --steps 20 \\
         --out $OUT/results_125m.json --table $OUT/table_125m.txt
-    python3 benchmarks/gpu_e2e.py --size 1b --micro-batch 8 --steps 20 \
+    python3 benchmarks/gpu_e2e.py --size 1b --micro-batch 8 --steps 20 \\
         --out $OUT/results_1b.json --table $OUT/table_1b.txt
 """
 import argparse
