@@ -3,6 +3,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import torch
+from torch.profiler import record_function
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import Hop, HopPlan, WireLayout
@@ -38,13 +39,26 @@ class WireStats:
         return sum(self.bytes.values())
 
 
+RANGE_PREFIX = "deepspeed_loco."  # every profiler range of the reduce starts with this
+
+
+def profiler_range(hop: Optional[str], step: str) -> str:
+    """The ``torch.profiler`` range around one step of a reduce: ``deepspeed_loco.<hop>.<step>``, or
+    ``deepspeed_loco.<step>`` for the final mean (``hop`` None). ``step`` is a kernel entry point
+    (``quantize_bucket_``, ``requantize_bucket_``, ``final_mean_bucket``) or ``all_to_all`` (the hop's exchange)."""
+    return f"{RANGE_PREFIX}{hop}.{step}" if hop else f"{RANGE_PREFIX}{step}"
+
+
+
 class LocoReducer:
     """Reduce-scatters buckets of full gradients to this rank's ZeRO-3 partitions of their mean.
 
     ``reduce_scatter`` returns, per parameter, ``ceil(N / W)`` elements (zero past ``N``) of the mean over the
     ``W`` ranks, in the gradient's dtype: the quantity and layout of DeepSpeed's reduce-scatter path. A bucket
     costs one all-to-all per hop of the plan whatever its number of parameters; ``topology`` supplies the plan
-    (:meth:`~deepspeed_loco.runtime.comm.topology.LocoTopology.plan`) and this rank's index.
+    (:meth:`~deepspeed_loco.runtime.comm.topology.LocoTopology.plan`) and this rank's index. Each kernel call and
+    each exchange runs inside a ``torch.profiler`` range named by :func:`profiler_range`, so a profile groups
+    their time per hop (``benchmarks/gpu_e2e.py``).
     """
 
     def __init__(self, config: LocoConfig, topology, state: Optional[ErrorFeedbackState] = None):
@@ -95,16 +109,20 @@ class LocoReducer:
             args, in_wire, wire = plan.args(index), wire, hop.wire(widths, plan.group_size)
             send = wire.empty(hop.rows, grads[0].device)
             if index == 0:
-                kernels.quantize_bucket_(grads, errors, args, wire, send)
+                with record_function(profiler_range(hop.name, "quantize_bucket_")):
+                    kernels.quantize_bucket_(grads, errors, args, wire, send)
             else:
-                kernels.requantize_bucket_(recv, in_wire, errors, args, wire, send)
+                with record_function(profiler_range(hop.name, "requantize_bucket_")):
+                    kernels.requantize_bucket_(recv, in_wire, errors, args, wire, send)
             if hop.exchange is None:
                 raise RuntimeError(f"LoCo reduce: hop {hop.name!r} has no exchange (a topology without process "
                                    f"groups cannot reduce)")
-            recv = hop.exchange(send)
+            with record_function(profiler_range(hop.name, "all_to_all")):
+                recv = hop.exchange(send)
             self.stats.sent(hop, wire)
-        return kernels.final_mean_bucket(recv, wire, plan.args(len(plan.hops) - 1), [g.numel() for g in grads],
-                                         self.topology.rank, grads[0].dtype)
+        with record_function(profiler_range(None, "final_mean_bucket")):
+            return kernels.final_mean_bucket(recv, wire, plan.args(len(plan.hops) - 1), [g.numel() for g in grads],
+                                             self.topology.rank, grads[0].dtype)
 
 
 def _name(param: torch.Tensor) -> str:

@@ -233,3 +233,23 @@ def test_telemetry_counts_the_bytes_per_element_of_each_hop_scales_included(proc
             assert stats.bytes[hop] == {"intra_node": intra, "inter_node": inter}[hop] * stats.elements[hop]
     assert wire_bytes_per_element(intra_bits, GROUP) == 8 / 8 + 4 / GROUP == 1.125  # the figures, spelled out
     assert wire_bytes_per_element(inter_bits, GROUP) == 2 / 8 + 4 / GROUP == 0.375
+
+
+
+def check_profiler_ranges(local_size):
+    """The ``deepspeed_loco.*`` ranges of a profile of one reduce, with their call counts."""
+    from torch.profiler import ProfilerActivity, profile
+    topo = LocoTopology.build(local_size=local_size)
+    reducer = LocoReducer(LocoConfig(group_size=GROUP), topo)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        reducer.reduce_scatter(_holders(), _grads(topo.rank, torch.float32, 3))
+    return {e.key: e.count for e in prof.key_averages() if e.key.startswith("deepspeed_loco.")}
+
+
+def test_a_profile_names_each_kernel_and_exchange_of_each_hop(process_pool):
+    from deepspeed_loco.runtime.comm.loco_reduce import profiler_range
+    names = [profiler_range("intra_node", "quantize_bucket_"), profiler_range("intra_node", "all_to_all"),
+             profiler_range("inter_node", "requantize_bucket_"), profiler_range("inter_node", "all_to_all"),
+             profiler_range(None, "final_mean_bucket")]
+    assert names[0] == "deepspeed_loco.intra_node.quantize_bucket_"
+    assert process_pool(4).run(check_profiler_ranges, 2) == [dict.fromkeys(names, 1)] * 4

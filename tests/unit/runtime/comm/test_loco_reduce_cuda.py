@@ -1,7 +1,9 @@
 """The LoCo reduce with CUDA tensors and the fused kernels against the CPU reference, in real processes.
 
-Several processes share one GPU here (gloo carries the all-to-alls), so this runs on a one-GPU machine; with
-more GPUs the same check runs under NCCL in benchmarks/gpu_e2e.py. Skipped without CUDA.
+Several processes share one GPU here (gloo carries the all-to-alls), so this runs on a one-GPU machine. With several
+GPUs under NCCL, benchmarks/gpu_e2e.py runs the reduce inside real ZeRO-3 engines and checks its first-step gradients
+against DeepSpeed's reduce-scatter within the quantizer's bound (not bit for bit against this reference). Skipped
+without CUDA.
 """
 import pytest
 import torch

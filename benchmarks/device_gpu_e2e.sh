@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call for benchmarks/gpu_e2e.py on one GPU (world size 1, NCCL): install the carried wheelhouse (.whl/,
+# benchmarks/device_wheelhouse.sh), build the LoCo CUDA kernels once, then run the four arms (zero3, dsqgz, plain,
+# loco) for each size of RUNS, saving results_<size>.json, table_<size>.txt and log_<size>.txt under $OUT.
+# RUNS: "SIZE:MICRO_BATCH ..." (default "125m:16 1b:8"); further arguments go to every gpu_e2e.py run.
+# Usage (repository root):
+#   OUT=$OUT bash benchmarks/device_gpu_e2e.sh [--steps 20 ...]
+set -uo pipefail
+OUT=${OUT:-device_out}
+RUNS=${RUNS:-"125m:16 1b:8"}
+RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-240}
+mkdir -p "$OUT"
+start=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 \
+    || { tail -20 "$OUT/pip.log"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1  # DeepSpeed 0.19.8 cannot parse "9.0a"
+python3 -c "from deepspeed_loco.ops import loco_cuda; loco_cuda.load()" >"$OUT/build.log" 2>&1 \
+    || { tail -30 "$OUT/build.log"; exit 1; }
+echo "wheels + kernel build: $(( $(date +%s) - start )) s"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+status=0
+for run in $RUNS; do
+    size=${run%%:*}
+    micro_batch=${run##*:}
+    timeout "$RUN_TIMEOUT_S" python3 benchmarks/gpu_e2e.py --size "$size" --micro-batch "$micro_batch" \
+        --out "$OUT/results_$size.json" --table "$OUT/table_$size.txt" "$@" >"$OUT/log_$size.txt" 2>&1
+    code=$?
+    echo "== $size (micro-batch $micro_batch): exit $code at $(( $(date +%s) - start )) s"
+    if [ -f "$OUT/table_$size.txt" ]; then cat "$OUT/table_$size.txt"; else tail -30 "$OUT/log_$size.txt"; fi
+    [ "$code" = 0 ] || status=1  # 1: a gradient check failed (the table says which); else a crash or timeout
+done
+echo "total $(( $(date +%s) - start )) s"
+exit $status

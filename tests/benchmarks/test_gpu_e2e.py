@@ -1,0 +1,110 @@
+"""benchmarks/gpu_e2e.py on CPU (gloo, the PyTorch reference kernels): every arm through real DeepSpeed ZeRO-3
+engines with the tiny model, as one process that starts its own world of 1 and as 2 torchrun processes that our
+arms treat as 2 nodes of 1 (``--local-world-size 1``: the inter-node qgZ hop runs) while DeepSpeed, told one node
+by ``LOCAL_SIZE``, reduce-scatters. About 25 s on 2 cores."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from torch.distributed.elastic.utils.distributed import get_free_port
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "benchmarks", "gpu_e2e.py")
+TINY = ["--size", "tiny", "--micro-batch", "2", "--warmup", "1", "--steps", "2", "--profile-steps", "1"]
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_SIZE")
+
+
+def _run(tmp_path, launcher, extra_env, *flags):
+    """Runs the benchmark under ``launcher`` (argv before the script) on CPU; returns (report, printed output)."""
+    out = tmp_path / "results.json"
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=REPO, **extra_env)
+    proc = subprocess.run([*launcher, SCRIPT, *TINY, *flags, "--out", str(out)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    printed = proc.stdout + proc.stderr
+    assert proc.returncode == 0, printed[-4000:]
+    return json.loads(out.read_text()), printed
+
+
+def _check_every_arm(report):
+    assert [r["arm"] for r in report["arms"]] == ["zero3", "dsqgz", "plain", "loco"]
+    assert report["gradient_check_passed"]
+    for r in report["arms"]:
+        assert r["step_s"] > 0 and r["tokens_per_s"] > 0 and r["peak_memory_bytes"] > 0
+        assert len(r["step_times_s"]) == 2 and all(t > 0 for t in r["step_times_s"])
+        assert r["vs_zero3"]["step_s"] > 0
+        if r["arm"] != "zero3":
+            assert r["gradient_check"]["passed"], r["gradient_check"]
+    dsqgz = report["arms"][1]
+    assert dsqgz["ds_path"] == {"expected": "reduce_scatter", "ran": "reduce_scatter"}
+    assert dsqgz["gradient_check"]["max_abs_diff"] == 0  # DeepSpeed's fallback is zero3's reduce-scatter
+    assert dsqgz["profile"]["collectives"]["all_to_all"]["calls"] == 0
+    return {r["arm"]: r for r in report["arms"]}
+
+
+def test_one_process_starts_a_world_of_one_and_every_arm_is_bit_identical(tmp_path):
+    report, printed = _run(tmp_path, [sys.executable], {})
+    arms = _check_every_arm(report)
+    assert report["environment"]["world_size"] == 1 and report["environment"]["backend"] == "gloo"
+    for arm in ("plain", "loco"):
+        assert arms[arm]["gradient_check"]["max_abs_diff"] == 0
+        assert arms[arm]["profile"]["loco"] == {}  # one rank: the reduce has no hop, so no kernel runs
+    import deepspeed
+    import torch
+    assert f"world 1 (gloo), torch {torch.__version__}, DeepSpeed {deepspeed.__version__}" in printed
+    assert printed.count("pass (bit-identical)") == 3
+
+
+def test_two_processes_as_two_nodes_run_the_quantized_hop_within_the_bound(tmp_path):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                str(get_free_port())]
+    report, printed = _run(tmp_path, launcher, {"LOCAL_SIZE": "2"}, "--local-world-size", "1")
+    arms = _check_every_arm(report)
+    assert report["environment"]["world_size"] == 2
+    assert arms["zero3"]["profile"]["collectives"]["reduce_scatter"]["calls"] > 0
+    for arm in ("plain", "loco"):
+        check = arms[arm]["gradient_check"]
+        assert 0 < check["max_abs_diff"] and check["max_diff_over_bound"] <= 1 and check["bits"] == [4, 4]
+        assert arms[arm]["loco_kernels"] == "loco_reference"
+        ranges = arms[arm]["profile"]["loco"]
+        assert set(ranges) == {"inter_node.quantize_bucket_", "inter_node.all_to_all", "final_mean_bucket"}
+        assert all(seconds > 0 for seconds in ranges.values())
+        assert arms[arm]["profile"]["collectives"]["all_to_all"]["calls"] > 0
+        assert arms[arm]["profile"]["collectives"]["reduce_scatter"]["calls"] == 0
+    # LoCo's error buffers are zero at the first step: its first gradients are plain qgZ's
+    assert arms["loco"]["gradient_check"]["max_abs_diff"] == arms["plain"]["gradient_check"]["max_abs_diff"]
+    assert "dsqgz: DeepSpeed's rule predicts reduce_scatter, the profile shows reduce_scatter" in printed
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--arms", "zero3,qgz"], "--arms 'zero3,qgz' is invalid: give a comma-separated subset of zero3, dsqgz"),
+    (["--bits", "4/5"], "--bits '4/5' is invalid: it must be INTRA/INTER with each of 2, 3, 4, 8"),
+    (["--dim", "64", "--heads", "3"], "--dim 64 / --heads 3 is invalid"),
+    (["--steps", "0"], "--steps 0 is invalid: it must be an integer >= 1"),
+])
+def test_a_bad_flag_is_an_error_naming_it(benchmark_module, capsys, flags, message):
+    gpu_e2e = benchmark_module("gpu_e2e")
+    with pytest.raises(SystemExit):
+        gpu_e2e.parse_args(flags)
+    assert message in capsys.readouterr().err
+
+
+def test_named_sizes_and_overrides(benchmark_module):
+    gpu_e2e = benchmark_module("gpu_e2e")
+    args = gpu_e2e.parse_args(["--size", "1b", "--layers", "2", "--seq-len", "128", "--arms", "loco,zero3"])
+    assert (args.model.layers, args.model.dim, args.model.heads, args.model.seq_len) == (2, 2048, 16, 128)
+    assert args.arms == ["zero3", "loco"]  # zero3 first: the gradient check's reference
+    assert {"125m", "350m", "1b"} <= set(gpu_e2e.CONFIGS)
+
+
+def test_collectives_are_grouped_by_event_name(benchmark_module):
+    kind = benchmark_module("gpu_e2e").collective_kind
+    assert kind("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)") == "all_to_all"
+    assert kind("c10d::alltoall_base_") == "all_to_all"
+    assert kind("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "reduce_scatter"
+    assert kind("c10d::_reduce_scatter_base_") == "reduce_scatter"
+    assert kind("c10d::allgather_into_tensor_coalesced_") == "all_gather"
+    assert kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL") == "all_reduce"
+    assert kind("aten::mm") is None
