@@ -77,6 +77,9 @@ class SimulatedCluster:
             raise ValueError(f"SimulatedCluster.reduce_scatter: got gradients of {len(grads_per_rank)} ranks, the "
                              f"cluster has {self.world_size}")
         names = list(names) if names is not None else [f"param{i}" for i in range(len(grads_per_rank[0]))]
+        if any(len(grads) != len(names) for grads in grads_per_rank):  # refused before any rank starts
+            raise ValueError(f"SimulatedCluster: {len(names)} names for {[len(g) for g in grads_per_rank]} gradients "
+                             f"per rank")
         if self.world_size == 1:
             return [self.reducers[0].reduce_scatter(names, grads_per_rank[0])]
         futures = [

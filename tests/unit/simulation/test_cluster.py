@@ -127,3 +127,15 @@ def test_one_plan_per_cluster_and_each_rank_exchanges_with_its_own_peers():
         assert len(exchanges) == 4 * len(cluster.plan.hops)
     finally:
         cluster.close()
+
+
+def test_names_that_do_not_match_the_gradients_are_refused_and_the_cluster_stays_usable():
+    cluster = SimulatedCluster(LocoConfig(group_size=GROUP), 2, 2)
+    try:
+        grads = [_grads(rank, 0) for rank in range(4)]
+        with pytest.raises(ValueError, match="3 names for"):
+            cluster.reduce_scatter(grads, ["a", "b", "c"])
+        assert len(cluster.reduce_scatter(grads, ["a", "b", "c", "d"])[0]) == len(SHAPES)
+        assert cluster.states[0].names() == ("a", "b", "c", "d")
+    finally:
+        cluster.close()

@@ -379,6 +379,31 @@ def test_load_allocates_buffers_on_parameters_that_have_none_yet():
     assert same_state(checkpoint.state_dict(state, params), checkpoint.state_dict(fresh, new_params)) == []
 
 
+def test_an_entry_as_the_parameter_attribute_era_wrote_it_loads_and_is_written_the_same_way():
+    """The on-disk entry, spelled out as releases that kept the buffers on the parameters wrote it (format 2), loads
+    into the state, which keeps the buffers by name, and saving gives it back key for key and bit for bit."""
+    gen = torch.Generator().manual_seed(4)
+
+    def buffer(rows, cols):
+        return {"values": torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=gen),
+                "scale": torch.rand(rows, cols // GROUP, generator=gen)}
+
+    old = {"format": "deepspeed_loco.error_feedback", "version": 2,
+           "signature": {"world_size": 4, "local_size": 2, "group_size": GROUP, "error_bits": 8, "hadamard": False,
+                         "error_feedback": True, "intra_node_bits": 4, "inter_node_bits": 4},
+           "step": 5, "params": {"w": {"ds_id": None, "numel": 700, "buffers": {"intra_node": buffer(4, 192),
+                                                                                 "inter_node": buffer(2, 192)}}}}
+    state = new_state(LocoConfig(group_size=GROUP))
+    params = {"w": torch.nn.Parameter(torch.zeros(100, 7))}
+    checkpoint.load_state_dict(state, old, params)
+    assert state.step == 5 and state.names() == ("w", )
+    inter = old["params"]["w"]["buffers"]["inter_node"]
+    assert torch.equal(state.buffers_of("w")["inter_node"].values, inter["values"])
+    saved = checkpoint.state_dict(state, params)
+    assert list(saved) == list(old) and list(saved["params"]["w"]) == list(old["params"]["w"])
+    assert saved["signature"] == old["signature"] and same_state(old, saved) == []
+
+
 def test_a_state_with_no_buffers_saves_and_loads():
     state = new_state(LocoConfig(error_feedback=False))
     state.step = 3
