@@ -2,8 +2,6 @@
 name, keyed by the parameter's name), the step counter and the reset rule."""
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
-import torch
-
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import HopPlan
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
