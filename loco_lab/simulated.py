@@ -10,6 +10,7 @@ import torch
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import plan_hops
+from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
 from deepspeed_loco.simulation import ArmResult, simulate, zeropp_loco_param
 from loco_lab.arms import RunSpec
 from loco_lab.data import ByteCorpus, load_corpus
@@ -77,8 +78,9 @@ def _record(spec: RunSpec, arm, seed: int, result: ArmResult, sizes: List[int]) 
     ``sizes`` elements."""
     last_k = max(1, spec.steps // 10)
     loco = zeropp_loco_param(arm, group_size=spec.group_size, quant_grid=spec.quant_grid, local_world_size=spec.local)
-    plan = plan_hops(spec.world_size, spec.local, LocoConfig.from_dict(loco)) if loco else None
-    buffers = sum(plan.error_bytes(n) for n in sizes) if plan else 0
+    config = LocoConfig.from_dict(loco) if loco else None
+    state = ErrorFeedbackState(config, plan_hops(spec.world_size, spec.local, config)) if config else None
+    buffers = sum(state.planned_bytes(n) for n in sizes) if state else 0
     return {
         "arm": replace(arm, seed=seed).to_dict(),
         "key": arm.key,

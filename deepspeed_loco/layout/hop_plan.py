@@ -11,6 +11,11 @@ The first hop of a plan quantizes the gradient itself; a later hop re-quantizes 
 previous hop received. Each hop carries its exchange (the all-to-all over its peers), supplied by whoever builds
 the plan: process groups (:class:`~deepspeed_loco.runtime.comm.topology.LocoTopology`) or an in-process
 simulation (:mod:`deepspeed_loco.simulation`).
+
+The plan is layout only (which hops, their bits, rows, peers, the group size, the grid, the Hadamard basis). The
+algorithm's settings (``err_beta``, error feedback on or off, the error buffers' storage) belong to the error state
+(:class:`~deepspeed_loco.runtime.comm.error_feedback.ErrorFeedbackState`), which passes ``err_beta`` to
+:meth:`HopPlan.args` when a hop's kernel arguments are built.
 """
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Protocol, Sequence, Tuple
@@ -34,7 +39,8 @@ class Exchange(Protocol):
 
 @dataclass(frozen=True)
 class HopArgs:
-    """Everything a hop's kernel needs besides tensors (one object per hop, from :meth:`HopPlan.args`).
+    """Everything a hop's kernel needs besides tensors (one object per hop, from :meth:`HopPlan.args`; the C++
+    binding reads these fields by name, so they are the kernels' contract).
 
     ``world_size`` / ``local_size``: ``W`` and ``L`` (the first hop's partition and swizzle). ``bits``: this hop's
     wire bits. ``in_bits`` / ``in_blocks``: the previous hop's bits and the number of blocks received from it and
@@ -80,41 +86,43 @@ class Hop:
 @dataclass(frozen=True)
 class HopPlan:
     """The ordered hops of a reduce over ``world_size = M * local_size`` ranks (empty for a world of one);
-    ``grid`` is the resolved quantization grid of every hop ("symmetric" or "midrise", never "auto")."""
+    ``grid`` is the resolved quantization grid of every hop ("symmetric" or "midrise", never "auto").
+
+    Two plans are equal when their layouts are (hops' exchanges are not compared)."""
     world_size: int
     local_size: int
     group_size: int
-    err_beta: float
     hadamard: bool
     grid: str
-    error_bits: int
-    error_feedback: bool
     hops: Tuple[Hop, ...]
 
     @property
     def num_nodes(self) -> int:
         return self.world_size // self.local_size
 
-    def args(self, index: int) -> HopArgs:
-        """The kernel arguments of hop ``index`` (the last hop's also serve the final mean)."""
+    def args(self, index: int, err_beta: float) -> HopArgs:
+        """The kernel arguments of hop ``index`` (the last hop's also serve the final mean): this plan's layout and
+        the error state's ``err_beta``."""
         hop = self.hops[index]
         previous = self.hops[index - 1] if index > 0 else None
-        return HopArgs(self.world_size, self.local_size, hop.bits, self.group_size, self.err_beta, self.hadamard,
+        return HopArgs(self.world_size, self.local_size, hop.bits, self.group_size, err_beta, self.hadamard,
                        self.grid, in_bits=previous.bits if previous else 0, in_blocks=previous.peers if previous else 0)
 
     def widths(self, numels: Sequence[int]) -> Tuple[int, ...]:
         """Padded partition widths ``P'`` of gradients of ``numels`` elements."""
         return tuple(padded_partition_size(n, self.world_size, self.group_size) for n in numels)
 
-    def error_rows(self) -> Mapping[str, int]:
-        """Error-buffer rows per hop name (empty without error feedback)."""
-        return {hop.name: hop.rows for hop in self.hops} if self.error_feedback else {}
+    def rows(self) -> Mapping[str, int]:
+        """Partition rows each hop quantizes, by hop name, in hop order (an error buffer's rows, with error
+        feedback)."""
+        return {hop.name: hop.rows for hop in self.hops}
 
-    def error_bytes(self, numel: int) -> int:
-        """Error-buffer bytes one rank holds for a gradient of ``numel`` elements."""
+    def error_bytes(self, numel: int, error_bits: int) -> int:
+        """Bytes of one error buffer per hop, stored at ``error_bits`` (8: int8 plus an fp32 scale per group; 32:
+        fp32), for a gradient of ``numel`` elements."""
         cols = padded_partition_size(numel, self.world_size, self.group_size)
-        per_row = cols + cols // self.group_size * SCALE_BYTES if self.error_bits == 8 else cols * 4
-        return sum(self.error_rows().values()) * per_row
+        per_row = cols + cols // self.group_size * SCALE_BYTES if error_bits == 8 else cols * 4
+        return sum(self.rows().values()) * per_row
 
     def with_exchanges(self, exchanges: Mapping[str, Exchange]) -> "HopPlan":
         """The same plan with each hop's exchange taken from ``exchanges`` (keyed by hop name)."""
@@ -131,12 +139,13 @@ def resolve_grid(quant_grid: str, hops: Sequence[Hop]) -> str:
 
 def plan_hops(world_size: int, local_size: int, config) -> HopPlan:
     """The hops of a :class:`~deepspeed_loco.config.LocoConfig` on ``world_size`` ranks, ``local_size`` per node
-    (``world_size % local_size == 0``, checked by the caller), without exchanges."""
+    (``world_size % local_size == 0``, checked by the caller), without exchanges: built once per engine or
+    simulated cluster, then given each rank's exchanges with :meth:`HopPlan.with_exchanges`."""
     nodes = world_size // local_size
     hops = []
     if world_size > 1 and local_size > 1:
         hops.append(Hop(INTRA_NODE, config.intra_node_bits, rows=world_size, peers=local_size))
     if world_size > 1 and nodes > 1:
         hops.append(Hop(INTER_NODE, config.inter_node_bits, rows=nodes, peers=nodes))
-    return HopPlan(world_size, local_size, config.group_size, config.err_beta, config.hadamard,
-                   resolve_grid(config.quant_grid, hops), config.error_bits, config.error_feedback, tuple(hops))
+    return HopPlan(world_size, local_size, config.group_size, config.hadamard, resolve_grid(config.quant_grid, hops),
+                   tuple(hops))

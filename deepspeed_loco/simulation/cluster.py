@@ -17,13 +17,13 @@ from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import INTER_NODE, INTRA_NODE, HopPlan, plan_hops
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import check_layout
-from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
 from deepspeed_loco.simulation.exchange import InProcessAllToAll
 
 
 @dataclass(frozen=True)
 class SimulatedTopology:
-    """Virtual rank ``rank = node * L + local`` of the cluster; its plan's hops exchange in process."""
+    """Virtual rank ``rank = node * L + local`` of the cluster; ``exchanges`` (by hop name) are its hops'
+    in-process all-to-alls."""
     world_size: int
     local_size: int
     rank: int
@@ -33,16 +33,14 @@ class SimulatedTopology:
     def num_nodes(self) -> int:
         return self.world_size // self.local_size
 
-    def plan(self, config: LocoConfig) -> HopPlan:
-        plan = plan_hops(self.world_size, self.local_size, config)
-        return plan.with_exchanges({hop.name: self.exchanges[hop.name] for hop in plan.hops})
-
     def describe(self) -> str:
         return f"W={self.world_size} (M={self.num_nodes} nodes x L={self.local_size} ranks), simulated"
 
 
 class SimulatedCluster:
-    """``nodes x local`` virtual ranks, each with its own :class:`LocoReducer` and :class:`ErrorFeedbackState`.
+    """``nodes x local`` virtual ranks, each with its own :class:`LocoReducer` and
+    :class:`~deepspeed_loco.runtime.comm.error_feedback.ErrorFeedbackState` (``states[rank]``), all built from the
+    one hop plan of ``config`` on this layout (:attr:`plan`), each rank's with its own exchanges.
 
     :meth:`reduce_scatter` takes every rank's gradients of one bucket and returns every rank's mean partitions;
     :meth:`mean_gradients` gathers them into full mean gradients (what ZeRO-3's all-gather would give every rank).
@@ -64,27 +62,28 @@ class SimulatedCluster:
                 INTER_NODE: inter[rank % local].member(rank // local)
             }) for rank in range(world)
         ]
-        self.states = [ErrorFeedbackState(config, topo) for topo in self.topologies]
-        self.reducers = [LocoReducer(config, topo, state) for topo, state in zip(self.topologies, self.states)]
-        self._holders: List[Dict[str, torch.Tensor]] = [{} for _ in range(world)]  # per rank, by parameter name
+        self.plan: HopPlan = plan_hops(world, local, config)  # the layout, without exchanges
+        self.reducers = [LocoReducer.for_topology(config, topo, self.plan) for topo in self.topologies]
+        self.states = [reducer.state for reducer in self.reducers]
         self._pool = ThreadPoolExecutor(max_workers=world, thread_name_prefix="loco-virtual-rank")
-
-    @property
-    def plan(self) -> HopPlan:
-        return self.reducers[0].plan
 
     def reduce_scatter(self, grads_per_rank: Sequence[Sequence[torch.Tensor]],
                        names: Optional[Sequence[str]] = None) -> List[List[torch.Tensor]]:
-        """``grads_per_rank[r][i]``: rank ``r``'s gradient of parameter ``i`` (the same shapes on every rank).
+        """``grads_per_rank[r][i]``: rank ``r``'s gradient of parameter ``i`` (the same shapes on every rank),
+        named ``names[i]`` (default ``param<i>``): every rank's state keeps that parameter's error buffers under this
+        name, so a name must always stand for the same parameter.
         Returns ``[r][i]``: rank ``r``'s partition of the mean of parameter ``i`` (``ceil(N / W)`` elements)."""
         if len(grads_per_rank) != self.world_size:
             raise ValueError(f"SimulatedCluster.reduce_scatter: got gradients of {len(grads_per_rank)} ranks, the "
                              f"cluster has {self.world_size}")
-        holders = [self._holders_for(rank, len(grads_per_rank[rank]), names) for rank in range(self.world_size)]
+        names = list(names) if names is not None else [f"param{i}" for i in range(len(grads_per_rank[0]))]
+        if any(len(grads) != len(names) for grads in grads_per_rank):  # refused before any rank starts
+            raise ValueError(f"SimulatedCluster: {len(names)} names for {[len(g) for g in grads_per_rank]} gradients "
+                             f"per rank")
         if self.world_size == 1:
-            return [self.reducers[0].reduce_scatter(holders[0], grads_per_rank[0])]
+            return [self.reducers[0].reduce_scatter(names, grads_per_rank[0])]
         futures = [
-            self._pool.submit(self._reduce_one, rank, holders[rank], grads_per_rank[rank])
+            self._pool.submit(self._reduce_one, rank, names, grads_per_rank[rank])
             for rank in range(self.world_size)
         ]
         errors = [future.exception() for future in futures]
@@ -110,23 +109,10 @@ class SimulatedCluster:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
-    def _reduce_one(self, rank: int, holders, grads) -> List[torch.Tensor]:
+    def _reduce_one(self, rank: int, names: Sequence[str], grads) -> List[torch.Tensor]:
         try:
-            return self.reducers[rank].reduce_scatter(holders, grads)
+            return self.reducers[rank].reduce_scatter(names, grads)
         except BaseException:
             for group in self._groups:  # release the peers waiting for this rank
                 group.abort()
             raise
-
-    def _holders_for(self, rank: int, count: int, names: Optional[Sequence[str]]) -> List[torch.Tensor]:
-        """Rank ``rank``'s stand-ins for the bucket's parameters, by name (default ``param<i>``): each carries that
-        rank's error buffers, so a name must always stand for the same parameter."""
-        names = list(names) if names is not None else [f"param{i}" for i in range(count)]
-        if len(names) != count:
-            raise ValueError(f"SimulatedCluster: {len(names)} names for {count} gradients")
-        holders = self._holders[rank]
-        for name in names:
-            if name not in holders:
-                holders[name] = torch.empty(0)
-                holders[name].ds_name = name
-        return [holders[name] for name in names]

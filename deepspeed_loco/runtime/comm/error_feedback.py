@@ -1,55 +1,110 @@
-"""The error-feedback state of one rank: every parameter's buffers (one per hop, by hop name), the step counter
-and the reset rule."""
-from typing import Dict, Iterator, List, Optional, Tuple
-
-import torch
+"""The error-feedback state of one rank: the algorithm's settings, every parameter's buffers (one per hop, by hop
+name, keyed by the parameter's name), the step counter and the reset rule."""
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import HopPlan
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 
-PARAM_ATTRIBUTE = "loco_error_feedback"
-
 
 class ErrorFeedbackState:
-    """Owns LoCo's error-feedback buffers for one rank and one hop plan.
+    """Owns LoCo's error-feedback buffers for one rank and one hop plan, and the settings of the algorithm.
+
+    ``plan`` is the layout (built once by the caller and shared with the
+    :class:`~deepspeed_loco.runtime.comm.loco_reduce.LocoReducer` that updates these buffers); ``config`` gives the
+    settings: ``err_beta`` (passed to every hop's kernel arguments), ``error_feedback``, ``error_bits`` (int8 or
+    fp32 storage) and ``reset_T``.
 
     A parameter's buffers are a dict ``{hop name: ErrorBuffer}`` in hop order, each ``(hop.rows, P')`` with
-    ``P' = roundup(ceil(N / W), group_size)`` (the first hop's rows in slot order). They live on the parameter
-    (attribute ``loco_error_feedback``, created on first use) and are registered here, which keeps the
-    optimizer-step counter: every ``config.reset_T`` steps all buffers are zeroed together. With
-    ``config.error_feedback`` off, or a plan without hops, no buffer is ever created.
+    ``P' = roundup(ceil(N / W), group_size)`` (the first hop's rows in slot order), held here under the
+    parameter's name (a name must always stand for the same parameter), created as zeros on first use. Nothing is
+    stored on the parameters. Every ``reset_T`` optimizer steps all buffers are zeroed together. With
+    ``error_feedback`` off, or a plan without hops, no buffer is ever created.
     """
 
-    def __init__(self, config: LocoConfig, topology):
+    def __init__(self, config: LocoConfig, plan: HopPlan):
         self.config = config
-        self.plan: HopPlan = topology.plan(config)
+        self.plan = plan
         self.step = 0
-        self.params: List[torch.nn.Parameter] = []
+        self._buffers: Dict[str, Dict[str, ErrorBuffer]] = {}
+        self._numels: Dict[str, int] = {}
 
-    def for_param(self, param: torch.Tensor, numel: int, device: torch.device) -> Optional[Dict[str, ErrorBuffer]]:
-        """Buffers of ``param`` (whose gradient has ``numel`` elements), allocated as zeros on first use; None
-        without error feedback or in a world of one rank."""
-        rows = self.plan.error_rows()
+    @property
+    def err_beta(self) -> float:
+        return self.config.err_beta
+
+    @property
+    def error_feedback(self) -> bool:
+        return self.config.error_feedback
+
+    @property
+    def error_bits(self) -> int:
+        return self.config.error_bits
+
+    def rows(self) -> Mapping[str, int]:
+        """Error-buffer rows per hop name (empty without error feedback)."""
+        return self.plan.rows() if self.error_feedback else {}
+
+    def planned_bytes(self, numel: int) -> int:
+        """Error-buffer bytes this rank will hold for a gradient of ``numel`` elements (0 without buffers)."""
+        return self.plan.error_bytes(numel, self.error_bits) if self.rows() else 0
+
+    def buffers_for(self, name: str, numel: int, device) -> Optional[Dict[str, ErrorBuffer]]:
+        """Buffers of parameter ``name`` (whose gradient has ``numel`` elements), allocated as zeros on ``device``
+        on first use; None without error feedback or in a world of one rank. Raises ValueError if ``name`` was
+        first used with another ``numel``."""
+        rows = self.rows()
         if not rows:
             return None
-        buffers = getattr(param, PARAM_ATTRIBUTE, None)
-        if buffers is None:
+        if name not in self._buffers:
             cols = self.plan.widths([numel])[0]
-            buffers = {name: ErrorBuffer.zeros(count, cols, self.plan.group_size, self.plan.error_bits, device)
-                       for name, count in rows.items()}
-            setattr(param, PARAM_ATTRIBUTE, buffers)
-            self.params.append(param)
-        return buffers
+            self._buffers[name] = {hop: ErrorBuffer.zeros(count, cols, self.plan.group_size, self.error_bits, device)
+                                   for hop, count in rows.items()}
+            self._numels[name] = numel
+        elif self._numels[name] != numel:
+            raise ValueError(f"LoCo error feedback: parameter {name!r} has {self._numels[name]} elements, got a "
+                             f"gradient of {numel}; a name must always stand for the same parameter")
+        return self._buffers[name]
 
-    def named_buffers(self) -> Iterator[Tuple[torch.nn.Parameter, str, ErrorBuffer]]:
-        """``(parameter, hop name, buffer)`` for every buffer, in registration and hop order."""
-        for param in self.params:
-            for name, buffer in getattr(param, PARAM_ATTRIBUTE).items():
-                yield param, name, buffer
+    def buffers_of(self, name: str) -> Mapping[str, ErrorBuffer]:
+        """Parameter ``name``'s buffers by hop name, as they are (empty before its first use or without error
+        feedback); allocates nothing."""
+        return self._buffers.get(name, {})
+
+    def names(self) -> Tuple[str, ...]:
+        """Names of the parameters that hold buffers, in the order they were first used."""
+        return tuple(self._buffers)
+
+    def named_buffers(self) -> Iterator[Tuple[str, str, ErrorBuffer]]:
+        """``(parameter name, hop name, buffer)`` for every buffer, in first-use and hop order."""
+        for name, buffers in self._buffers.items():
+            for hop, buffer in buffers.items():
+                yield name, hop, buffer
 
     def buffers(self) -> Iterator[ErrorBuffer]:
         return (buffer for _, _, buffer in self.named_buffers())
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The step and every buffer as CPU copies: ``{"step": int, "params": {name: {"numel": int, "buffers":
+        {hop name: {"values": int8|fp32 (rows, P'), "scale": fp32 (rows, P'/group) | None}}}}}``."""
+        copy = lambda t: None if t is None else t.detach().to("cpu", copy=True)
+        return {"step": self.step, "params": {
+            name: {"numel": self._numels[name],
+                   "buffers": {hop: {"values": copy(b.values), "scale": copy(b.scale)} for hop, b in buffers.items()}}
+            for name, buffers in self._buffers.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any], devices: Optional[Mapping[str, Any]] = None) -> None:
+        """Makes this state exactly ``state`` (a :meth:`state_dict` of a state with the same plan and settings; the
+        checkpoint module checks a saved one first): every buffer zeroed, the saved ones copied in, the step set.
+        A parameter without buffers yet gets them on ``devices[name]`` (default the CPU)."""
+        self.reset()
+        for name, entry in state["params"].items():
+            buffers = self.buffers_for(name, entry["numel"], (devices or {}).get(name, "cpu"))
+            for hop, saved in entry["buffers"].items():
+                buffers[hop].values.copy_(saved["values"])
+                if buffers[hop].scale is not None:
+                    buffers[hop].scale.copy_(saved["scale"])
+        self.step = int(state["step"])
 
     def reset(self) -> None:
         """Zeroes every buffer (the step counter is kept)."""

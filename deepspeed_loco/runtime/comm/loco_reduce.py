@@ -6,7 +6,7 @@ import torch
 from torch.profiler import record_function
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.layout import Hop, HopPlan, WireLayout
+from deepspeed_loco.layout import Hop, HopPlan, WireLayout, plan_hops
 from deepspeed_loco.ops import kernels_for
 from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
 from deepspeed_loco.utils.logging import logger
@@ -55,30 +55,50 @@ class LocoReducer:
 
     ``reduce_scatter`` returns, per parameter, ``ceil(N / W)`` elements (zero past ``N``) of the mean over the
     ``W`` ranks, in the gradient's dtype: the quantity and layout of DeepSpeed's reduce-scatter path. A bucket
-    costs one all-to-all per hop of the plan whatever its number of parameters; ``topology`` supplies the plan
-    (:meth:`~deepspeed_loco.runtime.comm.topology.LocoTopology.plan`) and this rank's index. Each kernel call and
-    each exchange runs inside a ``torch.profiler`` range named by :func:`profiler_range`, so a profile groups
-    their time per hop (``benchmarks/gpu_e2e.py``).
+    costs one all-to-all per hop of the plan whatever its number of parameters. Each kernel call and each exchange
+    runs inside a ``torch.profiler`` range named by :func:`profiler_range`, so a profile groups their time per hop
+    (``benchmarks/gpu_e2e.py``).
+
+    ``plan``: the hops, with this rank's exchanges; ``state``: the error buffers and the algorithm's settings
+    (``err_beta`` goes from it into every hop's kernel arguments), built for the same plan (ValueError otherwise);
+    ``rank``: this rank's index in the group. :meth:`for_topology` builds all three.
     """
 
-    def __init__(self, config: LocoConfig, topology, state: Optional[ErrorFeedbackState] = None):
-        self.config = config
-        self.topology = topology
-        self.plan: HopPlan = topology.plan(config)
-        self.state = state if state is not None else ErrorFeedbackState(config, topology)
+    def __init__(self, plan: HopPlan, state: ErrorFeedbackState, rank: int):
+        if state.plan != plan:
+            raise ValueError(f"LocoReducer: the error-feedback state belongs to another plan ({state.plan}) than the "
+                             f"reducer's ({plan}); build the state from the reducer's plan")
+        self.plan = plan
+        self.state = state
+        self.rank = rank
         self.stats = WireStats()
         self._touched = False
 
+    @classmethod
+    def for_topology(cls, config: LocoConfig, topology, layout: Optional[HopPlan] = None) -> "LocoReducer":
+        """The reducer of rank ``topology.rank`` with a fresh :class:`ErrorFeedbackState` of ``config``.
+
+        ``layout``: the plan of ``config`` on the topology's ``W`` and ``L`` (:func:`~deepspeed_loco.layout.plan_hops`),
+        built here when None (a simulated cluster builds it once for all its ranks); the reducer's plan is that
+        layout with the topology's exchanges (``topology.exchanges``, by hop name).
+        """
+        if layout is None:
+            layout = plan_hops(topology.world_size, topology.local_size, config)
+        plan = layout.with_exchanges(topology.exchanges)
+        return cls(plan, ErrorFeedbackState(config, plan), topology.rank)
+
     @torch.no_grad()
-    def reduce_scatter(self, params: Sequence[torch.Tensor],
-                       grads: Optional[Sequence[torch.Tensor]] = None) -> List[torch.Tensor]:
-        """``params``' gradients (``grads``, default each ``p.grad``) to this rank's mean partitions."""
-        grads = [p.grad for p in params] if grads is None else list(grads)
-        for param, grad in zip(params, grads):
+    def reduce_scatter(self, names: Sequence[str], grads: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        """The gradients ``grads`` of the parameters named ``names`` to this rank's mean partitions; the state keeps
+        each parameter's error buffers under its name, so a name must always stand for the same parameter."""
+        grads = list(grads)
+        if len(names) != len(grads):
+            raise ValueError(f"LoCo reduce: {len(names)} parameter names for {len(grads)} gradients")
+        for name, grad in zip(names, grads):
             if grad is None:
-                raise ValueError(f"LoCo reduce: parameter {_name(param)} has no gradient to reduce")
+                raise ValueError(f"LoCo reduce: parameter {name} has no gradient to reduce")
             if grad.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-                raise TypeError(f"LoCo reduce: gradient of {_name(param)} is {grad.dtype}; "
+                raise TypeError(f"LoCo reduce: gradient of {name} is {grad.dtype}; "
                                 f"supported are float32, float16 and bfloat16")
         if len({(g.dtype, g.device) for g in grads}) > 1:
             raise TypeError("LoCo reduce: the gradients of one bucket must share one dtype and device, got "
@@ -87,26 +107,26 @@ class LocoReducer:
             return [g.reshape(-1).clone() for g in grads]
         self._touched = False
         try:
-            return self._reduce_scatter(params, grads)
+            return self._reduce_scatter(names, grads)
         except BaseException as exc:
             # a bucket's buffers may be half-updated: fall back to the state a fresh run starts from
             if self._touched:
                 self.state.reset()
-                logger.warning(f"deepspeed-loco: rank {self.topology.rank}: {type(exc).__name__} during a LoCo "
+                logger.warning(f"deepspeed-loco: rank {self.rank}: {type(exc).__name__} during a LoCo "
                                f"reduce; all error-feedback buffers of this rank were reset to zero")
             raise
 
-    def _reduce_scatter(self, params: Sequence[torch.Tensor], grads: List[torch.Tensor]) -> List[torch.Tensor]:
-        plan = self.plan
+    def _reduce_scatter(self, names: Sequence[str], grads: List[torch.Tensor]) -> List[torch.Tensor]:
+        plan, err_beta = self.plan, self.state.err_beta
         self.stats.reduces += 1
         kernels = kernels_for(grads[0].device)
         widths = plan.widths([g.numel() for g in grads])
-        buffers = [self.state.for_param(p, g.numel(), g.device) for p, g in zip(params, grads)]
+        buffers = [self.state.buffers_for(n, g.numel(), g.device) for n, g in zip(names, grads)]
         self._touched = any(b is not None for b in buffers)  # the kernels below update the buffers in place
         recv = wire = None
         for index, hop in enumerate(plan.hops):
             errors = [b and b[hop.name] for b in buffers]
-            args, in_wire, wire = plan.args(index), wire, hop.wire(widths, plan.group_size)
+            args, in_wire, wire = plan.args(index, err_beta), wire, hop.wire(widths, plan.group_size)
             send = wire.empty(hop.rows, grads[0].device)
             if index == 0:
                 with record_function(profiler_range(hop.name, "quantize_bucket_")):
@@ -121,9 +141,5 @@ class LocoReducer:
                 recv = hop.exchange(send)
             self.stats.sent(hop, wire)
         with record_function(profiler_range(None, "final_mean_bucket")):
-            return kernels.final_mean_bucket(recv, wire, plan.args(len(plan.hops) - 1), [g.numel() for g in grads],
-                                             self.topology.rank, grads[0].dtype)
-
-
-def _name(param: torch.Tensor) -> str:
-    return getattr(param, "ds_name", None) or f"#{getattr(param, 'ds_id', id(param))}"
+            return kernels.final_mean_bucket(recv, wire, plan.args(len(plan.hops) - 1, err_beta),
+                                             [g.numel() for g in grads], self.rank, grads[0].dtype)

@@ -1,13 +1,13 @@
-"""The two-level layout of a data-parallel group: ``W = M * L`` ranks, ``L`` per node, its subgroups, and the hop
-plan whose exchanges run over them."""
+"""The two-level layout of a data-parallel group: ``W = M * L`` ranks, ``L`` per node, its subgroups, and the
+exchanges of the hop plan's hops over them."""
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional
 
 import torch.distributed as dist
 
-from deepspeed_loco.config import LocoConfig, LocoConfigError
-from deepspeed_loco.layout import INTER_NODE, INTRA_NODE, HopPlan, plan_hops
+from deepspeed_loco.config import LocoConfigError
+from deepspeed_loco.layout import INTER_NODE, INTRA_NODE
 from deepspeed_loco.runtime.comm.exchange import ProcessGroupExchange
 
 
@@ -37,13 +37,13 @@ class LocoTopology:
     def local_rank(self) -> int:
         return self.rank % self.local_size
 
-    def plan(self, config: LocoConfig) -> HopPlan:
-        """The hops of ``config`` on this layout, each exchanging over its subgroup (None-group hops, as in a
-        topology built without process groups, get no exchange)."""
+    @property
+    def exchanges(self) -> Dict[str, Optional[ProcessGroupExchange]]:
+        """Each hop's all-to-all over its subgroup, by hop name, for
+        :meth:`~deepspeed_loco.layout.HopPlan.with_exchanges` (None where the subgroup is, as in a topology built
+        without process groups)."""
         groups = {INTRA_NODE: self.intra_group, INTER_NODE: self.inter_group}
-        plan = plan_hops(self.world_size, self.local_size, config)
-        return plan.with_exchanges({hop.name: ProcessGroupExchange(groups[hop.name]) if groups[hop.name] is not None else None
-                                    for hop in plan.hops})
+        return {name: None if group is None else ProcessGroupExchange(group) for name, group in groups.items()}
 
     def describe(self) -> str:
         return f"W={self.world_size} (M={self.num_nodes} nodes x L={self.local_size} ranks)"

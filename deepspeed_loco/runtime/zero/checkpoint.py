@@ -7,8 +7,10 @@ its optimizer state, written and read by ``engine.save_checkpoint`` / ``engine.l
 Loading: the wrapped ``load_state_dict`` (``runtime/deepspeed_seam.py``, which owns every touch of DeepSpeed) takes
 this rank's entry out of the list before DeepSpeed's own loader sees it, asks :func:`decide_load` (which checks all
 of it with :func:`parse_state_dict` before anything is loaded), agrees with the other ranks, lets DeepSpeed load,
-then :func:`apply_decision` restores the buffers and the step counter. This module is the serializer: it reads and
-writes the error state's named buffers (``{parameter name: {hop name: buffer}}``) and never touches DeepSpeed. The rules (``docs/checkpointing.md``):
+then :func:`apply_decision` restores the buffers and the step counter. This module is the serializer: it wraps the
+error state's own :meth:`~deepspeed_loco.runtime.comm.error_feedback.ErrorFeedbackState.state_dict` (buffers keyed by
+parameter name, ``{parameter name: {hop name: buffer}}``) in the checkpoint format, checks an entry before handing it
+to the state's ``load_state_dict``, and never touches DeepSpeed. The rules (``docs/checkpointing.md``):
 
 * no LoCo entry (a checkpoint of stock DeepSpeed, or of the removed upstream LoCo, which never saved its buffers),
   a universal checkpoint, or ``load_optimizer_states=False``: buffers start from zero, with a WARNING saying why;
@@ -24,7 +26,7 @@ come from a process-wide counter (``deepspeed.zero.Init.param_id``), so the same
 process (an in-process restart, a second engine) gets different ds_ids. The ds_id is saved for information only.
 """
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional
 
 import torch
 
@@ -64,9 +66,9 @@ def signature(state) -> Dict[str, Any]:
         "world_size": int(plan.world_size),
         "local_size": int(plan.local_size),
         "group_size": int(plan.group_size),
-        "error_bits": int(plan.error_bits),
+        "error_bits": int(state.error_bits),
         "hadamard": bool(plan.hadamard),
-        "error_feedback": bool(plan.error_feedback),
+        "error_feedback": bool(state.error_feedback),
         "intra_node_bits": int(cfg.intra_node_bits),
         "inter_node_bits": int(cfg.inter_node_bits),
     }
@@ -76,20 +78,18 @@ def state_dict(state, named_params: Mapping[str, torch.Tensor]) -> Dict[str, Any
     """The state of ``state`` (an :class:`ErrorFeedbackState`) as plain types and CPU tensor copies.
 
     ``{"format", "version", "signature", "step", "params": {name: {"ds_id", "numel", "buffers": {hop name:
-    {"values": int8|fp32 (rows, P'), "scale": fp32 (rows, P'/group) | None}}}}}``, one buffer per hop of the plan.
+    {"values": int8|fp32 (rows, P'), "scale": fp32 (rows, P'/group) | None}}}}}``, one buffer per hop of the plan:
+    the state's own ``state_dict`` with the format, the signature and each parameter's ``ds_id`` (for
+    information; ``named_params`` maps the state's parameter names to the model's parameters).
     """
-    names = {id(p): n for n, p in named_params.items()}
+    saved = state.state_dict()
     params = {}
-    for param, hop, buffer in state.named_buffers():
-        name = names.get(id(param))
-        if name is None:
-            raise RuntimeError(f"deepspeed-loco: parameter ds_id={getattr(param, 'ds_id', None)} has error-feedback "
-                               f"buffers but is not a parameter of the model being checkpointed")
-        entry = params.setdefault(name, {"ds_id": getattr(param, "ds_id", None), "numel": _numel(param),
-                                         "buffers": {}})
-        copy = lambda t: None if t is None else t.detach().to("cpu", copy=True)
-        entry["buffers"][hop] = {"values": copy(buffer.values), "scale": copy(buffer.scale)}
-    return {"format": FORMAT, "version": FORMAT_VERSION, "signature": signature(state), "step": int(state.step),
+    for name, entry in saved["params"].items():
+        if name not in named_params:
+            raise RuntimeError(f"deepspeed-loco: parameter {name!r} has error-feedback buffers but is not a parameter "
+                               f"of the model being checkpointed")
+        params[name] = {"ds_id": getattr(named_params[name], "ds_id", None), **entry}
+    return {"format": FORMAT, "version": FORMAT_VERSION, "signature": signature(state), "step": int(saved["step"]),
             "params": params}
 
 
@@ -100,10 +100,12 @@ def _numel(param: torch.Tensor) -> int:
 # ---------------------------------------------------------------------------------------------------- loading
 @dataclass
 class LoadPlan:
-    """A checked LoCo entry, ready to be applied: the step and, per parameter, the saved ``{hop name: (values,
-    scale)}``."""
+    """A checked LoCo entry, ready to be applied: the step, per parameter name the saved ``{"numel", "buffers":
+    {hop name: {"values", "scale"}}}`` (the shape of ``ErrorFeedbackState.state_dict``), and the device of each
+    parameter's partition (where the buffers a parameter does not have yet are allocated)."""
     step: int
-    entries: List[Tuple[torch.Tensor, int, Dict[str, tuple]]] = field(default_factory=list)
+    params: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    devices: Dict[str, torch.device] = field(default_factory=dict)
 
 
 def load_state_dict(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -> None:
@@ -167,7 +169,7 @@ def _parse(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -> LoadPlan
             f"{_describe(current)} ({diff}), so they do not fit", int(step))
 
     plan = LoadPlan(step=int(step))
-    rows = state.plan.error_rows()
+    rows = state.rows()
     if params and not rows:
         _corrupt(f"{where} holds buffers for {len(params)} parameter(s) but its signature says there are none")
     for name, entry in params.items():
@@ -183,8 +185,9 @@ def _parse(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -> LoadPlan
         if extra:
             _corrupt(f"{at}: buffers for hop(s) {extra}, which this layout does not have (hops: {list(rows)})")
         cols = state.plan.widths([numel])[0]
-        plan.entries.append((param, numel, {hop: _check_buffer(f"{at}, {hop}", buffers.get(hop), count, cols,
-                                                               state.plan) for hop, count in rows.items()}))
+        plan.params[name] = {"numel": numel, "buffers": {
+            hop: _check_buffer(f"{at}, {hop}", buffers.get(hop), count, cols, state) for hop, count in rows.items()}}
+        plan.devices[name] = _device(param)
     return plan
 
 
@@ -201,17 +204,17 @@ def _entry_buffers(at: str, entry: Any, version: int) -> Mapping[str, Any]:
     return entry["buffers"]
 
 
-def _check_buffer(at: str, saved: Any, rows: int, cols: int, plan) -> tuple:
+def _check_buffer(at: str, saved: Any, rows: int, cols: int, state) -> Dict[str, Any]:
     if not isinstance(saved, Mapping) or "values" not in saved or "scale" not in saved:
         _corrupt(f"{at}: expected a dict with 'values' and 'scale', got {_brief(saved)}")
     values, scale = saved["values"], saved["scale"]
-    int8 = plan.error_bits == 8
+    int8 = state.error_bits == 8
     _check_tensor(f"{at}, values", values, torch.int8 if int8 else torch.float32, (rows, cols))
     if int8:
-        _check_tensor(f"{at}, scale", scale, torch.float32, (rows, cols // plan.group_size))
+        _check_tensor(f"{at}, scale", scale, torch.float32, (rows, cols // state.plan.group_size))
     elif scale is not None:
         _corrupt(f"{at}: scale must be None for error_bits 32, got {_brief(scale)}")
-    return values, scale
+    return {"values": values, "scale": scale}
 
 
 def _check_tensor(at: str, value: Any, dtype: torch.dtype, shape: tuple) -> None:
@@ -228,14 +231,7 @@ def _check_tensor(at: str, value: Any, dtype: torch.dtype, shape: tuple) -> None
 
 def apply_plan(state, plan: LoadPlan) -> None:
     """Makes ``state`` exactly the checked entry: every buffer zeroed, the saved ones copied in, the step set."""
-    state.reset()
-    for param, numel, saved in plan.entries:
-        buffers = state.for_param(param, numel, _device(param))
-        for hop, (values, scale) in saved.items():
-            buffers[hop].values.copy_(values)
-            if buffers[hop].scale is not None:
-                buffers[hop].scale.copy_(scale)
-    state.step = plan.step
+    state.load_state_dict({"step": plan.step, "params": plan.params}, plan.devices)
 
 
 def _device(param: torch.Tensor) -> torch.device:
@@ -283,7 +279,7 @@ def decide_load(state, entry: Any, named_params: Mapping[str, torch.Tensor], uni
     if not load_optimizer_states:
         return LoadDecision("reset", "load_optimizer_states=False: LoCo's buffers are optimizer state")
     if entry is MISSING:
-        if not state.plan.error_rows():
+        if not state.rows():
             return LoadDecision("load")
         return LoadDecision("reset", f"the checkpoint has no {STATE_KEY!r} entry (saved without deepspeed-loco, or "
                             f"by the removed upstream LoCo, which never saved its buffers)")
@@ -305,7 +301,7 @@ def apply_decision(state, decision: LoadDecision, rank: int) -> None:
         if decision.plan is not None:
             apply_plan(state, decision.plan)
             if rank == 0:
-                logger.info(f"deepspeed-loco: restored error-feedback state ({len(decision.plan.entries)} "
+                logger.info(f"deepspeed-loco: restored error-feedback state ({len(decision.plan.params)} "
                             f"parameters, optimizer step {state.step})")
         return
     state.reset()

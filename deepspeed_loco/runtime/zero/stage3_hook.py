@@ -1,16 +1,17 @@
-"""LoCo attached to one DeepSpeed ZeRO-3 optimizer: topology, hop plan, error-feedback state, reducer, and the
-step rules (reset every ``reset_T`` optimizer steps, rescale on an fp16 loss-scale change, clear on overflow).
+"""LoCo attached to one DeepSpeed ZeRO-3 optimizer: topology, hop plan (built once, here), error-feedback state,
+reducer, and the step rules (reset every ``reset_T`` optimizer steps, rescale on an fp16 loss-scale change, clear
+on overflow).
 
 Every touch of DeepSpeed itself goes through :mod:`deepspeed_loco.runtime.zero.deepspeed_seam`.
 """
 import logging
 import os
-from typing import Optional
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.layout import describe_hop_cost
+from deepspeed_loco.layout import HopPlan, describe_hop_cost
 from deepspeed_loco.ops import kernels_for
 from deepspeed_loco.runtime.zero import deepspeed_seam
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
@@ -33,33 +34,50 @@ def resolve_local_size(config: LocoConfig, world_size: int) -> int:
     return min(deepspeed_seam.local_device_count(), world_size) or 1
 
 
-def describe_wire(config: LocoConfig, topology: LocoTopology) -> str:
+def describe_wire(plan: HopPlan) -> str:
     """The start-up line's wire figures: bytes per gradient element each hop puts on the wire, scales included, or
     ``n/a`` for a hop this layout does not have (``L == 1``: no intra-node hop; ``M == 1``: no inter-node hop)."""
-    hops = {hop.name: hop for hop in topology.plan(config).hops}
-    figures = (f"{label} {describe_hop_cost(hops[name].bits, config.group_size) if name in hops else 'n/a'}"
+    hops = {hop.name: hop for hop in plan.hops}
+    figures = (f"{label} {describe_hop_cost(hops[name].bits, plan.group_size) if name in hops else 'n/a'}"
                for name, label in HOP_LABELS.items())
     return "wire per element: " + ", ".join(figures)
 
 
 class LocoHook:
-    """LoCo attached to one ZeRO-3 optimizer: its topology, error-feedback state and reducer."""
+    """LoCo attached to one ZeRO-3 optimizer: its topology, hop plan (built once from the config), error-feedback
+    state and reducer (both given that plan).
 
-    def __init__(self, optimizer, config: LocoConfig, named_params=None):
+    ``named_params`` (``{name: parameter}``, default the optimizer's ``param_names``) names the parameters: the
+    state keeps each one's error buffers, and checkpoints save them, under that name.
+    """
+
+    def __init__(self, optimizer, config: LocoConfig, named_params: Optional[Mapping[str, torch.Tensor]] = None):
         self.optimizer = optimizer
         self.config = config
         group = optimizer.dp_process_group
         world_size = torch.distributed.get_world_size(group)
         self.topology = LocoTopology.build(group, resolve_local_size(config, world_size))
-        self.state = ErrorFeedbackState(config, self.topology)
-        self.reducer = LocoReducer(config, self.topology, self.state)
+        self.reducer = LocoReducer.for_topology(config, self.topology)
+        self.plan: HopPlan = self.reducer.plan
+        self.state: ErrorFeedbackState = self.reducer.state
         self.telemetry: Optional[telemetry.LocoTelemetry] = None  # set by attach() when a DeepSpeed monitor is on
-        self.patch = patch_optimizer(optimizer, self.state, named_params, self._reduce, self._after_step)
+        named = dict(named_params) if named_params is not None else deepspeed_seam.param_names(optimizer)
+        self._names: Dict[torch.Tensor, str] = {param: name for name, param in named.items()}
+        self.patch = patch_optimizer(optimizer, self.state, named, self._reduce, self._after_step)
+
+    def _names_of(self, params: Sequence[torch.Tensor]) -> List[str]:
+        """The names of ``params``; RuntimeError for a parameter the model does not name."""
+        unnamed = [getattr(p, "ds_id", None) for p in params if p not in self._names]
+        if unnamed:
+            raise RuntimeError(f"deepspeed-loco: parameter(s) with ds_id {unnamed} are not named parameters of the "
+                               f"model; LoCo keeps (and checkpoints) error-feedback buffers by parameter name")
+        return [self._names[p] for p in params]
 
     def _reduce(self, params, grads):
-        partitions = self.reducer.reduce_scatter(params, grads)
+        names = self._names_of(params)
+        partitions = self.reducer.reduce_scatter(names, grads)
         if self.telemetry:
-            self.telemetry.on_reduce(params, grads)
+            self.telemetry.on_reduce(names, grads)
         return partitions
 
     def _after_step(self, overflow: bool, scale_ratio: float) -> None:
@@ -81,7 +99,7 @@ class LocoHook:
 
     def planned_buffer_bytes(self, params) -> int:
         """Error-buffer bytes this rank will hold for ``params`` (ZeRO-3 parameters with ``ds_numel``)."""
-        return sum(self.reducer.plan.error_bytes(getattr(p, "ds_numel", p.numel())) for p in params)
+        return sum(self.state.planned_bytes(getattr(p, "ds_numel", p.numel())) for p in params)
 
     def describe(self, params) -> str:
         """The start-up line: mode, layout, bits, group size, hadamard, the wire cost of each hop
@@ -93,17 +111,16 @@ class LocoHook:
         kernels = getattr(kernels, "__name__", type(kernels).__name__).rsplit(".", 1)[-1]
         mode = "LoCo error feedback" if cfg.error_feedback else "plain qgZ (error feedback off)"
         return (f"deepspeed-loco active: {mode}; {topo.describe()}; bits intra/inter {cfg.intra_node_bits}/"
-                f"{cfg.inter_node_bits}, group {cfg.group_size}, grid {topo.plan(cfg).grid}"
+                f"{cfg.inter_node_bits}, group {cfg.group_size}, grid {self.plan.grid}"
                 f"{' (auto)' if cfg.quant_grid == 'auto' else ''}, hadamard "
-                f"{'on' if cfg.hadamard else 'off'}; {describe_wire(cfg, topo)}; err_beta {cfg.err_beta}, reset_T "
+                f"{'on' if cfg.hadamard else 'off'}; {describe_wire(self.plan)}; err_beta {cfg.err_beta}, reset_T "
                 f"{cfg.reset_T}; error buffers {buffer_bytes / 2**20:.2f} MiB ({buffer_bytes / max(numel, 1):.3f} B "
                 f"per parameter element, int{cfg.error_bits}) on this rank; kernels: {kernels}")
 
 
-def patch_optimizer(optimizer, state: ErrorFeedbackState, named_params, reduce, after_step):
+def patch_optimizer(optimizer, state: ErrorFeedbackState, names: Mapping[str, torch.Tensor], reduce, after_step):
     """Routes ``optimizer``'s bucket reduce to ``reduce``, its steps to ``after_step`` and its checkpoints through
-    ``state`` (parameters named by ``named_params``, default the optimizer's ``param_names``)."""
-    names = dict(named_params) if named_params is not None else deepspeed_seam.param_names(optimizer)
+    ``state`` (whose parameter names ``names`` maps to the model's parameters)."""
     patch = deepspeed_seam.OptimizerPatch(
         optimizer, reduce=reduce, after_step=after_step, save=lambda: checkpoint.state_dict(state, names),
         decide=lambda entry, universal, load_optimizer_states: checkpoint.decide_load(

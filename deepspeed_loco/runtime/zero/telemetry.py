@@ -15,11 +15,9 @@ rank 0 writes after every optimizer step, with the optimizer step (1-based, the 
 
 Without an enabled monitor, and on every other rank, no telemetry object exists: the hook's calls cost one test.
 """
-from typing import Dict, Iterable, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
-
-from deepspeed_loco.runtime.comm.error_feedback import PARAM_ATTRIBUTE
 
 PREFIX = "LoCo/"
 
@@ -28,13 +26,6 @@ def hop_bytes(reducer) -> Dict[str, int]:
     """Bytes this rank has sent on each hop of the reducer's plan since start-up, keyed by hop name: the one reader
     of the reducer's counters."""
     return {hop.name: reducer.stats.bytes.get(hop.name, 0) for hop in reducer.plan.hops}
-
-
-def error_buffers(param: torch.Tensor) -> Iterable:
-    """``param``'s error buffers (:class:`~deepspeed_loco.ops.error_buffer.ErrorBuffer`), none before its first
-    reduce or without error feedback: the one reader of the per-parameter error state."""
-    buffers = getattr(param, PARAM_ATTRIBUTE, None)
-    return () if buffers is None else buffers.values()
 
 
 class LocoTelemetry:
@@ -51,13 +42,15 @@ class LocoTelemetry:
         self._error_sq = 0.0
 
     @torch.no_grad()
-    def on_reduce(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
-        """Counts one reduced bucket (call after the reduce, so that the buffers hold its error)."""
+    def on_reduce(self, names: Sequence[str], grads: Sequence[torch.Tensor]) -> None:
+        """Counts one reduced bucket, the gradients ``grads`` of the parameters ``names`` (call after the reduce, so
+        that the buffers, read through the reducer's error state, hold its error)."""
         self._full_precision_bytes += (self.world_size - 1) / self.world_size * sum(
             g.numel() * g.element_size() for g in grads)
         if self.error_feedback:
             self._grad_sq += sum(float(g.float().pow(2).sum()) for g in grads)
-            self._error_sq += sum(float(b.dequantize().pow(2).sum()) for p in params for b in error_buffers(p))
+            self._error_sq += sum(float(b.dequantize().pow(2).sum()) for name in names
+                                  for b in self.reducer.state.buffers_of(name).values())
 
     def on_step(self, step: int, reset: bool) -> None:
         """Writes the events of optimizer step ``step`` and starts the next step's counts."""

@@ -36,9 +36,9 @@ def reduce_on_real_ranks(local):
     topo = LocoTopology.build(local_size=local)
     results = {}
     for variant in VARIANTS:
-        reducer = LocoReducer(_config(local, *variant), topo)
-        holders = [torch.zeros(1) for _ in SHAPES]
-        results[variant] = [(reducer.reduce_scatter(holders, _grads(topo.rank, step)),
+        reducer = LocoReducer.for_topology(_config(local, *variant), topo)
+        names = [f"param{i}" for i in range(len(SHAPES))]
+        results[variant] = [(reducer.reduce_scatter(names, _grads(topo.rank, step)),
                                     _snapshot(reducer.state)) for step in range(STEPS)]
     return results
 
@@ -95,3 +95,47 @@ def test_reset_T_counts_steps_on_every_virtual_rank():
     assert cluster.on_optimizer_step() is False and cluster.on_optimizer_step() is True
     assert all(not any(bool(b.values.any()) for b in s.buffers()) for s in cluster.states)
     cluster.close()
+
+
+def test_states_loaded_from_state_dicts_reduce_the_next_step_identically():
+    """Every rank's error state goes through ``state_dict`` into a fresh cluster; the next reduce of both clusters
+    gives the same partitions and buffers, bit for bit (the buffers belong to the state, by parameter name)."""
+    config = _config(2, (4, 4), False, "symmetric")
+    names = [f"layer{i}" for i in range(len(SHAPES))]
+    trained, fresh = SimulatedCluster(config, 2, 2), SimulatedCluster(config, 2, 2)
+    try:
+        trained.reduce_scatter([_grads(rank, 0) for rank in range(4)], names)
+        for source, target in zip(trained.states, fresh.states):
+            target.load_state_dict(source.state_dict())
+            assert target.names() == tuple(names)
+        grads = [_grads(rank, 1) for rank in range(4)]
+        want, got = trained.reduce_scatter(grads, names), fresh.reduce_scatter(grads, names)
+        assert all(torch.equal(a, b) for r in range(4) for a, b in zip(want[r], got[r]))
+        for source, target in zip(trained.states, fresh.states):
+            assert all(torch.equal(a, b) for (a, _), (b, _) in zip(_snapshot(source), _snapshot(target), strict=True))
+            assert all(torch.equal(a, b) for (_, a), (_, b) in zip(_snapshot(source), _snapshot(target)))
+    finally:
+        trained.close()
+        fresh.close()
+
+
+def test_one_plan_per_cluster_and_each_rank_exchanges_with_its_own_peers():
+    cluster = SimulatedCluster(LocoConfig(group_size=GROUP), 2, 2)
+    try:
+        assert all(state.plan == cluster.plan for state in cluster.states)
+        exchanges = {id(hop.exchange) for reducer in cluster.reducers for hop in reducer.plan.hops}
+        assert len(exchanges) == 4 * len(cluster.plan.hops)
+    finally:
+        cluster.close()
+
+
+def test_names_that_do_not_match_the_gradients_are_refused_and_the_cluster_stays_usable():
+    cluster = SimulatedCluster(LocoConfig(group_size=GROUP), 2, 2)
+    try:
+        grads = [_grads(rank, 0) for rank in range(4)]
+        with pytest.raises(ValueError, match="3 names for"):
+            cluster.reduce_scatter(grads, ["a", "b", "c"])
+        assert len(cluster.reduce_scatter(grads, ["a", "b", "c", "d"])[0]) == len(SHAPES)
+        assert cluster.states[0].names() == ("a", "b", "c", "d")
+    finally:
+        cluster.close()

@@ -21,8 +21,8 @@ def _grads(rank, dtype, seed):
     return [(torch.randn(shape, generator=gen) * 10**(i - 1)).to(dtype) for i, shape in enumerate(SHAPES)]
 
 
-def _holders():
-    return [torch.zeros(1) for _ in SHAPES]
+def _names():
+    return [f"p{i}" for i in range(len(SHAPES))]
 
 
 def _exact_mean_partition(grad, world, rank):
@@ -64,7 +64,7 @@ def check_matches_exact_mean(local_size):
         for dtype in DTYPES:
             cfg = LocoConfig(group_size=GROUP, error_feedback=error_feedback, local_world_size=local_size)
             grads = _grads(topo.rank, dtype, seed=1)
-            outs = LocoReducer(cfg, topo).reduce_scatter(_holders(), grads)
+            outs = LocoReducer.for_topology(cfg, topo).reduce_scatter(_names(), grads)
             for grad, out in zip(grads, outs):
                 exact = _exact_mean_partition(grad, topo.world_size, topo.rank)
                 bound = _error_bound(grad, topo, cfg)
@@ -94,7 +94,8 @@ def check_one_all_to_all_per_hop(local_size):
 
     dist.all_to_all_single = counting
     try:
-        LocoReducer(LocoConfig(group_size=GROUP), topo).reduce_scatter(_holders(), _grads(topo.rank, torch.float32, 2))
+        reducer = LocoReducer.for_topology(LocoConfig(group_size=GROUP), topo)
+        reducer.reduce_scatter(_names(), _grads(topo.rank, torch.float32, 2))
     finally:
         dist.all_to_all_single = original
     return len(calls)
@@ -107,9 +108,9 @@ def check_first_step_equals_plain_and_feedback_removes_bias(local_size, steps):
     exact = [_exact_mean_partition(g, topo.world_size, topo.rank) for g in grads]
     results = {}
     for error_feedback in (True, False):
-        reducer = LocoReducer(LocoConfig(group_size=GROUP, error_feedback=error_feedback), topo)
-        holders = _holders()
-        outs = [reducer.reduce_scatter(holders, grads) for _ in range(steps)]
+        reducer = LocoReducer.for_topology(LocoConfig(group_size=GROUP, error_feedback=error_feedback), topo)
+        names = _names()
+        outs = [reducer.reduce_scatter(names, grads) for _ in range(steps)]
         running = [torch.stack([o[i].double() for o in outs]).mean(0) for i in range(len(grads))]
         results[error_feedback] = {
             "first": [o.clone() for o in outs[0]],
@@ -142,7 +143,7 @@ def check_hadamard_matches_exact_mean(local_size):
     for error_feedback in (True, False):
         cfg = LocoConfig(group_size=GROUP, hadamard=True, error_feedback=error_feedback)
         grads = _grads(topo.rank, torch.float32, seed=4)
-        outs = LocoReducer(cfg, topo).reduce_scatter(_holders(), grads)
+        outs = LocoReducer.for_topology(cfg, topo).reduce_scatter(_names(), grads)
         for grad, out in zip(grads, outs):
             exact = _exact_mean_partition(grad, topo.world_size, topo.rank)
             norms = ref.partition_rows(grad, topo.world_size, GROUP).view(topo.world_size, -1, GROUP).norm(dim=-1)
@@ -164,9 +165,9 @@ def check_wire_stats(local_size, intra_bits, inter_bits, reduces):
     """The reducer's telemetry after ``reduces`` reduces of the same bucket."""
     topo = LocoTopology.build(local_size=local_size)
     cfg = LocoConfig(group_size=GROUP, intra_node_bits=intra_bits, inter_node_bits=inter_bits)
-    reducer = LocoReducer(cfg, topo)
+    reducer = LocoReducer.for_topology(cfg, topo)
     for _ in range(reduces):
-        reducer.reduce_scatter(_holders(), _grads(topo.rank, torch.float32, 5))
+        reducer.reduce_scatter(_names(), _grads(topo.rank, torch.float32, 5))
     return reducer.stats
 
 
@@ -240,9 +241,9 @@ def check_profiler_ranges(local_size):
     """The ``deepspeed_loco.*`` ranges of a profile of one reduce, with their call counts."""
     from torch.profiler import ProfilerActivity, profile
     topo = LocoTopology.build(local_size=local_size)
-    reducer = LocoReducer(LocoConfig(group_size=GROUP), topo)
+    reducer = LocoReducer.for_topology(LocoConfig(group_size=GROUP), topo)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        reducer.reduce_scatter(_holders(), _grads(topo.rank, torch.float32, 3))
+        reducer.reduce_scatter(_names(), _grads(topo.rank, torch.float32, 3))
     return {e.key: e.count for e in prof.key_averages() if e.key.startswith("deepspeed_loco.")}
 
 

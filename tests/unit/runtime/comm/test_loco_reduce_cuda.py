@@ -35,12 +35,12 @@ def check_cuda_matches_cpu_reference(local_size, steps=3):
         cfg = LocoConfig(group_size=64, intra_node_bits=intra, inter_node_bits=inter, hadamard=hadamard,
                          error_bits=error_bits)
         gen = torch.Generator().manual_seed(topo.rank)
-        cpu_reducer, gpu_reducer = LocoReducer(cfg, topo), LocoReducer(cfg, topo)
-        cpu_holders, gpu_holders = [torch.zeros(1) for _ in SHAPES], [torch.zeros(1) for _ in SHAPES]
+        cpu_reducer, gpu_reducer = LocoReducer.for_topology(cfg, topo), LocoReducer.for_topology(cfg, topo)
+        names = [f"p{i}" for i in range(len(SHAPES))]
         for step in range(steps):
             grads = [torch.randn(shape, generator=gen).to(dtype) for shape in SHAPES]
-            want = cpu_reducer.reduce_scatter(cpu_holders, grads)
-            got = gpu_reducer.reduce_scatter(gpu_holders, [g.cuda() for g in grads])
+            want = cpu_reducer.reduce_scatter(names, grads)
+            got = gpu_reducer.reduce_scatter(names, [g.cuda() for g in grads])
             for shape, w, g in zip(SHAPES, want, got):
                 if not torch.equal(w, g.cpu()):
                     failures.append(f"{dtype} {intra}/{inter} hadamard={hadamard} error_bits={error_bits} step "

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.runtime.comm.topology import LocoTopology
+from deepspeed_loco.layout import plan_hops
 from deepspeed_loco.runtime.zero import checkpoint, stage3_hook
 from deepspeed_loco.runtime.zero.checkpoint import LocoCheckpointError, LocoCheckpointMismatch
-from deepspeed_loco.runtime.comm.error_feedback import PARAM_ATTRIBUTE, ErrorFeedbackState
+from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
 from deepspeed_loco.utils.logging import logger
 
 WORLD = 4
@@ -189,8 +189,7 @@ def resume_and_faults(root):
                                           at_save)
     out["saved_nonzero_buffers"] = not all_zero(hook)
     out["saved_names"] = sorted(saved["params"])
-    out["frozen_or_unused_buffers"] = [n for n, p in named(engine).items()
-                                       if n.startswith(("frozen", "unused")) and hasattr(p, PARAM_ATTRIBUTE)]
+    out["frozen_or_unused_buffers"] = [n for n in hook.state.names() if n.startswith(("frozen", "unused"))]
     reference = train(engine, K, N)
     out["reference_resets"] = hook.state.step  # K + N: a reset at step 8 happened inside the compared window
     rewrite_zero_file(engine, ckpt, stripped, lambda entry: DELETE)
@@ -326,14 +325,18 @@ def test_corrupt_entry_resets_that_rank_when_the_config_asks(scenario):
 NAMES = {"w": (100, 7), "bias": (5, ), "tiny": (1, )}
 
 
+def new_state(config, world=4, local=2):
+    return ErrorFeedbackState(config, plan_hops(world, local, config))
+
+
 def filled_state(world=4, local=2, seed=0, **cfg):
     """A state with random buffers for three parameters, and the ``{name: param}`` map."""
     config = LocoConfig(group_size=GROUP, **cfg)
-    state = ErrorFeedbackState(config, LocoTopology(world, local, 0))
+    state = new_state(config, world, local)
     params = {name: torch.nn.Parameter(torch.zeros(shape)) for name, shape in NAMES.items()}
     gen = torch.Generator().manual_seed(seed)
-    for param in params.values():
-        feedback = state.for_param(param, param.numel(), "cpu")
+    for name, param in params.items():
+        feedback = state.buffers_for(name, param.numel(), "cpu")
         for buffer in (feedback.values() if feedback else ()):
             buffer.store_(torch.randn(buffer.shape, generator=gen))
     state.step = 7
@@ -369,18 +372,43 @@ def test_version_1_files_load_with_their_hop1_hop2_keys(world, local):
 
 def test_load_allocates_buffers_on_parameters_that_have_none_yet():
     state, params = filled_state()
-    fresh = ErrorFeedbackState(state.config, LocoTopology(4, 2, 0))
+    fresh = ErrorFeedbackState(state.config, state.plan)
     new_params = {name: torch.nn.Parameter(torch.zeros(shape)) for name, shape in NAMES.items()}
     checkpoint.load_state_dict(fresh, checkpoint.state_dict(state, params), new_params)
-    assert all(hasattr(p, PARAM_ATTRIBUTE) for p in new_params.values()) and len(fresh.params) == 3
+    assert fresh.names() == tuple(NAMES)
     assert same_state(checkpoint.state_dict(state, params), checkpoint.state_dict(fresh, new_params)) == []
 
 
+def test_an_entry_as_the_parameter_attribute_era_wrote_it_loads_and_is_written_the_same_way():
+    """The on-disk entry, spelled out as releases that kept the buffers on the parameters wrote it (format 2), loads
+    into the state, which keeps the buffers by name, and saving gives it back key for key and bit for bit."""
+    gen = torch.Generator().manual_seed(4)
+
+    def buffer(rows, cols):
+        return {"values": torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=gen),
+                "scale": torch.rand(rows, cols // GROUP, generator=gen)}
+
+    old = {"format": "deepspeed_loco.error_feedback", "version": 2,
+           "signature": {"world_size": 4, "local_size": 2, "group_size": GROUP, "error_bits": 8, "hadamard": False,
+                         "error_feedback": True, "intra_node_bits": 4, "inter_node_bits": 4},
+           "step": 5, "params": {"w": {"ds_id": None, "numel": 700, "buffers": {"intra_node": buffer(4, 192),
+                                                                                 "inter_node": buffer(2, 192)}}}}
+    state = new_state(LocoConfig(group_size=GROUP))
+    params = {"w": torch.nn.Parameter(torch.zeros(100, 7))}
+    checkpoint.load_state_dict(state, old, params)
+    assert state.step == 5 and state.names() == ("w", )
+    inter = old["params"]["w"]["buffers"]["inter_node"]
+    assert torch.equal(state.buffers_of("w")["inter_node"].values, inter["values"])
+    saved = checkpoint.state_dict(state, params)
+    assert list(saved) == list(old) and list(saved["params"]["w"]) == list(old["params"]["w"])
+    assert saved["signature"] == old["signature"] and same_state(old, saved) == []
+
+
 def test_a_state_with_no_buffers_saves_and_loads():
-    state = ErrorFeedbackState(LocoConfig(error_feedback=False), LocoTopology(4, 2, 0))
+    state = new_state(LocoConfig(error_feedback=False))
     state.step = 3
     sd = checkpoint.state_dict(state, {})
-    fresh = ErrorFeedbackState(LocoConfig(error_feedback=False), LocoTopology(4, 2, 0))
+    fresh = new_state(LocoConfig(error_feedback=False))
     checkpoint.load_state_dict(fresh, sd, {})
     assert sd["params"] == {} and fresh.step == 3
 
@@ -472,7 +500,7 @@ def test_non_finite_values_in_fp32_buffers_are_corrupt():
 def test_another_layout_is_a_mismatch_naming_old_and_new(change, text):
     world, local = change.pop("world", 4), change.pop("local", 2)
     config = LocoConfig(**{"group_size": GROUP, **change})
-    old = ErrorFeedbackState(config, LocoTopology(world, local, 0))
+    old = new_state(config, world, local)
     old.step = 11
     state, params = filled_state()
     with pytest.raises(LocoCheckpointMismatch) as err:
@@ -574,7 +602,7 @@ def test_reset_policy_turns_a_corrupt_entry_into_a_warning():
 
 
 def test_layout_mismatch_keeps_the_saved_step():
-    state = ErrorFeedbackState(LocoConfig(group_size=GROUP, error_bits=32), LocoTopology(4, 2, 0))
+    state = new_state(LocoConfig(group_size=GROUP, error_bits=32))
     state.step = 42
     hook = _hooked()
     with loco_warnings() as warned:

@@ -11,7 +11,6 @@ import torch.distributed as dist
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
-from deepspeed_loco.runtime.comm.error_feedback import PARAM_ATTRIBUTE
 from tests.unit.runtime.zero.test_checkpoint import Net, batch, ds_config, gathered, loco_warnings
 
 WORLD = 4
@@ -19,8 +18,8 @@ GROUP = 32
 SHAPES = [(100, 7), (33, 5), (9, )]
 
 
-def _params():
-    return [torch.nn.Parameter(torch.zeros(shape)) for shape in SHAPES]
+def _names():
+    return [f"p{i}" for i in range(len(SHAPES))]
 
 
 def _grads(seed, dtype=torch.float32):
@@ -41,9 +40,9 @@ def _facts(state):
 # --------------------------------------------------------------------------- an exception in the middle of a reduce
 def exception_in_a_reduce():
     topo = LocoTopology.build(local_size=2)
-    reducer = LocoReducer(LocoConfig(group_size=GROUP), topo)
-    params = _params()
-    reducer.reduce_scatter(params, _grads(1))  # every parameter now has nonzero buffers
+    reducer = LocoReducer.for_topology(LocoConfig(group_size=GROUP), topo)
+    names = _names()
+    reducer.reduce_scatter(names, _grads(1))  # every parameter now has nonzero buffers
     out = {"before": _facts(reducer.state)}
 
     # checks that fail before any buffer is touched leave the buffers as they were
@@ -52,7 +51,7 @@ def exception_in_a_reduce():
                         ("none", _grads(2)[:1] + [None])):
         with loco_warnings() as warned:
             try:
-                reducer.reduce_scatter(params[:2], grads)
+                reducer.reduce_scatter(names[:2], grads)
                 out[name] = "no error"
             except (TypeError, ValueError) as err:
                 out[name] = str(err)
@@ -64,15 +63,15 @@ def exception_in_a_reduce():
     step = reducer.state.step
     with loco_warnings() as warned:
         try:
-            reducer.reduce_scatter(params[:2], [_grads(3)[0], _grads(3)[1].to_sparse()])
+            reducer.reduce_scatter(names[:2], [_grads(3)[0], _grads(3)[1].to_sparse()])
             out["kernel"] = "no error"
         except RuntimeError as err:
             out["kernel"] = str(err)
-    out["kernel_after"] = _facts(reducer.state)  # includes params[2], which was not in the failing bucket
+    out["kernel_after"] = _facts(reducer.state)  # includes names[2], which was not in the failing bucket
     out["kernel_warnings"] = warned
     out["kernel_step_kept"] = reducer.state.step == step
     # and the reducer keeps working from there
-    outputs = reducer.reduce_scatter(params, _grads(4))
+    outputs = reducer.reduce_scatter(names, _grads(4))
     out["recovered"] = all(bool(torch.isfinite(o).all()) for o in outputs) and _facts(reducer.state)["nonzero"]
     return out
 
@@ -92,16 +91,16 @@ def collective_fails_in_a_reduce():
     same error-feedback state (the buffers' layout depends only on W and L)."""
     topo = LocoTopology.build(local_size=2)
     short = _short_timeout_topology(2)
-    reducer = LocoReducer(LocoConfig(group_size=GROUP), topo)
-    params = _params()
-    reducer.reduce_scatter(params, _grads(1))
+    reducer = LocoReducer.for_topology(LocoConfig(group_size=GROUP), topo)
+    names = _names()
+    reducer.reduce_scatter(names, _grads(1))
     out = {"before": _facts(reducer.state), "rank": topo.rank}
     if topo.rank % 2 == 0:
-        failing = LocoReducer(reducer.config, short, reducer.state)
+        failing = LocoReducer(reducer.plan.with_exchanges(short.exchanges), reducer.state, short.rank)
         started = time.time()
         with loco_warnings() as warned:
             try:
-                failing.reduce_scatter(params, _grads(2))
+                failing.reduce_scatter(names, _grads(2))
                 out["error"] = None
             except RuntimeError as err:
                 out["error"] = str(err)
@@ -142,22 +141,22 @@ def non_finite_through_the_reduce():
     topo = LocoTopology.build(local_size=2)
     out = {}
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        reducer = LocoReducer(LocoConfig(group_size=GROUP), topo)
-        params = _params()
-        reducer.reduce_scatter(params, _grads(1, dtype))
+        reducer = LocoReducer.for_topology(LocoConfig(group_size=GROUP), topo)
+        names = _names()
+        reducer.reduce_scatter(names, _grads(1, dtype))
         grads = _grads(2, dtype)
         if topo.rank == 1:
             grads[0][3, 2] = float("nan")
         if topo.rank == 2:
             grads[1][30, 1] = float("inf")
             grads[2][0] = float("-inf")
-        poisoned = reducer.reduce_scatter(params, grads)
+        poisoned = reducer.reduce_scatter(names, grads)
         after_poison = _facts(reducer.state)
         some_error_kept = sum(int(bool(b.any())) for b in _buffers(reducer.state))
         non_finite_out = sum(int((~torch.isfinite(o.float())).sum()) for o in poisoned)
         total = torch.tensor([non_finite_out])
         dist.all_reduce(total)
-        clean = reducer.reduce_scatter(params, _grads(3, dtype))
+        clean = reducer.reduce_scatter(names, _grads(3, dtype))
         out[str(dtype)] = {"after_poison": after_poison, "kept": some_error_kept, "non_finite_out": int(total),
                            "clean_out_finite": all(bool(torch.isfinite(o.float()).all()) for o in clean),
                            "after_clean": _facts(reducer.state)}
@@ -201,11 +200,9 @@ def train_with_a_poisoned_step(dtype, steps=5, poison_step=2):
     model = PoisonableNet()
     engine, _, _, _ = deepspeed_loco.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     hook = deepspeed_loco.loco_hook(engine)
-    named = dict(engine.module.named_parameters())
 
     def layer_nonzero(prefix):
-        return any(bool(b.dequantize().any()) for n, p in named.items() if n.startswith(prefix)
-                   for b in getattr(p, PARAM_ATTRIBUTE).values())
+        return any(bool(b.dequantize().any()) for n, _, b in hook.state.named_buffers() if n.startswith(prefix))
 
     trace = []
     for step in range(steps):
@@ -257,15 +254,14 @@ def train_with_frozen_and_unused_parameters(steps=7):  # reset_T is 8
         engine.step()
     losses.append(eval_loss())
     named = dict(engine.module.named_parameters())
-    names = {id(p): n for n, p in named.items()}
     after = gathered(engine)
     offsets, start = {}, 0
     for n, p in named.items():
         offsets[n] = (start, start + p.ds_numel)
         start += p.ds_numel
     unchanged = {n: torch.equal(frozen_before[a:b], after[a:b]) for n, (a, b) in offsets.items()}
-    return {"losses": losses, "with_buffers": sorted(names[id(p)] for p in hook.state.params),
-            "attribute": sorted(n for n, p in named.items() if getattr(p, PARAM_ATTRIBUTE, None) is not None),
+    return {"losses": losses, "with_buffers": sorted(hook.state.names()),
+            "attribute": sorted({n for n, _, _ in hook.state.named_buffers()}),
             "unchanged": unchanged, "buffers": _facts(hook.state)}
 
 

@@ -9,7 +9,7 @@ import torch
 from torch.distributed.elastic.utils.distributed import get_free_port
 
 from deepspeed_loco.config import LocoConfig, LocoConfigError
-from deepspeed_loco.runtime.comm.topology import LocoTopology
+from deepspeed_loco.layout import plan_hops
 
 WORLD = 4
 STEPS = 24
@@ -153,7 +153,7 @@ def test_start_up_line_and_telemetry_report_the_wire_bytes_per_element_of_each_h
 def test_start_up_line_says_n_a_for_a_hop_the_layout_does_not_have(nodes, local, expected):
     from deepspeed_loco.runtime.zero.stage3_hook import describe_wire
     config = LocoConfig(group_size=32, intra_node_bits=8, inter_node_bits=2)
-    assert describe_wire(config, LocoTopology(nodes * local, local, 0)) == f"wire per element: {expected}"
+    assert describe_wire(plan_hops(nodes * local, local, config)) == f"wire per element: {expected}"
 
 
 def test_plain_arm_holds_no_error_buffers_and_loco_does(arms):
