@@ -12,12 +12,8 @@ PARALLEL=${PARALLEL:-14}
 PROBE=${PROBE:-1}
 mkdir -p "$OUT"
 start=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 \
-    || { tail -20 "$OUT/pip.log"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1  # DeepSpeed 0.19.8 cannot parse "9.0a"
-python3 -c "from deepspeed_loco.ops import loco_cuda; loco_cuda.load()" >"$OUT/build.log" 2>&1 \
-    || { tail -30 "$OUT/build.log"; exit 1; }
-echo "wheels + kernel build: $(( $(date +%s) - start )) s"
+# shellcheck source=benchmarks/device_setup.sh
+source benchmarks/device_setup.sh "$OUT"
 if [ "$PROBE" = 1 ]; then
     if ! timeout 120 python3 benchmarks/convergence_sim.py run --arm loco8-2h --seed 0 --steps 30 --eval-every 15 \
             --tag probe --diagnostics 1 --out "$OUT/probe.jsonl" >"$OUT/probe.log" 2>&1 \

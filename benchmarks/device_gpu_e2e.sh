@@ -11,12 +11,8 @@ RUNS=${RUNS:-"125m:16 1b:8"}
 RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-240}
 mkdir -p "$OUT"
 start=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 \
-    || { tail -20 "$OUT/pip.log"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1  # DeepSpeed 0.19.8 cannot parse "9.0a"
-python3 -c "from deepspeed_loco.ops import loco_cuda; loco_cuda.load()" >"$OUT/build.log" 2>&1 \
-    || { tail -30 "$OUT/build.log"; exit 1; }
-echo "wheels + kernel build: $(( $(date +%s) - start )) s"
+# shellcheck source=benchmarks/device_setup.sh
+source benchmarks/device_setup.sh "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 status=0
 for run in $RUNS; do
