@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without install
 from loco_lab.arms import Arm, RunSpec, parse_arms, record_arm  # noqa: E402
 from loco_lab.launcher import gpu_count, launch  # noqa: E402
 from loco_lab.model import SIZES  # noqa: E402
-from loco_lab.plots import Panel, Series, line_chart  # noqa: E402
-from loco_lab.report import arm_color, gap_closed, human_bytes  # noqa: E402
+from deepspeed_loco.simulation.charts import Panel, Series, line_chart  # noqa: E402
+from deepspeed_loco.simulation.report import arm_color, gap_closed, human_bytes  # noqa: E402
 from loco_lab.run import describe  # noqa: E402
 from deepspeed_loco.layout.wire import wire_bytes_per_element  # noqa: E402
 from deepspeed_loco.utils.stats import ema, mean_sd  # noqa: E402

@@ -3,19 +3,11 @@ from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 from deepspeed_loco.simulation.arms import GRAMMAR, KINDS, Arm, parse_arm, parse_arms, zeropp_loco_param  # noqa: F401
+from deepspeed_loco.simulation.report import record_arm  # noqa: F401  (the demo's records are the library's)
 from loco_lab.model import ModelConfig
 
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("nccl", "gloo")
-
-
-def record_arm(record: dict) -> Arm:
-    """The arm of a result record (a demo result or a line of the benchmark's ``runs.jsonl``).
-
-    Rebuilt from the record's ``key`` and ``arm.seed``, which every record has: older records hold
-    ``{"kind", "bits", "seed"}`` in ``arm``, newer ones the fields of ``Arm``.
-    """
-    return replace(parse_arm(record["key"]), seed=record["arm"]["seed"])
 
 
 @dataclass(frozen=True)

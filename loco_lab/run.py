@@ -1,9 +1,6 @@
 """Runs the demo: every arm for every seed, on the simulated cluster (default) or through real DeepSpeed ZeRO-3
 worker processes, with a progress bar; then prints and writes the table, what it says, results.json and the PNG."""
-import json
-import logging
 import os
-import sys
 import time
 from dataclasses import replace
 from typing import List, Optional, Sequence
@@ -12,7 +9,9 @@ from loco_lab.arms import RunSpec
 from loco_lab.data import TRAIN_PLAYS, VALIDATION_PLAYS, load_corpus
 from loco_lab.launcher import gpu_count, gpu_sharing_line, launch
 from loco_lab.model import ByteLlama, count_parameters
-from loco_lab.report import column_notes, format_table, plot, summary_lines, table_rows
+
+LOSS = "next-byte cross-entropy"  # what the demo's validation loss is
+from deepspeed_loco.simulation.report import ProgressBar, report_text, write_report
 
 
 def describe(spec: RunSpec, engine: str = "deepspeed") -> str:
@@ -49,39 +48,14 @@ def _held_out(spec: RunSpec) -> str:
     return "the held-out " + ", ".join(load_corpus(spec.text, spec.model.seq_len).validation_plays)
 
 
-class _BarLog(logging.Handler):
-    """Stands in for the ``deepspeed_loco`` logger's console handler while a bar is open: the same format, filters
-    and stream, written through ``tqdm.write`` so that a line never lands inside the bar."""
-
-    def __init__(self, bar, console: logging.StreamHandler):
-        super().__init__(console.level)
-        self.bar, self.stream = bar, console.stream
-        self.setFormatter(console.formatter)
-        for log_filter in console.filters:
-            self.addFilter(log_filter)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.bar.write(self.format(record), file=self.stream)
-        except Exception:
-            self.handleError(record)
-
-
-class _Progress:
-    """tqdm bar over all arms' steps in the launcher process, plus LoCo's own log lines (each once); while the bar
-    is open, the ``deepspeed_loco`` logger prints through it (:class:`_BarLog`)."""
+class _Progress(ProgressBar):
+    """The library's bar over all arms' steps, fed by the launcher's messages (DeepSpeed workers) or by the
+    simulation, plus LoCo's own log lines from the workers (each once)."""
 
     def __init__(self, spec: RunSpec, runs: int, enabled: bool = True):
-        from deepspeed_loco.utils.logging import HANDLER_NAME, logger
+        super().__init__(runs * spec.steps, enabled)
         self.spec = spec
         self.seen = set()
-        self.bar = None
-        self.logger, self.handlers = logger, list(logger.handlers)
-        if enabled:
-            from tqdm import tqdm
-            self.bar = tqdm(total=runs * spec.steps, unit="step", dynamic_ncols=True, desc="starting",
-                            file=sys.stdout)
-            logger.handlers = [_BarLog(self.bar, h) if h.get_name() == HANDLER_NAME else h for h in self.handlers]
         self.current = -1
 
     def __call__(self, message) -> None:
@@ -106,22 +80,7 @@ class _Progress:
 
     def simulated_step(self, label: str, seed: int, step: int, loss: float) -> None:
         """Progress of one simulated run."""
-        if self.bar is not None:
-            self.bar.set_description(f"seed {seed}: {label}", refresh=False)
-            self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-            self.bar.update(1)
-
-    def write(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.write(text, file=sys.stdout)
-        else:
-            print(text, flush=True)
-
-    def close(self) -> None:
-        """Closes the bar and gives the logger its handlers back."""
-        if self.bar is not None:
-            self.bar.close()
-        self.logger.handlers = self.handlers
+        self.step(f"seed {seed}: {label}", loss)
 
 
 def run_demo(spec: RunSpec, seeds: Sequence[int] = (0, ), engine: str = "simulated", progress: bool = True,
@@ -142,25 +101,16 @@ def run_demo(spec: RunSpec, seeds: Sequence[int] = (0, ), engine: str = "simulat
     finally:
         bar.close()
     wall = time.monotonic() - started
-    rows = table_rows(results)
-    lines = summary_lines(results)
+    held_out = _held_out(spec)
     print()
-    notes = column_notes(_held_out(spec), engine)
-    print(format_table(rows))
-    print("\n".join(["", "columns:"] + notes + [""] + lines))
-    png_path = os.path.join(spec.out_dir, "loss_curves.png")
+    print(report_text(results, held_out, engine, LOSS))
     m = spec.model
     title = title or (f"LoCo demo: {m.layers}x{m.dim} byte LM, {spec.nodes}x{spec.local} ranks, {spec.steps} steps, "
                       f"{len(seeds)} seed(s)")
-    with open(png_path, "wb") as f:
-        f.write(plot(results, title=title))
-    with open(os.path.join(spec.out_dir, "table.md"), "w") as f:
-        f.write(describe(spec, engine) + "\n\n" + format_table(rows, markdown=True) + "\n\n" +
-                "\n".join(notes + [""] + lines) + "\n")
-    with open(os.path.join(spec.out_dir, "results.json"), "w") as f:
-        json.dump({"spec": _spec_dict(spec), "engine": engine, "seeds": list(seeds), "wall_s": wall, "arms": results},
-                  f, indent=1)
-    print(f"\nwrote {png_path}, table.md, results.json; {wall:.0f} s", flush=True)
+    paths = write_report(results, spec.out_dir, title, header=describe(spec, engine), held_out=held_out,
+                         engine=engine, loss=LOSS,
+                         extra={"spec": _spec_dict(spec), "engine": engine, "seeds": list(seeds), "wall_s": wall})
+    print(f"\nwrote {', '.join(os.path.basename(p) for p in paths)} in {spec.out_dir}; {wall:.0f} s", flush=True)
     return results
 
 

@@ -1,17 +1,14 @@
 """The demo's arms on the simulated cluster: the bundled model and plays, trained in this process through
 :func:`deepspeed_loco.simulation.simulate` (the library's own reducer, error state and kernels; only the
-all-to-alls are in-process copies), once per arm and seed. Results have the format of the DeepSpeed workers'."""
+all-to-alls are in-process copies), once per arm and seed. Results are the library's report records (:func:`deepspeed_loco.simulation.report.record`), the format of the
+DeepSpeed workers' too."""
 import math
-import statistics
-from dataclasses import replace
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.layout import plan_hops
-from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
-from deepspeed_loco.simulation import ArmResult, simulate, zeropp_loco_param
+from deepspeed_loco.simulation import simulate
+from deepspeed_loco.simulation.report import record
 from loco_lab.arms import RunSpec
 from loco_lab.data import ByteCorpus, load_corpus
 from loco_lab.model import ByteLlama
@@ -40,7 +37,7 @@ def run_simulated(spec: RunSpec, seeds: Sequence[int],
             autocast_dtype=torch.bfloat16 if spec.dtype == "bf16" else None,
             grad_mode="vmap" if device.type == "cuda" else "loop",  # on CPU, vmap's attention fallback is slower
             on_step=(lambda result, step, loss: on_step(result.label, seed, step, loss)) if on_step else None)
-        records += [_record(spec, arm, seed, result, sizes) for arm, result in zip(spec.arms, results)]
+        records += [record(result, sizes) for result in results]
     return records
 
 
@@ -71,30 +68,3 @@ def _warmup_cosine(spec: RunSpec) -> Callable[[int], float]:
         return spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
-
-
-def _record(spec: RunSpec, arm, seed: int, result: ArmResult, sizes: List[int]) -> dict:
-    """A demo result record (the keys the report reads) from one simulated run of a model whose parameters have
-    ``sizes`` elements."""
-    last_k = max(1, spec.steps // 10)
-    loco = zeropp_loco_param(arm, group_size=spec.group_size, quant_grid=spec.quant_grid, local_world_size=spec.local)
-    config = LocoConfig.from_dict(loco) if loco else None
-    state = ErrorFeedbackState(config, plan_hops(spec.world_size, spec.local, config)) if config else None
-    buffers = sum(state.planned_bytes(n) for n in sizes) if state else 0
-    return {
-        "arm": replace(arm, seed=seed).to_dict(),
-        "key": arm.key,
-        "label": arm.label,
-        "parameters": sum(sizes),
-        "train_losses": result.train_losses,
-        "train_loss": statistics.fmean(result.train_losses[-last_k:]),
-        "train_loss_last_k": last_k,
-        "validation": result.validation,
-        "val_loss": result.final_val_loss,
-        "step_time_s": result.wall_s / spec.steps,
-        "bytes_per_step": result.bytes_per_step,
-        "full_precision_bytes_per_step": result.full_precision_bytes_per_step,
-        "error_buffer_bytes": buffers,
-        "fidelity": {"grad_rel_error_mean": statistics.fmean(result.grad_rel_errors),
-                     "sum_rel_error_final": result.sum_rel_errors[-1], "sum_rel_errors": result.sum_rel_errors},
-    }

@@ -1,11 +1,15 @@
-"""Table, gap arithmetic, arm parsing and CLI flags (no processes)."""
-import pytest
+"""The simulation report: table, notes, summary, curves, records of simulate() results, the files and the CLI."""
+import json
 
-from loco_lab import cli
-from loco_lab.arms import RunSpec, ds_config, parse_arm, parse_arms
-from loco_lab.model import SIZES
-from loco_lab.report import (COLUMNS, UNIFORM_COLORS, arm_color, column_notes, format_table, gap_closed,
-                             human_bytes, loss_panels, summary_lines, table_rows, train_curve)
+import pytest
+import torch
+
+from deepspeed_loco.simulation import simulate
+from deepspeed_loco.simulation.arms import parse_arm
+from deepspeed_loco.simulation.report import (COLUMNS, UNIFORM_COLORS, ProgressBar, arm_color, column_notes,
+                                              format_table, gap_closed, human_bytes, loss_panels, main, record,
+                                              report_text, summary_lines, table_rows, train_curve, write_report)
+from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
 
 def _result(token, val, sum_err=None, seed=0):
@@ -55,8 +59,9 @@ def test_summary_claims_only_what_the_seeds_support():
 
 
 def test_column_notes_say_what_was_validated_on_and_timed():
-    notes = column_notes()
+    notes = column_notes("the held-out plays", loss="next-byte cross-entropy")
     assert "val loss: next-byte cross-entropy on the held-out plays" in notes[1]
+    assert "val loss: the validation loss (eval_fn) on the held-out data" in column_notes()[1]
     assert notes[-1].startswith("  median step time: wall time per optimizer step of all W virtual ranks together, "
                                 "simulated in one process") and notes[-1].endswith("; the median over seeds")
     own = column_notes("the held-out mine.txt (last 10%)", "deepspeed")
@@ -87,35 +92,57 @@ def test_arm_colors():
     assert len(colors) == 6
 
 
-def test_parse_arms_and_configs():
-    arms = parse_arms("full, plain, loco2", 4)
-    assert [a.key for a in arms] == ["full", "plain4", "loco2"]
-    with pytest.raises(ValueError):
-        parse_arms("full4", 4)
-    with pytest.raises(ValueError):
-        parse_arms("fast", 4)
-    spec = RunSpec(model=SIZES["tiny"], arms=arms)
-    full = ds_config(spec, arms[0])["zero_optimization"]
-    assert full["stage"] == 3 and "zeropp_loco_param" not in full and "zero_quantized_gradients" not in full
-    plain = ds_config(spec, arms[1])["zero_optimization"]
-    assert plain["zero_quantized_gradients"] is True
-    assert plain["zeropp_loco_param"]["error_feedback"] is False and plain["zeropp_loco_param"]["intra_node_bits"] == 4
-    loco = ds_config(spec, arms[2])["zero_optimization"]["zeropp_loco_param"]
-    assert loco["error_feedback"] is True and loco["inter_node_bits"] == 2 and loco["local_world_size"] == 2
+def _simulated(tmp_path):
+    """Records of full / plain2 / loco2 on the toy problem, 2 seeds, and the model's parameter sizes."""
+    sizes = [p.numel() for p in toy_model().parameters()]
+    records = []
+    for seed in (0, 1):
+        results = simulate(toy_model, lambda: toy_batches(16), ["full", "plain2", "loco2"], steps=12, loss_fn=toy_loss,
+                           loco={"group_size": 32}, seed=seed, eval_fn=lambda m: float(m[0].weight.abs().mean()))
+        records += [record(r, sizes) for r in results]
+    return records, sizes
 
 
-def test_cli_flags_to_spec():
-    parser = cli.argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command")
-    cli._demo_parser(sub)
-    args = parser.parse_args(["demo", "--steps", "7", "--model-size", "tiny", "--dim", "48", "--bits", "2",
-                              "--nodes", "3", "--device", "cpu", "--seeds", "4", "5", "--engine", "deepspeed"])
-    spec = cli.spec_from_args(args)
-    assert spec.steps == 7 and spec.model.dim == 48 and spec.model.layers == SIZES["tiny"].layers
-    assert spec.world_size == 6 and spec.device == "cpu" and spec.backend == "gloo" and spec.dtype == "fp32"
-    assert [a.key for a in spec.arms] == ["full", "plain2", "loco2"]
-    assert args.seeds == [4, 5] and args.engine == "deepspeed"
-    defaults = parser.parse_args(["demo"])
-    assert defaults.seeds == [0, 1, 2] and defaults.engine == "simulated"
-    with pytest.raises(ValueError, match="--dim 30 must be a multiple of --heads 4"):
-        cli.spec_from_args(parser.parse_args(["demo", "--dim", "30", "--heads", "4"]))
+def test_records_of_simulate_results_carry_what_the_table_reads(tmp_path):
+    records, sizes = _simulated(tmp_path)
+    full, plain, loco = records[:3]
+    assert [r["key"] for r in records] == ["full", "plain2", "loco2"] * 2 and records[3]["arm"]["seed"] == 1
+    assert full["parameters"] == sum(sizes) and full["error_buffer_bytes"] == 0 == plain["error_buffer_bytes"]
+    assert loco["error_buffer_bytes"] > 0 and plain["train_loss_last_k"] == 1
+    assert plain["train_loss"] == plain["train_losses"][-1] and plain["val_loss"] == plain["validation"][-1][1]
+    assert full["bytes_per_step"] == full["full_precision_bytes_per_step"] > plain["bytes_per_step"] > 0
+    assert len(table_rows(records)) == 4 and json.dumps(records)
+
+
+def test_write_report_and_the_cli_give_the_table_the_json_and_the_png(tmp_path, capsys):
+    records, _ = _simulated(tmp_path)
+    paths = write_report(records, str(tmp_path / "a"), title="toy", header="toy run", extra={"note": 1})
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["table.md", "results.json", "loss_curves.png"]
+    table = (tmp_path / "a" / "table.md").read_text()
+    assert table.startswith("toy run\n\n| arm ") and "columns:" in table and "LoCo vs plain qgZ" in table
+    saved = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert saved["note"] == 1 and saved["arms"] == json.loads(json.dumps(records))
+    assert (tmp_path / "a" / "loss_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the console script renders the saved results again
+    assert main([str(tmp_path / "a" / "results.json"), "--out", str(tmp_path / "b")]) == 0
+    assert report_text(records) in capsys.readouterr().out
+    assert (tmp_path / "b" / "table.md").read_text() == report_text(records, markdown=True) + "\n"
+
+
+def test_the_cli_names_a_file_without_records(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"spec": {}}))
+    assert main([str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("deepspeed-loco-report: error: ") and "no result records" in err and "\n" not in err
+
+
+def test_progress_bar_counts_the_steps_and_gives_the_logger_back():
+    from deepspeed_loco.utils.logging import logger
+    handlers = list(logger.handlers)
+    bar = ProgressBar(24)
+    simulate(toy_model, lambda: toy_batches(16), ["full", "plain4"], steps=12, loss_fn=toy_loss, on_step=bar)
+    assert bar.bar.n == 24 and bar.bar.desc.startswith("seed 0: qgZ 4-bit")
+    bar.close()
+    assert logger.handlers == handlers
+

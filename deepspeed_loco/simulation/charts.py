@@ -1,4 +1,5 @@
-"""Line charts for the demo and the benchmarks, drawn with matplotlib (Agg, no display needed)."""
+"""Line charts for the simulation report, the demo and the benchmarks, drawn with matplotlib (Agg, no display needed;
+matplotlib is the `report` extra, imported when a chart is drawn)."""
 import io
 import math
 from dataclasses import dataclass, field

@@ -1,12 +1,30 @@
-"""The demo's table and loss-curve PNG, from the workers' per-arm results."""
-import math
-import statistics
-from dataclasses import replace
-from typing import Dict, List, Optional, Sequence
+"""A report of simulated (or real) runs: the table with every column explained, what it says with 95% intervals,
+the loss-curve PNG, a JSON, and a progress bar; the demo app (``loco_lab``) prints the same.
 
+Input: result records, one per (arm, seed), from :func:`record` (a :class:`~deepspeed_loco.simulation.ArmResult` of
+:func:`~deepspeed_loco.simulation.simulate`) or from the demo's DeepSpeed workers (the same keys).
+:func:`write_report` writes ``table.md``, ``results.json`` and ``loss_curves.png``; ``deepspeed-loco-report
+results.json --out DIR`` (:func:`main`) renders a saved ``results.json`` again. The PNG needs matplotlib and the bar
+tqdm: ``pip install "deepspeed-loco[report]"``.
+"""
+import argparse
+import json
+import logging
+import math
+import os
+import statistics
+import sys
+from dataclasses import replace
+from typing import Any, Dict, List, Optional, Sequence
+
+from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.layout import plan_hops
+from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
+from deepspeed_loco.simulation.arms import Arm, parse_arm
+from deepspeed_loco.simulation.charts import Color, Panel, Series, line_chart
+from deepspeed_loco.simulation.train import ArmResult
+from deepspeed_loco.utils.logging import HANDLER_NAME, logger
 from deepspeed_loco.utils.stats import ema, format_mean_sd, t_interval
-from loco_lab.arms import Arm, record_arm
-from loco_lab.plots import Color, Panel, Series, line_chart
 
 FULL_COLOR = (20, 20, 20)
 UNIFORM_COLORS = {  # (kind, bits) with equal bits on both hops: plain qgZ warm, LoCo cool, darker for fewer bits
@@ -41,7 +59,7 @@ def _fmt_err(value: Optional[float]) -> str:
 
 COLUMNS = {  # every column of the demo's table, explained (printed under it; column_notes fills in the braces)
     "arm": "how gradients were reduced: full precision, plain qgZ (quantized, no error feedback) or qgZ + LoCo",
-    "val loss": "next-byte cross-entropy on {held_out} after the last step: mean +- sd over seeds",
+    "val loss": "{loss} on {held_out} after the last step: mean +- sd over seeds",
     "train loss": "training loss over the last 10% of steps: mean +- sd over seeds",
     "bytes/step/rank": "gradient bytes one rank sends per optimizer step, both hops, values and scales",
     "vs full": "those bytes over what a full-precision (fp32) reduce-scatter sends",
@@ -57,6 +75,45 @@ STEP_TIMES = {  # what "median step time" measured, by engine
     "deepspeed": "wall time per optimizer step of the slowest of the W DeepSpeed worker processes, which share this "
                  "machine (median over steps)",
 }
+
+
+def record_arm(record: dict) -> Arm:
+    """The arm of a result record (a report record or a line of the benchmark's ``runs.jsonl``).
+
+    Rebuilt from the record's ``key`` and ``arm.seed``, which every record has: older records hold
+    ``{"kind", "bits", "seed"}`` in ``arm``, newer ones the fields of ``Arm``.
+    """
+    return replace(parse_arm(record["key"]), seed=record["arm"]["seed"])
+
+
+def record(result: ArmResult, parameter_sizes: Sequence[int]) -> Dict[str, Any]:
+    """The report record of one simulated run of a model whose parameters have ``parameter_sizes`` elements:
+    losses (train loss = mean of the last tenth of the steps), bytes, the error buffers one rank holds, step time
+    (training wall time / steps) and fidelity; JSON-serialisable."""
+    steps = len(result.train_losses)
+    last_k = max(1, steps // 10)
+    buffers = 0
+    if result.loco:
+        config = LocoConfig.from_dict(result.loco)
+        state = ErrorFeedbackState(config, plan_hops(result.world_size, config.local_world_size, config))
+        buffers = sum(state.planned_bytes(n) for n in parameter_sizes)
+    return {
+        "arm": replace(parse_arm(result.key), seed=result.seed).to_dict(),
+        "key": result.key,
+        "label": result.label,
+        "parameters": sum(parameter_sizes),
+        "train_losses": result.train_losses,
+        "train_loss": statistics.fmean(result.train_losses[-last_k:]),
+        "train_loss_last_k": last_k,
+        "validation": result.validation,
+        "val_loss": result.final_val_loss,
+        "step_time_s": result.wall_s / steps,
+        "bytes_per_step": result.bytes_per_step,
+        "full_precision_bytes_per_step": result.full_precision_bytes_per_step,
+        "error_buffer_bytes": buffers,
+        "fidelity": {"grad_rel_error_mean": statistics.fmean(result.grad_rel_errors),
+                     "sum_rel_error_final": result.sum_rel_errors[-1], "sum_rel_errors": result.sum_rel_errors},
+    }
 
 
 def _by_arm(results: Sequence[dict]) -> Dict[str, List[dict]]:
@@ -87,10 +144,12 @@ def table_rows(results: Sequence[dict]) -> List[List[str]]:
     return rows
 
 
-def column_notes(held_out: str = "the held-out plays", engine: str = "simulated") -> List[str]:
-    """One line per column of ``COLUMNS``: ``held_out`` names the validation text (e.g. ``"the held-out plays"``,
-    ``"the last 10% of mine.txt"``), ``engine`` ("simulated" or "deepspeed") what the step time measured."""
-    return [f"  {name}: {meaning.format(held_out=held_out, step_time=STEP_TIMES[engine])}"
+def column_notes(held_out: str = "the held-out data", engine: str = "simulated",
+                 loss: str = "the validation loss (eval_fn)") -> List[str]:
+    """One line per column of ``COLUMNS``: ``held_out`` names the validation data (e.g. ``"the held-out plays"``,
+    ``"the last 10% of mine.txt"``), ``engine`` ("simulated" or "deepspeed") what the step time measured, ``loss``
+    what the validation loss is (e.g. ``"next-byte cross-entropy"``)."""
+    return [f"  {name}: {meaning.format(held_out=held_out, step_time=STEP_TIMES[engine], loss=loss)}"
             for name, meaning in COLUMNS.items()]
 
 
@@ -231,5 +290,116 @@ def loss_panels(results: Sequence[dict]) -> List[Panel]:
     return panels
 
 
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+def report_text(records: Sequence[dict], held_out: str = "the held-out data", engine: str = "simulated",
+                loss: str = "the validation loss (eval_fn)", markdown: bool = False) -> str:
+    """The table (markdown with ``markdown``), the notes on its columns and what it says (:func:`summary_lines`)."""
+    notes = column_notes(held_out, engine, loss)
+    return "\n".join([format_table(table_rows(records), markdown), "", "columns:", *notes, "", *summary_lines(records)])
+
+
+def write_report(records: Sequence[dict], out_dir: str, title: str = "", header: str = "",
+                 held_out: str = "the held-out data", engine: str = "simulated",
+                 loss: str = "the validation loss (eval_fn)", extra: Optional[Dict[str, Any]] = None) -> List[str]:
+    """Writes ``table.md`` (``header``, the table, its notes, what it says), ``results.json`` (``extra`` and the
+    records under ``"arms"``) and ``loss_curves.png`` (titled ``title``; skipped, with a warning naming the
+    ``report`` extra, where matplotlib is missing) under ``out_dir``; returns the paths written."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, name) for name in ("table.md", "results.json", "loss_curves.png")]
+    with open(paths[0], "w") as f:
+        f.write((header + "\n\n" if header else "") + report_text(records, held_out, engine, loss, markdown=True)
+                + "\n")
+    with open(paths[1], "w") as f:
+        json.dump({**(extra or {}), "arms": list(records)}, f, indent=1)
+    try:
+        png = plot(records, title=title)
+    except ImportError:
+        logger.warning('deepspeed-loco report: no loss_curves.png: matplotlib is missing '
+                       '(pip install "deepspeed-loco[report]")')
+        return paths[:2]
+    with open(paths[2], "wb") as f:
+        f.write(png)
+    return paths
+
+
+class _BarLog(logging.Handler):
+    """Stands in for the ``deepspeed_loco`` logger's console handler while a bar is open: the same format, filters
+    and stream, written through ``tqdm.write`` so that a line never lands inside the bar."""
+
+    def __init__(self, bar, console: logging.StreamHandler):
+        super().__init__(console.level)
+        self.bar, self.stream = bar, console.stream
+        self.setFormatter(console.formatter)
+        for log_filter in console.filters:
+            self.addFilter(log_filter)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.bar.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
+class ProgressBar:
+    """A tqdm bar over ``total`` steps (all arms and seeds) on stdout; while it is open the ``deepspeed_loco``
+    logger prints through it. Pass the instance as ``simulate(..., on_step=bar)`` (it takes ``(result, step,
+    loss)``), or call :meth:`step`; :meth:`write` prints a line above the bar; :meth:`close` when done.
+    ``enabled=False``: no bar, lines are printed."""
+
+    def __init__(self, total: int, enabled: bool = True, desc: str = "starting"):
+        self.bar = None
+        self.handlers = list(logger.handlers)
+        if enabled:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, unit="step", dynamic_ncols=True, desc=desc, file=sys.stdout)
+            logger.handlers = [_BarLog(self.bar, h) if h.get_name() == HANDLER_NAME else h for h in self.handlers]
+
+    def __call__(self, result: ArmResult, step: int, loss: float) -> None:
+        self.step(f"seed {result.seed}: {result.label}", loss)
+
+    def step(self, desc: str, loss: float) -> None:
+        """One step done, of the run described by ``desc``, at training loss ``loss``."""
+        if self.bar is not None:
+            self.bar.set_description(desc, refresh=False)
+            self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            self.bar.update(1)
+
+    def write(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stdout)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        """Closes the bar and gives the logger its handlers back."""
+        if self.bar is not None:
+            self.bar.close()
+        logger.handlers = self.handlers
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``deepspeed-loco-report RESULTS_JSON --out DIR``: the table, notes and summary of a saved ``results.json``
+    (:func:`write_report`'s, or a JSON list of records) printed again and written under ``--out``."""
+    parser = argparse.ArgumentParser(prog="deepspeed-loco-report", description=main.__doc__)
+    parser.add_argument("results", help="a results.json of write_report (or the demo), or a JSON list of records")
+    parser.add_argument("--out", required=True, help="folder for table.md, results.json and loss_curves.png")
+    parser.add_argument("--title", default="", help="the PNG's title")
+    parser.add_argument("--held-out", default="the held-out data", help="what the validation loss was measured on")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.results) as f:
+            saved = json.load(f)
+        records = saved.get("arms") if isinstance(saved, dict) else saved
+        if not isinstance(records, list) or not records or not all(isinstance(r, dict) and "key" in r
+                                                                     for r in records):
+            raise ValueError("it holds no result records (a list of objects with 'key', or {'arms': [...]})")
+        extra = {k: v for k, v in saved.items() if k != "arms"} if isinstance(saved, dict) else {}
+        write_report(records, args.out, title=args.title, held_out=args.held_out, extra=extra)
+    except (OSError, ValueError, KeyError) as err:
+        print(f"deepspeed-loco-report: error: {args.results}: {err}", file=sys.stderr)
+        return 2
+    print(report_text(records, args.held_out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

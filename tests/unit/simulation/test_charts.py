@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from loco_lab.plots import Panel, Series, line_chart
+from deepspeed_loco.simulation.charts import Panel, Series, line_chart
 
 image = pytest.importorskip("matplotlib.image", reason="matplotlib is the demo's plotting library (extra 'demo')")
 
