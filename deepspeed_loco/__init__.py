@@ -51,6 +51,14 @@ def loco_hook(engine) -> Optional["LocoHook"]:  # noqa: F821
     return getattr(engine, "loco_hook", None)
 
 
+def add_reduce_observer(engine, observer):
+    """Calls ``observer(names, grads, partitions)`` after every bucket reduce of ``engine``'s ZeRO-3 optimizer, LoCo
+    or not; returns a handle with ``.remove()``
+    (:func:`~deepspeed_loco.runtime.zero.stage3_hook.add_reduce_observer`)."""
+    from deepspeed_loco.runtime.zero import stage3_hook
+    return stage3_hook.add_reduce_observer(engine, observer)
+
+
 def install() -> None:
     """Makes stock DeepSpeed accept ``zeropp_loco_param`` and run LoCo (idempotent): ``deepspeed.initialize``
     becomes :func:`initialize`, and ``DeepSpeedConfig`` (hence ``deepspeed.zero.Init``) accepts the key."""

@@ -1,8 +1,9 @@
 """Gradient fidelity: how far the communicated (reduced) gradient is from the exact mean, per step and summed.
 
-``GradientFidelity.attach(engine)`` wraps the ZeRO-3 optimizer's bucket reduce (``__avg_scatter_grads``, which
-``deepspeed_loco`` replaces for its arms) on that one optimizer instance. For every bucket it also computes the
-exact mean of the same gradients with a float64 all-reduce, and keeps, for this rank's partitions:
+``GradientFidelity.attach(engine)`` registers an observer of the ZeRO-3 optimizer's bucket reduce
+(``deepspeed_loco.add_reduce_observer``: LoCo's hook for the qgZ arms, DeepSpeed's own reduce for the
+full-precision arm). For every bucket it also computes the exact mean of the same gradients with a float64
+all-reduce, and keeps, for this rank's partitions:
 
 * per step: ``||out - exact|| / ||exact||`` over the whole model (all ranks);
 * running sums ``S_out = sum_t out_t`` and ``S_exact``: ``||S_out - S_exact|| / ||S_exact||`` after every step.
@@ -11,69 +12,64 @@ exact mean of the same gradients with a float64 all-reduce, and keeps, for this 
 Works the same for the full-precision arm (whose error is fp32 rounding), so every arm is measured alike. The
 time it spends is measured and excluded from the reported step time.
 """
+import math
 import time
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import torch
 import torch.distributed as dist
 
-from deepspeed_loco.runtime.zero.deepspeed_seam import REDUCE_METHOD
+import deepspeed_loco
+from deepspeed_loco.runtime.zero import deepspeed_seam
 
 
 class GradientFidelity:
+    """The fidelity figures of one engine's reduces: ``on_reduce`` per bucket (the observer), ``after_step`` per
+    optimizer step, ``summary`` at the end."""
 
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-        self.inner = getattr(optimizer, REDUCE_METHOD)
-        self.group = None
-        self.sums: Dict[int, List[torch.Tensor]] = {}
+    def __init__(self, group):
+        self.group = group  # the data-parallel group: the exact mean and the step's totals are all-reduced over it
+        self.sums: Dict[str, List[torch.Tensor]] = {}
         self.step_err = self.step_ref = 0.0
         self.step_errors: List[float] = []
         self.sum_errors: List[float] = []
         self.calls = 0
         self.overhead_s = 0.0  # wall time spent measuring (exact all-reduce and bookkeeping)
-        setattr(optimizer, REDUCE_METHOD, self._reduce)
 
     @classmethod
     def attach(cls, engine) -> "GradientFidelity":
-        optimizer = engine.optimizer
-        if not callable(getattr(optimizer, REDUCE_METHOD, None)):
-            raise RuntimeError(f"gradient fidelity needs the ZeRO-3 optimizer, got {type(optimizer).__name__}")
-        return cls(optimizer)
+        """A probe observing every bucket reduce of ``engine`` from now on."""
+        probe = cls(deepspeed_seam.data_parallel_group(engine.optimizer))
+        deepspeed_loco.add_reduce_observer(engine, probe.on_reduce)
+        return probe
 
     @torch.no_grad()
-    def _reduce(self, params, communication_data_type):
+    def on_reduce(self, names: Sequence[str], grads: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+        """Measures one bucket: the reduce's partitions ``outs`` against the exact mean of ``grads``."""
         t0 = time.perf_counter()
-        group = self.optimizer._get_param_partition_group(params[0])
-        self.group = group
-        world = dist.get_world_size(group)
-        rank = dist.get_rank(group)
-        flat = torch.cat([p.grad.reshape(-1).double() for p in params])
-        dist.all_reduce(flat, group=group)
+        world = dist.get_world_size(self.group)
+        rank = dist.get_rank(self.group)
+        flat = torch.cat([g.reshape(-1).double() for g in grads])
+        dist.all_reduce(flat, group=self.group)
         flat /= world
         exact, offset = [], 0
-        for p in params:
-            exact.append(flat[offset:offset + p.grad.numel()])
-            offset += p.grad.numel()
-        self.overhead_s += time.perf_counter() - t0
-        outs = self.inner(params, communication_data_type)
-        t0 = time.perf_counter()
+        for g in grads:
+            exact.append(flat[offset:offset + g.numel()])
+            offset += g.numel()
         self.calls += 1
-        for p, full, out in zip(params, exact, outs):
-            size = out.numel()
+        for name, full, out in zip(names, exact, outs):
+            size, start = out.numel(), rank * math.ceil(full.numel() / world)  # DeepSpeed's partition may stop at N
             ref = torch.zeros(size, dtype=torch.float64, device=full.device)
-            mine = full[rank * size:(rank + 1) * size]
+            mine = full[start:start + size]
             ref[:mine.numel()] = mine
             got = out.reshape(-1).double()
             self.step_err += (got - ref).pow(2).sum().item()
             self.step_ref += ref.pow(2).sum().item()
-            key = id(p)
-            if key not in self.sums:
-                self.sums[key] = [torch.zeros_like(ref), torch.zeros_like(ref)]
-            self.sums[key][0] += got
-            self.sums[key][1] += ref
+            if name not in self.sums:
+                self.sums[name] = [torch.zeros_like(ref), torch.zeros_like(ref)]
+            self.sums[name][0] += got
+            self.sums[name][1] += ref
         self.overhead_s += time.perf_counter() - t0
-        return outs
 
     @torch.no_grad()
     def after_step(self) -> None:

@@ -31,6 +31,7 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 
 from deepspeed_loco.layout import INTER_NODE, INTRA_NODE
+from deepspeed_loco.runtime.zero import deepspeed_seam
 from deepspeed_loco.utils.logging import logger
 
 STATE_KEY = "deepspeed_loco"
@@ -88,13 +89,9 @@ def state_dict(state, named_params: Mapping[str, torch.Tensor]) -> Dict[str, Any
         if name not in named_params:
             raise RuntimeError(f"deepspeed-loco: parameter {name!r} has error-feedback buffers but is not a parameter "
                                f"of the model being checkpointed")
-        params[name] = {"ds_id": getattr(named_params[name], "ds_id", None), **entry}
+        params[name] = {"ds_id": deepspeed_seam.param_id(named_params[name]), **entry}
     return {"format": FORMAT, "version": FORMAT_VERSION, "signature": signature(state), "step": int(saved["step"]),
             "params": params}
-
-
-def _numel(param: torch.Tensor) -> int:
-    return int(getattr(param, "ds_numel", param.numel()))
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -178,7 +175,7 @@ def _parse(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -> LoadPlan
         param = named_params[name]
         at = f"{where}, parameter {name!r}"
         buffers = _entry_buffers(at, entry, version)
-        numel = _numel(param)
+        numel = deepspeed_seam.param_numel(param)
         if not _is_int(entry["numel"]) or entry["numel"] != numel:
             _corrupt(f"{at}: saved for {entry['numel']!r} elements, the model's parameter has {numel}")
         extra = sorted(set(buffers) - set(rows))
@@ -187,7 +184,7 @@ def _parse(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -> LoadPlan
         cols = state.plan.widths([numel])[0]
         plan.params[name] = {"numel": numel, "buffers": {
             hop: _check_buffer(f"{at}, {hop}", buffers.get(hop), count, cols, state) for hop, count in rows.items()}}
-        plan.devices[name] = _device(param)
+        plan.devices[name] = deepspeed_seam.partition_device(param)
     return plan
 
 
@@ -232,11 +229,6 @@ def _check_tensor(at: str, value: Any, dtype: torch.dtype, shape: tuple) -> None
 def apply_plan(state, plan: LoadPlan) -> None:
     """Makes ``state`` exactly the checked entry: every buffer zeroed, the saved ones copied in, the step set."""
     state.load_state_dict({"step": plan.step, "params": plan.params}, plan.devices)
-
-
-def _device(param: torch.Tensor) -> torch.device:
-    partition = getattr(param, "ds_tensor", None)
-    return partition.device if isinstance(partition, torch.Tensor) else param.device
 
 
 def _describe(sig: Mapping[str, Any]) -> str:
@@ -296,7 +288,10 @@ def decide_load(state, entry: Any, named_params: Mapping[str, torch.Tensor], uni
 
 
 def apply_decision(state, decision: LoadDecision, rank: int) -> None:
-    """Carries out a "load" or "reset" decision on ``state`` and logs it (rank ``rank``)."""
+    """Carries out a "load" or "reset" decision on ``state`` and logs it (rank ``rank``); an "error" decision
+    raises :class:`LocoCheckpointError` with its ``why`` and leaves ``state`` as it is."""
+    if decision.kind == "error":
+        raise LocoCheckpointError(decision.why)
     if decision.kind == "load":
         if decision.plan is not None:
             apply_plan(state, decision.plan)

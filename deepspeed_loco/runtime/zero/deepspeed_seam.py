@@ -8,13 +8,18 @@ What is patched, and how it is undone:
 * On one ``DeepSpeedZeroOptimizer_Stage3`` instance (by :class:`OptimizerPatch`, undone by its ``restore``): the
   bucket reduce ``__avg_scatter_grads`` (name-mangled, :data:`REDUCE_METHOD`), ``step``, ``state_dict`` and
   ``load_state_dict``. ``restore`` removes LoCo's own wrappers only: one that something else wrapped afterwards
-  stays under that wrapper, passing every call through (see :class:`_Slot`).
+  stays under that wrapper, passing every call through (see :class:`_Slot`). Or, on an optimizer LoCo is not
+  attached to, the bucket reduce alone, only to observe it (:class:`StockReduceObservation`, undone by its
+  ``remove``).
 * Read, never written: the optimizer's ``dp_process_group``, ``dtype``, ``gradient_accumulation_dtype``,
-  ``loss_scale``, ``overflow``, ``param_names`` and its partition-group helpers.
+  ``loss_scale``, ``overflow``, ``param_names`` and its partition-group helpers; a ZeRO-3 parameter's ``ds_id``,
+  ``ds_numel`` and ``ds_tensor``; the engine's ``monitor``. Code outside this module reads them through the named
+  functions at its end (:func:`data_parallel_group`, :func:`param_numel`, ...), never by attribute.
 
 :data:`TESTED_DEEPSPEED` lists the DeepSpeed releases this module was tested with; others start with a warning,
 releases without the hooked method or older than :data:`MIN_DEEPSPEED` fail at start-up.
 """
+import dataclasses
 import functools
 import inspect
 import logging
@@ -24,7 +29,6 @@ import torch
 import torch.distributed as dist
 from packaging import version
 
-from deepspeed_loco.runtime.zero.checkpoint import LoadDecision, LocoCheckpointError
 from deepspeed_loco.utils.logging import log_rank0
 
 MIN_DEEPSPEED = "0.19.8"
@@ -143,7 +147,8 @@ class OptimizerPatch:
     communication dtype); DeepSpeed's contract around it (dtype casts, the averaging world size of expert groups)
     is kept here. ``after_step(overflow, scale_ratio)`` runs after every optimizer step (``scale_ratio``: new
     over old fp16 loss scale). ``save() -> entry`` adds LoCo's entry to the optimizer state; ``decide(entry,
-    universal, load_optimizer_states) -> LoadDecision`` and ``apply(decision)`` carry it through a load.
+    universal, load_optimizer_states) -> LoadDecision`` and ``apply(decision)`` carry it through a load (``apply``
+    raises for an "error" decision, which is applied before DeepSpeed loads anything).
     """
 
     def __init__(self, optimizer, reduce: Callable, after_step: Callable, save: Callable, decide: Callable,
@@ -164,8 +169,8 @@ class OptimizerPatch:
         """Takes LoCo out of the optimizer's methods (LoCo's state is left as it is); a second call does nothing.
 
         A method whose attribute is still LoCo's wrapper gets back exactly what it had before (the class's method
-        shows through again). A method that something else wrapped after LoCo (the demo's gradient-fidelity probe
-        wraps the reduce) keeps that wrapper, which goes on working: LoCo's wrapper under it now passes every call
+        shows through again). A method that something else wrapped after LoCo (a profiler or a debugger wrapping
+        the reduce) keeps that wrapper, which goes on working: LoCo's wrapper under it now passes every call
         straight to the method LoCo replaced. (Raising instead would leave LoCo in the data path of an optimizer
         whose later wrapper cannot be taken off first.)
         """
@@ -178,7 +183,7 @@ class OptimizerPatch:
     @property
     def group_ranks(self) -> List[int]:
         if self._group_ranks is None:
-            self._group_ranks = dist.get_process_group_ranks(self.optimizer.dp_process_group)
+            self._group_ranks = dist.get_process_group_ranks(data_parallel_group(self.optimizer))
         return self._group_ranks
 
     @property
@@ -186,8 +191,7 @@ class OptimizerPatch:
         return len(self.group_ranks)
 
     def rank(self) -> int:
-        group = self.optimizer.dp_process_group
-        return dist.get_rank(group=group) if dist.is_initialized() else 0
+        return dist.get_rank(group=data_parallel_group(self.optimizer)) if dist.is_initialized() else 0
 
     def _avg_scatter_grads(self, params: List[torch.nn.Parameter],
                            communication_data_type: torch.dtype) -> List[torch.Tensor]:
@@ -239,7 +243,7 @@ class OptimizerPatch:
         if call.get("load_serial") is None:  # serial loading runs the ranks one after another: no collective
             decision = self._agree(decision)
         if decision.kind == "error":
-            raise LocoCheckpointError(decision.why)
+            self._apply(decision)  # raises: neither DeepSpeed's state nor LoCo's is loaded
         result = self._stock["load_state_dict"](*args, **kwargs)
         self._apply(decision)
         return result
@@ -248,22 +252,78 @@ class OptimizerPatch:
         """Every rank raises if one does, so that no rank goes on into a collective the others never reach."""
         from deepspeed.accelerator import get_accelerator
 
-        group = self.optimizer.dp_process_group
+        group = data_parallel_group(self.optimizer)
         if not dist.is_initialized() or dist.get_world_size(group=group) == 1:
             return decision
         flag = torch.tensor([1 if decision.kind == "error" else 0], dtype=torch.int32,
                             device=get_accelerator().current_device_name())
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         if int(flag.item()) and decision.kind != "error":
-            return LoadDecision("error", "deepspeed-loco: the LoCo state in another rank's checkpoint file is corrupt "
-                                "(that rank's LocoCheckpointError says what); the ZeRO-3 optimizer state and LoCo "
-                                "state were not loaded")
+            return dataclasses.replace(
+                decision, kind="error", plan=None, step=None,
+                why="deepspeed-loco: the LoCo state in another rank's checkpoint file is corrupt (that rank's "
+                "LocoCheckpointError says what); the ZeRO-3 optimizer state and LoCo state were not loaded")
         return decision
 
 
+class StockReduceObservation:
+    """Calls ``observer(params, grads, partitions)`` after every bucket reduce of a ZeRO-3 optimizer that runs
+    DeepSpeed's own reduce (LoCo not attached): ``grads`` copies of the bucket's gradients in the communication
+    dtype, taken before the reduce (DeepSpeed's reduce-scatter may reuse a gradient's memory), ``partitions`` what
+    the reduce returned. :meth:`remove` takes the observation out again (:class:`_Slot`'s rules)."""
+
+    def __init__(self, optimizer, observer: Callable):
+        self._observer = observer
+        self._slot = _Slot(optimizer, REDUCE_METHOD, self._avg_scatter_grads)
+
+    def _avg_scatter_grads(self, params: List[torch.nn.Parameter],
+                           communication_data_type: torch.dtype) -> List[torch.Tensor]:
+        grads = [p.grad.to(communication_data_type, copy=True) for p in params]
+        partitions = self._slot.replaced(params, communication_data_type)
+        self._observer(params, grads, partitions)
+        return partitions
+
+    def remove(self) -> None:
+        """DeepSpeed's reduce is no longer observed; a second call does nothing."""
+        self._slot.release()
+
+
+# ------------------------------------------------------------------------------- reads of DeepSpeed's state
+def data_parallel_group(optimizer):
+    """The ZeRO-3 optimizer's data-parallel process group (``dp_process_group``): the ranks a bucket is reduced
+    over."""
+    return optimizer.dp_process_group
+
+
 def param_names(optimizer) -> Mapping[str, torch.Tensor]:
-    """``{name: parameter}`` from the optimizer's ``param_names`` (DeepSpeed's ``{parameter: name}``)."""
+    """``{name: parameter}`` from the optimizer's ``param_names`` (DeepSpeed's ``{parameter: name}``); empty when
+    the optimizer has none."""
     return {name: p for p, name in getattr(optimizer, "param_names", {}).items()}
+
+
+def param_id(param: torch.Tensor) -> Optional[int]:
+    """ZeRO-3's id of ``param`` (``ds_id``); None for a tensor ZeRO-3 did not partition. Not stable across
+    processes: for messages and information only."""
+    return getattr(param, "ds_id", None)
+
+
+def param_numel(param: torch.Tensor) -> int:
+    """Elements of the full parameter: ZeRO-3's ``ds_numel`` (its local tensor is an empty placeholder), else
+    ``param.numel()`` for a tensor ZeRO-3 did not partition."""
+    return int(getattr(param, "ds_numel", param.numel()))
+
+
+def partition_device(param: torch.Tensor) -> torch.device:
+    """Where this rank's ZeRO-3 partition of ``param`` lives (``ds_tensor.device``), else ``param.device``."""
+    partition = getattr(param, "ds_tensor", None)
+    return partition.device if isinstance(partition, torch.Tensor) else param.device
+
+
+def engine_monitor(engine):
+    """The engine's DeepSpeed monitor (``engine.monitor``: tensorboard, wandb, csv, comet, as the config enables
+    them) when one is enabled; None otherwise."""
+    monitor = getattr(engine, "monitor", None)
+    return monitor if monitor is not None and monitor.enabled else None
 
 
 def local_device_count() -> int:
@@ -277,5 +337,6 @@ def current_device() -> torch.device:
 
 
 __all__ = ["MIN_DEEPSPEED", "TESTED_DEEPSPEED", "REDUCE_METHOD", "check_deepspeed_version", "is_stage3_optimizer",
-           "stock_initialize", "install", "uninstall", "installed", "OptimizerPatch", "param_names",
+           "stock_initialize", "install", "uninstall", "installed", "OptimizerPatch", "StockReduceObservation",
+           "data_parallel_group", "param_names", "param_id", "param_numel", "partition_device", "engine_monitor",
            "local_device_count", "current_device"]

@@ -1,12 +1,13 @@
 """LoCo attached to one DeepSpeed ZeRO-3 optimizer: topology, hop plan (built once, here), error-feedback state,
-reducer, and the step rules (reset every ``reset_T`` optimizer steps, rescale on an fp16 loss-scale change, clear
-on overflow).
+reducer, the step rules (reset every ``reset_T`` optimizer steps, rescale on an fp16 loss-scale change, clear
+on overflow) and the observers of the reduce (:meth:`LocoHook.add_reduce_observer`).
 
 Every touch of DeepSpeed itself goes through :mod:`deepspeed_loco.runtime.zero.deepspeed_seam`.
 """
+import itertools
 import logging
 import os
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -22,6 +23,8 @@ from deepspeed_loco.utils.logging import log_rank0, logger
 
 ENGINE_ATTRIBUTE = "loco_hook"
 HOP_LABELS = {"intra_node": "intra-node", "inter_node": "inter-node"}
+# observer(names, grads, partitions), called after every bucket reduce
+ReduceObserver = Callable[[Sequence[str], Sequence[torch.Tensor], Sequence[torch.Tensor]], None]
 
 
 def resolve_local_size(config: LocoConfig, world_size: int) -> int:
@@ -43,9 +46,20 @@ def describe_wire(plan: HopPlan) -> str:
     return "wire per element: " + ", ".join(figures)
 
 
+class ObserverHandle:
+    """What :meth:`LocoHook.add_reduce_observer` returns: :meth:`remove` unregisters that observer."""
+
+    def __init__(self, observers: Dict[int, ReduceObserver], key: int):
+        self._observers, self._key = observers, key
+
+    def remove(self) -> None:
+        """The observer is not called again; a second call does nothing."""
+        self._observers.pop(self._key, None)
+
+
 class LocoHook:
     """LoCo attached to one ZeRO-3 optimizer: its topology, hop plan (built once from the config), error-feedback
-    state and reducer (both given that plan).
+    state and reducer (both given that plan), and the observers of its reduce.
 
     ``named_params`` (``{name: parameter}``, default the optimizer's ``param_names``) names the parameters: the
     state keeps each one's error buffers, and checkpoints save them, under that name.
@@ -54,30 +68,42 @@ class LocoHook:
     def __init__(self, optimizer, config: LocoConfig, named_params: Optional[Mapping[str, torch.Tensor]] = None):
         self.optimizer = optimizer
         self.config = config
-        group = optimizer.dp_process_group
+        group = deepspeed_seam.data_parallel_group(optimizer)
         world_size = torch.distributed.get_world_size(group)
         self.topology = LocoTopology.build(group, resolve_local_size(config, world_size))
         self.reducer = LocoReducer.for_topology(config, self.topology)
         self.plan: HopPlan = self.reducer.plan
         self.state: ErrorFeedbackState = self.reducer.state
         self.telemetry: Optional[telemetry.LocoTelemetry] = None  # set by attach() when a DeepSpeed monitor is on
+        self._observers: Dict[int, ReduceObserver] = {}  # by registration number, called in that order
+        self._observer_keys = itertools.count()
         named = dict(named_params) if named_params is not None else deepspeed_seam.param_names(optimizer)
         self._names: Dict[torch.Tensor, str] = {param: name for name, param in named.items()}
         self.patch = patch_optimizer(optimizer, self.state, named, self._reduce, self._after_step)
 
     def _names_of(self, params: Sequence[torch.Tensor]) -> List[str]:
         """The names of ``params``; RuntimeError for a parameter the model does not name."""
-        unnamed = [getattr(p, "ds_id", None) for p in params if p not in self._names]
+        unnamed = [deepspeed_seam.param_id(p) for p in params if p not in self._names]
         if unnamed:
             raise RuntimeError(f"deepspeed-loco: parameter(s) with ds_id {unnamed} are not named parameters of the "
                                f"model; LoCo keeps (and checkpoints) error-feedback buffers by parameter name")
         return [self._names[p] for p in params]
 
+    def add_reduce_observer(self, observer: ReduceObserver) -> ObserverHandle:
+        """Calls ``observer(names, grads, partitions)`` after every bucket reduce, once per bucket, in registration
+        order: ``names`` the bucket's parameter names, ``grads`` the full gradients fed into the reduce (in the
+        communication dtype), ``partitions`` this rank's mean partitions the reducer returned (``ceil(N / W)``
+        elements each, in the gradients' dtype, before the seam's expert-group and accumulation-dtype corrections).
+        The observer must not modify them. ``.remove()`` on the handle stops it."""
+        key = next(self._observer_keys)
+        self._observers[key] = observer
+        return ObserverHandle(self._observers, key)
+
     def _reduce(self, params, grads):
         names = self._names_of(params)
         partitions = self.reducer.reduce_scatter(names, grads)
-        if self.telemetry:
-            self.telemetry.on_reduce(names, grads)
+        for observer in list(self._observers.values()):
+            observer(names, grads, partitions)
         return partitions
 
     def _after_step(self, overflow: bool, scale_ratio: float) -> None:
@@ -99,13 +125,13 @@ class LocoHook:
 
     def planned_buffer_bytes(self, params) -> int:
         """Error-buffer bytes this rank will hold for ``params`` (ZeRO-3 parameters with ``ds_numel``)."""
-        return sum(self.state.planned_bytes(getattr(p, "ds_numel", p.numel())) for p in params)
+        return sum(self.state.planned_bytes(deepspeed_seam.param_numel(p)) for p in params)
 
     def describe(self, params) -> str:
         """The start-up line: mode, layout, bits, group size, hadamard, the wire cost of each hop
         (:func:`describe_wire`), ``err_beta``/``reset_T``, this rank's error-buffer memory and the kernels."""
         topo, cfg = self.topology, self.config
-        numel = sum(getattr(p, "ds_numel", p.numel()) for p in params)
+        numel = sum(deepspeed_seam.param_numel(p) for p in params)
         buffer_bytes = self.planned_buffer_bytes(params)
         kernels = kernels_for(deepspeed_seam.current_device())
         kernels = getattr(kernels, "__name__", type(kernels).__name__).rsplit(".", 1)[-1]
@@ -147,3 +173,22 @@ def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
     hook.telemetry = telemetry.for_engine(engine, hook)
     setattr(engine, ENGINE_ATTRIBUTE, hook)
     return hook
+
+
+def add_reduce_observer(engine, observer: ReduceObserver):
+    """Calls ``observer(names, grads, partitions)`` after every bucket reduce of ``engine``'s ZeRO-3 optimizer, with
+    or without LoCo, so that a measurement sees every arm alike: with LoCo through the hook
+    (:meth:`LocoHook.add_reduce_observer`), without it around DeepSpeed's own reduce
+    (:class:`~deepspeed_loco.runtime.zero.deepspeed_seam.StockReduceObservation`; ``partitions`` as DeepSpeed
+    returns them). ``names`` are the parameters' names in ``engine.module``. Returns a handle whose ``.remove()``
+    stops the observer."""
+    hook = getattr(engine, ENGINE_ATTRIBUTE, None)
+    if hook is not None:
+        return hook.add_reduce_observer(observer)
+    optimizer = engine.optimizer
+    if not deepspeed_seam.is_stage3_optimizer(optimizer):
+        raise RuntimeError(f"deepspeed-loco: reduce observers need the ZeRO stage-3 optimizer, but the engine built "
+                           f"{type(optimizer).__name__}")
+    names = {param: name for name, param in engine.module.named_parameters()}
+    return deepspeed_seam.StockReduceObservation(
+        optimizer, lambda params, grads, partitions: observer([names[p] for p in params], grads, partitions))

@@ -13,11 +13,15 @@ rank 0 writes after every optimizer step, with the optimizer step (1-based, the 
 * ``LoCo/reset``: 1.0 on a step that cleared the error buffers (every ``reset_T`` steps, or an fp16 overflow),
   else 0.0.
 
-Without an enabled monitor, and on every other rank, no telemetry object exists: the hook's calls cost one test.
+The telemetry object is one of the hook's reduce observers (:meth:`LocoHook.add_reduce_observer`) and is told of
+every optimizer step by the hook. Without an enabled monitor, and on every other rank, no telemetry object exists:
+nothing observes the reduce and the step costs one test.
 """
 from typing import Dict, Optional, Sequence
 
 import torch
+
+from deepspeed_loco.runtime.zero import deepspeed_seam
 
 PREFIX = "LoCo/"
 
@@ -42,9 +46,11 @@ class LocoTelemetry:
         self._error_sq = 0.0
 
     @torch.no_grad()
-    def on_reduce(self, names: Sequence[str], grads: Sequence[torch.Tensor]) -> None:
-        """Counts one reduced bucket, the gradients ``grads`` of the parameters ``names`` (call after the reduce, so
-        that the buffers, read through the reducer's error state, hold its error)."""
+    def on_reduce(self, names: Sequence[str], grads: Sequence[torch.Tensor],
+                  partitions: Sequence[torch.Tensor]) -> None:
+        """Counts one reduced bucket, the gradients ``grads`` of the parameters ``names`` (a reduce observer: called
+        after the reduce, so that the buffers, read through the reducer's error state, hold its error;
+        ``partitions`` are not used)."""
         self._full_precision_bytes += (self.world_size - 1) / self.world_size * sum(
             g.numel() * g.element_size() for g in grads)
         if self.error_feedback:
@@ -69,9 +75,11 @@ class LocoTelemetry:
 
 
 def for_engine(engine, hook) -> Optional[LocoTelemetry]:
-    """A :class:`LocoTelemetry` writing to ``engine.monitor`` on global rank 0 when a DeepSpeed monitor is enabled;
-    None otherwise."""
-    monitor = getattr(engine, "monitor", None)
-    if monitor is None or not monitor.enabled or torch.distributed.get_rank() != 0:
+    """A :class:`LocoTelemetry` writing to ``engine.monitor`` on global rank 0 when a DeepSpeed monitor is enabled,
+    registered as an observer of ``hook``'s reduce; None otherwise."""
+    monitor = deepspeed_seam.engine_monitor(engine)
+    if monitor is None or torch.distributed.get_rank() != 0:
         return None
-    return LocoTelemetry(monitor, hook.reducer, hook.topology.world_size, hook.config.error_feedback)
+    telemetry = LocoTelemetry(monitor, hook.reducer, hook.topology.world_size, hook.config.error_feedback)
+    hook.add_reduce_observer(telemetry.on_reduce)
+    return telemetry

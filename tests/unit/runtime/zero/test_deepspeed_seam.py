@@ -95,7 +95,7 @@ def _patched(optimizer, steps):
 
 
 def _wrap(optimizer, name, seen):
-    """Wraps ``optimizer.<name>`` the way a later tool would (the demo's fidelity probe); returns what it replaced."""
+    """Wraps ``optimizer.<name>`` the way a later tool would (a profiler, a debugger); returns what it replaced."""
     inner = getattr(optimizer, name)
 
     def outer(*args, **kwargs):
