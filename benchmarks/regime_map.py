@@ -17,7 +17,6 @@ arm (one that changes only the grid) takes it from the regime with the same trai
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import sys

@@ -2,7 +2,6 @@
 import json
 
 import pytest
-import torch
 
 from deepspeed_loco.simulation import simulate
 from deepspeed_loco.simulation.arms import parse_arm
