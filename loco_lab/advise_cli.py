@@ -25,46 +25,36 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--text", help="your own text (a file, or a folder of .txt files) instead of the bundled plays")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda if there is a GPU")
     p.add_argument("--out", default=DEFAULT_OUT, help="output directory")
+    p.add_argument("--parallel", type=_parallel_arg, default="auto",
+                   help="runs side by side on the device (auto: as many as its memory holds; 1 on the CPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def _parallel_arg(text: str):
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: 'auto' or an integer >= 1")
+    return int(text)
 
 
 def run(args) -> int:
     import torch
 
     from deepspeed_loco.simulation.advise import advise
-    from loco_lab.data import load_corpus
-    from loco_lab.model import SIZES, ByteLlama, mean_loss
+    from loco_lab.model import SIZES
 
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
                           else "cpu")
-    cfg = SIZES[args.model_size]
-    corpus = load_corpus(args.text, cfg.seq_len)
-    global_batch = args.micro_batch * args.nodes * args.local
-
-    def batches():
-        step = 0
-        while True:
-            yield corpus.train_batch(step, 0, global_batch, cfg.seq_len, 0, 1)
-            step += 1
-
-    validation = [(x.to(device), y.to(device)) for x, y in corpus.validation_batches(64, cfg.seq_len, 0, 1, 32)]
-    autocast = torch.bfloat16 if device.type == "cuda" else None
-
-    def evaluate(model):
-        return mean_loss(model, validation, autocast)
-
-    def optimizer(params):
-        return torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-
-    def schedule(opt):
-        return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 10))
-
+    task = BundledTask(args.text, args.model_size, args.micro_batch * args.nodes * args.local, args.lr, device)
+    task.corpus()  # a bad --text fails here, before any run
+    parallel = _parallel(args, SIZES[args.model_size], device)
     bar = _Progress(enabled=not args.no_progress)
-    advice = advise(lambda: ByteLlama(cfg), batches, args.nodes, args.local, args.budget_minutes, seeds=args.seeds,
-                    steps=args.steps, max_steps=args.max_steps, eval_fn=evaluate, on_progress=bar,
-                    loss_fn=lambda model, batch: model(*batch), optimizer_fn=optimizer, scheduler_fn=schedule,
-                    device=device, autocast_dtype=autocast, grad_clip=1.0)
+    advice = advise(task.model, task.batches, args.nodes, args.local, args.budget_minutes, seeds=args.seeds,
+                    steps=args.steps, max_steps=args.max_steps, eval_fn=task.evaluate, on_progress=bar,
+                    parallel=parallel, loss_fn=task.loss, optimizer_fn=task.optimizer, scheduler_fn=task.schedule,
+                    device=device, autocast_dtype=task.autocast, grad_clip=1.0)
     bar.close()
     os.makedirs(args.out, exist_ok=True)
     table = advice.table()
@@ -76,6 +66,80 @@ def run(args) -> int:
     print(table + "\n\n" + advice.summary())
     print(f"\nwrote {args.out}/table.md, advise.json, advise.png", file=sys.stderr)
     return 0
+
+
+class BundledTask:
+    """The bundled byte-level model on the plays (or ``text``) as picklable pieces for ``advise``: the model,
+    the global batches of ``global_batch`` windows, the held-out loss, AdamW at ``lr`` with a 10-step warm-up.
+    The corpus and the validation batches load lazily in each process that uses them."""
+
+    def __init__(self, text, size: str, global_batch: int, lr: float, device):
+        import torch
+        self.text, self.size, self.global_batch, self.lr, self.device = text, size, global_batch, lr, device
+        self.autocast = torch.bfloat16 if device.type == "cuda" else None
+        self._corpus = self._validation = None
+
+    def __getstate__(self):
+        return dict(self.__dict__, _corpus=None, _validation=None)
+
+    def corpus(self):
+        from loco_lab.data import load_corpus
+        from loco_lab.model import SIZES
+        if self._corpus is None:
+            self._corpus = load_corpus(self.text, SIZES[self.size].seq_len)
+        return self._corpus
+
+    def model(self):
+        from loco_lab.model import SIZES, ByteLlama
+        return ByteLlama(SIZES[self.size])
+
+    def batches(self):
+        from loco_lab.model import SIZES
+        corpus, seq_len, step = self.corpus(), SIZES[self.size].seq_len, 0
+        while True:
+            yield corpus.train_batch(step, 0, self.global_batch, seq_len, 0, 1)
+            step += 1
+
+    def evaluate(self, model) -> float:
+        from loco_lab.model import SIZES, mean_loss
+        if self._validation is None:
+            self._validation = [(x.to(self.device), y.to(self.device))
+                                for x, y in self.corpus().validation_batches(64, SIZES[self.size].seq_len, 0, 1, 32)]
+        return mean_loss(model, self._validation, self.autocast)
+
+    @staticmethod
+    def loss(model, batch):
+        return model(*batch)
+
+    def optimizer(self, params):
+        import torch
+        return torch.optim.AdamW(params, lr=self.lr, betas=(0.9, 0.95), weight_decay=0.1)
+
+    def schedule(self, optimizer):
+        import torch
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, _warm_up)
+
+
+def _warm_up(step: int) -> float:
+    """The learning-rate factor of a 10-step linear warm-up."""
+    return min(1.0, (step + 1) / 10)
+
+
+def _parallel(args, cfg, device) -> int:
+    """``--parallel``, or for ``auto``: 1 on the CPU; on a GPU as many runs as fit 85% of its free memory (at
+    the measured ~5.2 GB per 10.8M parameters plus 11 bytes per rank per parameter, see docs/simulation.md),
+    at most 3 x seeds and one per CPU core."""
+    if args.parallel != "auto":
+        return int(args.parallel)
+    if device.type != "cuda":
+        return 1
+    import torch
+
+    from loco_lab.model import ByteLlama
+    params = sum(p.numel() for p in ByteLlama(cfg).parameters())
+    per_run = 5.2e9 * params / 10.8e6 + 11 * params * args.nodes * args.local
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(1, min(3 * args.seeds, int(0.85 * free / per_run), os.cpu_count() or 1))
 
 
 class _Progress:

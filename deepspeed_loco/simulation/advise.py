@@ -19,7 +19,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout.wire import wire_bytes_per_element
 from deepspeed_loco.simulation.arms import parse_arm, zeropp_loco_param
-from deepspeed_loco.simulation.train import ArmResult, gradient_noise_scale, simulate
+from deepspeed_loco.simulation.side_by_side import Job, SideBySide, Task
+from deepspeed_loco.simulation.train import ArmResult, gradient_noise_scale
 from deepspeed_loco.utils.stats import t_interval
 
 CANDIDATES = ("plain2", "plain8-2h", "plain4")  # fewest inter-node bits first
@@ -31,9 +32,10 @@ MIN_SEEDS = 3  # a 95% interval needs at least 2; 3 is the least that resolved a
 
 @dataclass
 class Probe:
-    """One candidate's probe: ``rho`` (None if the noise scale could not be estimated), plain qgZ's mean per-step
-    error of the communicated mean, the gradient noise scale (samples), the seconds one training step took and
-    the seconds a run costs besides its steps (model, cluster and evaluation set-up)."""
+    """One candidate's probe, each a mean over the probe's seeds: ``rho`` (None if the noise scale could not be
+    estimated), plain qgZ's per-step error of the communicated mean, the gradient noise scale (samples), the
+    seconds one training step took (beside the probe's other runs) and the seconds a run costs besides its steps
+    (model, cluster and evaluation set-up)."""
     candidate: str
     rho: Optional[float]
     step_error: float
@@ -57,7 +59,7 @@ class Comparison:
 @dataclass
 class Advice:
     """What :func:`advise` found: the recommended ``zeropp_loco_param`` block, the probes, the comparisons, the
-    reasons and what it could not resolve within the budget (plain sentences)."""
+    reasons, what it could not resolve within the budget (plain sentences) and how many runs went side by side."""
     config: Dict[str, Any]
     recommended: str
     probes: List[Probe]
@@ -67,6 +69,7 @@ class Advice:
     budget_s: float
     spent_s: float
     group_size: int
+    parallel: int = 1
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -97,7 +100,8 @@ class Advice:
         lines = [f"Recommended: {self.recommended}", "  zeropp_loco_param = " + repr(self.config)]
         lines += ["  " + r for r in self.reasons]
         lines += ["Not resolved within the budget: " + u for u in self.unresolved]
-        lines.append(f"Spent {self.spent_s / 60:.1f} of {self.budget_s / 60:.1f} minutes.")
+        lines.append(f"Spent {self.spent_s / 60:.1f} of {self.budget_s / 60:.1f} minutes, "
+                     f"{self.parallel} run{'s' if self.parallel > 1 else ''} at a time.")
         return "\n".join(lines)
 
     def plot(self, path: str) -> None:
@@ -129,7 +133,7 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
            candidates: Sequence[str] = CANDIDATES, seeds: int = MIN_SEEDS, steps: Optional[int] = None,
            max_steps: int = 2000, probe_steps: int = PROBE_STEPS, loco: Optional[Dict[str, Any]] = None,
            eval_fn: Optional[Callable] = None, on_progress: Optional[Callable[[str, int, int], None]] = None,
-           **simulate_kwargs) -> Advice:
+           parallel: int = 1, **simulate_kwargs) -> Advice:
     """Recommends a ``zeropp_loco_param`` for ``nodes x local`` ranks, spending about ``budget_minutes`` of this
     device's time on :func:`~deepspeed_loco.simulation.simulate` runs of ``model_fn`` on ``data_fn``'s batches.
 
@@ -137,11 +141,15 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
     seeds per arm in a comparison (>= 2). ``steps``: steps per comparison run (default: what the budget allows,
     at most ``max_steps``). ``loco``: other keys of the block (``group_size``, ``err_beta``, ...), carried into the
     recommendation. ``eval_fn``: a held-out loss (recommended); without it the comparison uses the training loss.
-    ``on_progress(stage, done, total)``: progress of the current stage. Other keyword arguments go to
-    ``simulate`` (``loss_fn``, ``optimizer_fn``, ``scheduler_fn``, ``device``, ``autocast_dtype``, ``grad_clip``,
-    ``rank_chunk``, ...). Runs one simulation at a time in this process.
+    ``on_progress(stage, done, total)``: progress of the current stage. ``parallel``: runs side by side on the
+    device, in spawned processes (:mod:`~deepspeed_loco.simulation.side_by_side`; the callables must then
+    pickle); with ``parallel > 1`` each candidate is probed over ``max(1, parallel // len(candidates))`` seeds,
+    so the probes load the device as the comparisons will. Other keyword arguments go to ``simulate``
+    (``loss_fn``, ``optimizer_fn``, ``scheduler_fn``, ``device``, ``autocast_dtype``, ``grad_clip``,
+    ``rank_chunk``, ...).
 
-    Raises ValueError for a bad candidate, ``seeds < 2``, a non-positive budget or ``probe_steps < 2``.
+    Raises ValueError for a bad candidate, ``seeds < 2``, a non-positive budget, ``probe_steps < 2``, a bad
+    ``parallel`` or, with ``parallel > 1``, a callable that does not pickle.
     """
     arms = [parse_arm(c) for c in candidates]
     if any(a.kind != "plain" for a in arms) or not arms:
@@ -154,39 +162,36 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
     if probe_steps < 2:
         raise ValueError(f"advise: probe_steps = {probe_steps!r}, it must be at least 2")
     budget_s, started = budget_minutes * 60.0, time.monotonic()
-    run = _Runner(model_fn, data_fn, nodes, local, loco or {}, eval_fn, simulate_kwargs)
-
-    probes = []
-    for index, arm in enumerate(arms):
-        if on_progress:
-            on_progress("probe", index, len(arms))
-        probes.append(_probe(run, arm.key, probe_steps))
-    comparisons, reasons, unresolved = [], [], []
-    for probe in probes:  # fewest inter-node bits first: the first acceptable candidate is the answer
-        left = budget_s - (time.monotonic() - started)
-        affordable = _affordable_steps(probe, left, seeds, max_steps) if steps is None else steps
-        comparison = None
-        if affordable >= MIN_STEPS:
-            comparison = _compare(run, probe.candidate, affordable, seeds, on_progress)
-            comparisons.append(comparison)
-        elif probe.rho is None or probe.rho >= RHO_THRESHOLD:
-            unresolved.append(f"{parse_arm(probe.candidate).variant} (rho {_fmt(probe.rho)}) was not trained: "
-                              f"{left / 60:.1f} minutes left buy {max(affordable, 0)} steps per run, fewer than "
-                              f"{MIN_STEPS}.")
-        verdict = judge(probe, comparison)
-        reasons.append(verdict.reason)
-        unresolved += verdict.unresolved
-        if verdict.accepted:
-            arm = parse_arm(probe.candidate)
-            label = arm.label + (" + LoCo" if verdict.error_feedback else "")
-            config = _answer(arm, verdict.error_feedback, loco or {}, local)
-            break
-    else:
-        arm = parse_arm("plain4")
-        reasons.append("No candidate was shown safe within the budget: DeepSpeed's qgZ default, 4/4 without LoCo.")
-        label, config = arm.label, _answer(arm, False, loco or {}, local)
+    task = Task(model_fn, data_fn, nodes, local, loco or {}, eval_fn, simulate_kwargs)
+    with SideBySide(task, parallel) as runner:
+        probes = _probe(runner, [a.key for a in arms], probe_steps, max(1, parallel // len(arms)), on_progress)
+        comparisons, reasons, unresolved = [], [], []
+        for probe in probes:  # fewest inter-node bits first: the first acceptable candidate is the answer
+            left = budget_s - (time.monotonic() - started)
+            affordable = _affordable_steps(probe, left, seeds, max_steps, parallel) if steps is None else steps
+            comparison = None
+            if affordable >= MIN_STEPS:
+                comparison = _compare(runner, probe.candidate, affordable, seeds, on_progress)
+                comparisons.append(comparison)
+            elif probe.rho is None or probe.rho >= RHO_THRESHOLD:
+                unresolved.append(f"{parse_arm(probe.candidate).variant} (rho {_fmt(probe.rho)}) was not trained: "
+                                  f"{left / 60:.1f} minutes left buy {max(affordable, 0)} steps per run, fewer "
+                                  f"than {MIN_STEPS}.")
+            verdict = judge(probe, comparison)
+            reasons.append(verdict.reason)
+            unresolved += verdict.unresolved
+            if verdict.accepted:
+                arm = parse_arm(probe.candidate)
+                label = arm.label + (" + LoCo" if verdict.error_feedback else "")
+                config = _answer(arm, verdict.error_feedback, loco or {}, local)
+                break
+        else:
+            arm = parse_arm("plain4")
+            reasons.append("No candidate was shown safe within the budget: DeepSpeed's qgZ default, 4/4 without "
+                           "LoCo.")
+            label, config = arm.label, _answer(arm, False, loco or {}, local)
     return Advice(config, label, probes, comparisons, reasons, unresolved, budget_s, time.monotonic() - started,
-                  LocoConfig.from_dict(config).group_size)
+                  LocoConfig.from_dict(config).group_size, parallel)
 
 
 @dataclass
@@ -233,48 +238,54 @@ def judge(probe: Probe, comparison: Optional[Comparison]) -> Verdict:
                    f"neither within noise of full precision in {comparison.steps}-step runs.")
 
 
-class _Runner:
-    """``simulate`` with the fixed arguments of one advice."""
+def _probe(runner: SideBySide, candidates: Sequence[str], steps: int, seeds: int, on_progress) -> List[Probe]:
+    """Each candidate's probe: ``steps`` of plain qgZ over ``seeds`` seeds, all side by side."""
+    jobs = [Job(candidate, steps, seed, False) for candidate in candidates for seed in range(seeds)]
+    report = (lambda done, total: on_progress("probe", done, total)) if on_progress else None
+    if on_progress:
+        on_progress("probe", 0, len(jobs))
+    finished = runner.run(jobs, report)
+    probes = []
+    for i, candidate in enumerate(candidates):
+        runs = finished[i * seeds:(i + 1) * seeds]
+        errors = [statistics.fmean(f.result.grad_rel_errors) for f in runs]
+        noises = [gradient_noise_scale(f.result, first_step=2) for f in runs]
+        rhos = [_rho(e, n, f.result) for e, n, f in zip(errors, noises, runs)]
+        known = [n for n in noises if n]
+        probes.append(Probe(candidate, None if None in rhos else statistics.fmean(rhos), statistics.fmean(errors),
+                            statistics.fmean(known) if known else None,
+                            statistics.fmean(f.result.wall_s / steps for f in runs),  # training only
+                            statistics.fmean(f.overhead_s for f in runs)))
+    return probes
 
-    def __init__(self, model_fn, data_fn, nodes, local, loco, eval_fn, simulate_kwargs):
-        self.model_fn, self.data_fn, self.nodes, self.local = model_fn, data_fn, nodes, local
-        self.loco, self.eval_fn, self.kwargs = loco, eval_fn, simulate_kwargs
 
-    def __call__(self, arms: Sequence[str], steps: int, seed: int, evaluate: bool) -> List[ArmResult]:
-        """The arms' results; ``evaluate``: run ``eval_fn`` after the last step (if there is one)."""
-        return simulate(self.model_fn, self.data_fn, arms, steps=steps, nodes=self.nodes, local=self.local,
-                        loco=self.loco, seed=seed, eval_fn=self.eval_fn if evaluate else None, **self.kwargs)
-
-
-def _probe(run: _Runner, candidate: str, steps: int) -> Probe:
-    started = time.monotonic()
-    (result, ) = run([candidate], steps, seed=0, evaluate=False)
-    elapsed = time.monotonic() - started
-    step_s = result.wall_s / steps  # training only: no set-up, no evaluation
-    noise = gradient_noise_scale(result, first_step=2)
-    error = statistics.fmean(result.grad_rel_errors)
+def _rho(error: float, noise: Optional[float], result: ArmResult) -> Optional[float]:
+    """Plain qgZ's error power over the sampling-noise power at the step's batch (None without a noise scale)."""
+    if not noise:
+        return None
     batch = result.rank_batch * result.world_size
-    rho = error**2 * (1 + noise / batch) / (noise / batch) if noise else None
-    return Probe(candidate, rho, error, noise, step_s, max(0.0, elapsed - result.wall_s))
+    return error**2 * (1 + noise / batch) / (noise / batch)
 
 
-def _affordable_steps(probe: Probe, seconds: float, seeds: int, max_steps: int) -> int:
-    """Steps per run that a comparison (full, plain, LoCo over ``seeds`` seeds) can take within ``seconds``, at the
-    probe's cost per run and per step (LoCo's buffers and the evaluation counted as 20% more per step)."""
-    runs = 3 * seeds
-    per_run = seconds / runs - probe.seconds_per_run
+def _affordable_steps(probe: Probe, seconds: float, seeds: int, max_steps: int, parallel: int = 1) -> int:
+    """Steps per run that a comparison (full, plain, LoCo over ``seeds`` seeds, ``parallel`` side by side) can
+    take within ``seconds``, at the probe's cost per run and per step (LoCo's buffers and the evaluation counted
+    as 20% more per step)."""
+    waves = math.ceil(3 * seeds / parallel)
+    per_run = seconds / waves - probe.seconds_per_run
     return min(max_steps, int(per_run / (1.2 * probe.seconds_per_step))) if per_run > 0 else 0
 
 
-def _compare(run: _Runner, candidate: str, steps: int, seeds: int, on_progress) -> Comparison:
+def _compare(runner: SideBySide, candidate: str, steps: int, seeds: int, on_progress) -> Comparison:
     plain = parse_arm(candidate)
     keys = ["full", plain.key, plain.key.replace("plain", "loco", 1)]
     comparison = Comparison(candidate, steps, {key: {} for key in keys})
-    for seed in range(seeds):
-        if on_progress:
-            on_progress(f"compare {plain.variant}", seed, seeds)
-        for result in run(keys, steps, seed=seed, evaluate=True):
-            comparison.losses[result.key][seed] = _final_loss(result)
+    stage = f"compare {plain.variant}"
+    if on_progress:
+        on_progress(stage, 0, 3 * seeds)
+    jobs = [Job(key, steps, seed, True) for seed in range(seeds) for key in keys]
+    for done in runner.run(jobs, (lambda d, total: on_progress(stage, d, total)) if on_progress else None):
+        comparison.losses[done.job.arm][done.job.seed] = _final_loss(done.result)
     full, plain_key, loco_key = keys
     comparison.plain_minus_full = _paired(comparison.losses, plain_key, full)
     comparison.loco_minus_plain = _paired(comparison.losses, loco_key, plain_key)

@@ -18,3 +18,21 @@ def test_advise_writes_its_evidence_and_a_valid_block(tmp_path, capsys):
     assert [p["candidate"] for p in advice["probes"]] == ["plain2", "plain8-2h", "plain4"]
     assert advice["comparisons"] == []  # 0.6 s buys no training comparison, and it says so
     assert (out / "advise.png").stat().st_size > 0 and "| 2-bit |" in (out / "table.md").read_text()
+
+
+def test_advise_runs_its_probes_side_by_side_in_spawned_processes(tmp_path, capsys):
+    out = tmp_path / "advise"
+    code = cli.main(["advise", "--nodes", "1", "--gpus-per-node", "2", "--budget-minutes", "0.01", "--model-size",
+                     "tiny", "--micro-batch", "1", "--device", "cpu", "--no-progress", "--parallel", "3", "--out",
+                     str(out)])
+    assert code == 0
+    advice = json.loads((out / "advise.json").read_text())
+    assert advice["parallel"] == 3 and all(p["step_error"] > 0 for p in advice["probes"])
+    assert "3 runs at a time" in capsys.readouterr().out
+
+
+def test_parallel_must_be_auto_or_a_positive_integer(capsys):
+    import pytest
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["advise", "--parallel", "0"])
+    assert exit_.value.code == 2 and "'auto' or an integer >= 1" in capsys.readouterr().err

@@ -88,3 +88,18 @@ def test_bad_arguments_are_clear_errors(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         advise(_model, _data, 2, 2, **args)
+
+
+def test_runs_side_by_side_give_the_same_evidence_as_runs_one_at_a_time():
+    args = dict(budget_minutes=5, candidates=("plain2", ), steps=50, seeds=2, probe_steps=3, loss_fn=_loss,
+                loco={"group_size": 32})
+    alone = advise(_model, _data, 2, 2, **args)
+    side_by_side = advise(_model, _data, 2, 2, parallel=2, **args)
+    assert side_by_side.parallel == 2 and len(side_by_side.probes) == 1
+    assert side_by_side.comparisons[0].losses == alone.comparisons[0].losses  # bit-identical final losses
+    assert set(alone.comparisons[0].losses["loco2"]) == {0, 1}
+
+
+def test_side_by_side_needs_callables_that_pickle():
+    with pytest.raises(ValueError, match="model_fn = .* does not pickle"):
+        advise(lambda: toy_model(), _data, 2, 2, budget_minutes=1, loss_fn=_loss, parallel=2)
