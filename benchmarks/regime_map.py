@@ -14,10 +14,13 @@ own sampling noise at the step's batch ``B``: ``rho = e^2 (1 + B_noise / B) / (B
 ``||g||^2 = ||G||^2 (1 + B_noise / B)``, its sampling noise ``||G||^2 B_noise / B``). Tags ending in ``rep``
 repeat a run of another tag (a determinism check) and are listed, not averaged. A regime without a full-precision
 arm (one that changes only the grid) takes it from the regime with the same training setup (``SAME_TRAINING``).
+Tags ``<base>_ef<N>`` hold LoCo runs whose error feedback starts at step ``N`` (plain qgZ before: the burst fix of
+item 3); they are compared, seed by seed, with the base tag's plain qgZ, LoCo from step 1 and full precision.
 """
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -30,6 +33,7 @@ from deepspeed_loco.utils.stats import t_interval  # noqa: E402
 BITS = (("4/4", "plain4", "loco4"), ("2/2", "plain2", "loco2"), ("8/2+H", "plain8-2h", "loco8-2h"))
 REPEAT_SUFFIX = "rep"
 BURST_WINDOWS = 10  # the first 100 steps: the per-step error series is stored as 10-step means
+DELAYED = re.compile(r"^(?P<base>.+)_ef(?P<start>\d+)$")  # a tag of delayed error feedback runs
 SAME_TRAINING = ("params", "nodes", "local", "micro_batch", "steps", "lr", "warmup", "text", "dtype")
 
 
@@ -118,6 +122,29 @@ def burst_rows(tag, arms):
     return rows
 
 
+def delayed_rows(regimes):
+    """Per ``<base>_ef<N>`` tag and LoCo arm: the delayed-feedback arm minus the base tag's plain qgZ, LoCo from
+    step 1 and full precision (paired ``(n, mean, low, high)``), and its mean early burst over plain."""
+    rows = []
+    for tag, arms in regimes.items():
+        match = DELAYED.match(tag)
+        if not match or match["base"] not in regimes:
+            continue
+        base = regimes[match["base"]]
+        for _, plain, loco in BITS:
+            if loco not in arms:
+                continue
+            merged = {"delayed": arms[loco], **{key: base[key] for key in ("full", plain, loco) if key in base}}
+            bursts = [max(arms[loco][s]["series"]["grad_rel_errors"][:BURST_WINDOWS]) /
+                      max(base[plain][s]["series"]["grad_rel_errors"][:BURST_WINDOWS])
+                      for s in sorted(set(arms[loco]) & set(base.get(plain, {})))]
+            rows.append({"tag": tag, "base": match["base"], "start": int(match["start"]), "arm": loco,
+                         "minus_plain": paired(merged, "delayed", plain), "minus_loco": paired(merged, "delayed", loco),
+                         "minus_full": paired(merged, "delayed", "full"),
+                         "burst": statistics.fmean(bursts) if bursts else None})
+    return sorted(rows, key=lambda r: r["tag"])
+
+
 def _rho(error, noise, batch):
     """Quantization error power over sampling noise power of the step's mean gradient (module docstring)."""
     share = noise / batch
@@ -134,7 +161,7 @@ def _diff(cell):
     return f"{mean:+.4f} [{low:+.4f}, {high:+.4f}] n={n}{mark}"
 
 
-def markdown(rows, bursts, repeats, regimes) -> str:
+def markdown(rows, bursts, repeats, regimes, delayed=()) -> str:
     head = ["regime", "bits", "B_noise (seq) / B", "plain step err", "rho", "sum err plain / LoCo",
             "plain - full (95% CI)", "LoCo - plain (95% CI)", "LoCo - full (95% CI)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -152,6 +179,15 @@ def markdown(rows, bursts, repeats, regimes) -> str:
               "| regime | arm | seed | burst | LoCo - plain |", "|---|---|---|---|---|"]
     lines += [f"| {b['tag']} | {b['arm']} | {b['seed']} | {b['burst']:.2f} | {b['loco_minus_plain']:+.4f} |"
               for b in sorted(bursts, key=lambda b: -b["burst"])]
+    if delayed:
+        lines += ["", "Error feedback from step N (plain qgZ before it), against the base regime's arms, paired by seed:",
+                  "", "| base regime | LoCo arm | from step | burst | - plain (95% CI) | - LoCo from step 1 (95% CI) | "
+                  "- full (95% CI) |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {d['base']} | {d['arm']} | {d['start']} | "
+                  f"{d['burst']:.2f} | {_diff(d['minus_plain'])} | {_diff(d['minus_loco'])} | {_diff(d['minus_full'])} |"
+                  if d["burst"] is not None else
+                  f"| {d['base']} | {d['arm']} | {d['start']} | - | {_diff(d['minus_plain'])} | "
+                  f"{_diff(d['minus_loco'])} | {_diff(d['minus_full'])} |" for d in delayed]
     for record in repeats:
         original = regimes.get(record["tag"][:-len(REPEAT_SUFFIX)], {}).get(record["key"], {}).get(record["seed"])
         same = original is not None and original["final_val_loss"] == record["final_val_loss"]
@@ -223,12 +259,13 @@ def main(argv=None) -> None:
     order = sorted(regimes, key=lambda tag: _order(regimes[tag]))
     rows = [row for tag in order for row in regime_rows(tag, regimes[tag])]
     bursts = [row for tag in order for row in burst_rows(tag, regimes[tag])]
+    delayed = delayed_rows(regimes)
     os.makedirs(args.out, exist_ok=True)
-    text = markdown(rows, bursts, repeats, regimes)
+    text = markdown(rows, bursts, repeats, regimes, delayed)
     with open(os.path.join(args.out, "map.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "map.json"), "w") as f:
-        json.dump({"regimes": rows, "bursts": bursts}, f, indent=1)
+        json.dump({"regimes": rows, "bursts": bursts, "delayed_error_feedback": delayed}, f, indent=1)
     plot(rows, bursts, os.path.join(args.out, "map.png"))
     print(text)
 
