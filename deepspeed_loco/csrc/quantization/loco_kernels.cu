@@ -166,6 +166,7 @@ struct Launch {
     int count;
     int team_log2, group_log2;
     int world, local, nodes, rows;  // rows: received rows the final mean sums
+    int in_blocks;                  // hop 2: blocks of the previous hop summed (rows j * nodes + m of `in`)
     FastDivisor nodes_divisor;
     int item_rows;                  // rows of every parameter in this launch (hop 1: world, hop 2: nodes, final: 1)
     bool midrise;
@@ -704,10 +705,10 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launc
         load_error(er, k.lane, k.team, old);
         switch (in_bits) {
             // the in_blocks received blocks of output row m: input rows j * nodes + m
-            case 2: sum_rows_on_grid<2>(p, k, m, p.nodes, p.local, v); break;
-            case 3: sum_rows_on_grid<3>(p, k, m, p.nodes, p.local, v); break;
-            case 4: sum_rows_on_grid<4>(p, k, m, p.nodes, p.local, v); break;
-            default: sum_rows_on_grid<8>(p, k, m, p.nodes, p.local, v); break;
+            case 2: sum_rows_on_grid<2>(p, k, m, p.nodes, p.in_blocks, v); break;
+            case 3: sum_rows_on_grid<3>(p, k, m, p.nodes, p.in_blocks, v); break;
+            case 4: sum_rows_on_grid<4>(p, k, m, p.nodes, p.in_blocks, v); break;
+            default: sum_rows_on_grid<8>(p, k, m, p.nodes, p.in_blocks, v); break;
         }
     } else {
         zero_values(v);
@@ -833,6 +834,7 @@ Launch make_launch(const HopArgs& a, int chunks, const BucketItem* items, int co
     p.world = a.world;
     p.local = a.local;
     p.nodes = a.world / a.local;
+    p.in_blocks = a.in_blocks;
     p.nodes_divisor = fast_divisor((uint32_t)p.nodes);
     p.rows = rows;
     p.item_rows = a.world;
@@ -884,7 +886,6 @@ const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem
                               WireArgs in, WireArgs out, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
     Launch p = make_launch(a, chunks_of(kHop2Kernel, false, error_bits), items, count, in, out, 0);
-    p.local = a.in_blocks;  // the blocks summed: rows j * nodes + m of `in`
     p.item_rows = p.nodes;
     bool ok = false;
     with_bits(a.bits, [&](auto bits) {
