@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "loco_kernels.cuh"
+#include "loco_limits.h"
 
 #if defined(__USE_FAST_MATH__)
 #error "loco_kernels.cu must be built without --use_fast_math (the reference fixes IEEE fp32 arithmetic)"
@@ -55,6 +56,23 @@ constexpr int kMaxGroup = 4096;
 static_assert((LOCO_PLAIN_CHUNKS == 2 || LOCO_PLAIN_CHUNKS == 4) && (LOCO_ERROR_CHUNKS == 2 || LOCO_ERROR_CHUNKS == 4),
               "chunks per thread: 2 or 4 (a group of 32 values is one thread's 4 chunks)");
 constexpr int kRotateChunks = 2;
+
+// The limits of loco_limits.h are what the kernels are compiled for: every group fills whole teams of at least one
+// thread and at most one block, and with_bits / with_error_bits (below) have a case for every limit.
+static_assert(limits::kMinGroupSize >= 8 * 4 && (limits::kMinGroupSize & (limits::kMinGroupSize - 1)) == 0,
+              "the smallest group is one thread's 4 chunks of 8 values");
+static_assert(limits::kMaxGroupSize / (8 * kRotateChunks) <= kBlock, "the largest group's team fits in one block");
+constexpr bool compiled_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 8; }
+constexpr bool compiled_error_bits(int bits) { return bits == 8 || bits == 32; }
+template <size_t N>
+constexpr bool all_of(const int (&values)[N], bool (*test)(int)) {
+    for (size_t i = 0; i < N; ++i)
+        if (!test(values[i])) return false;
+    return true;
+}
+static_assert(all_of(limits::kWireBits, compiled_bits), "with_bits must dispatch every wire bit width of the limits");
+static_assert(all_of(limits::kErrorBits, compiled_error_bits),
+              "with_error_bits must dispatch every error-buffer width of the limits");
 
 constexpr int chunks_of(Kernel kernel, bool rotate, int error_bits) {
     return rotate || kernel == kFinalKernel ? kRotateChunks : error_bits == 0 ? LOCO_PLAIN_CHUNKS : LOCO_ERROR_CHUNKS;
