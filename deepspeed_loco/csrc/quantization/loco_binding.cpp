@@ -54,7 +54,8 @@ loco::HopArgs hop_args(int64_t world, int64_t local, int64_t bits, int64_t group
     TORCH_CHECK(world >= 1 && local >= 1 && world % local == 0, "LoCo kernels: world_size = ", world,
                 " must be a positive multiple of local_size = ", local);
     TORCH_CHECK(valid_bits(bits), "LoCo kernels: bits = ", bits, " must be ", listed(loco::limits::kWireBits));
-    TORCH_CHECK(group >= loco::limits::kMinGroupSize && group <= loco::limits::kMaxGroupSize && (group & (group - 1)) == 0,
+    TORCH_CHECK(group >= loco::limits::kMinGroupSize && group <= loco::limits::kMaxGroupSize &&
+                    (group & (group - 1)) == 0,
                 "LoCo kernels: group_size = ", group, " must be a power of two from ", loco::limits::kMinGroupSize,
                 " to ", loco::limits::kMaxGroupSize);
     TORCH_CHECK(beta >= 0.0 && beta < 1.0, "LoCo kernels: err_beta = ", beta, " must satisfy 0 <= err_beta < 1");

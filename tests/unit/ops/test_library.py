@@ -188,7 +188,7 @@ def test_kernels_config_key():
         config.LocoConfig.from_dict({"kernels": "fast"})
 
 
-def test_compiled_reducer_has_no_graph_break_and_is_bit_identical():
+def test_compiled_reducer_has_no_graph_break_and_is_bit_identical(device, monkeypatch):
     """``LocoReducer.reduce_scatter`` itself (the plan's hops through ``kernels_for``'s entry points, profiler ranges,
     error state) under ``torch.compile(fullgraph=True)``: one graph, and the same means and error buffers as eager
     over two steps. The exchanges are the identity (one rank's view of a 2 x 2 world)."""
@@ -203,8 +203,10 @@ def test_compiled_reducer_has_no_graph_break_and_is_bit_identical():
                                          exchanges={"intra_node": torch.clone, "inter_node": torch.clone})
         return LocoReducer.for_topology(config.LocoConfig(group_size=GROUP, inter_node_bits=2), topology)
 
+    monkeypatch.delenv("DS_LOCO_KERNELS", raising=False)
     gen = torch.Generator().manual_seed(5)
-    names, steps = ["a", "b", "c"], [[torch.randn(n, generator=gen) for n in NUMELS] for _ in range(2)]
+    names = ["a", "b", "c"]
+    steps = [[torch.randn(n, generator=gen).to(device) for n in NUMELS] for _ in range(2)]
     eager, compiled = reducer(), reducer()
     compiled.reduce_scatter(names, steps[0])  # buffers are created on first use, outside the graph
     eager.reduce_scatter(names, steps[0])
