@@ -21,12 +21,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from deepspeed_loco.config import KERNEL_CHOICES
 from deepspeed_loco.ops import library, loco_cuda, loco_reference
 from deepspeed_loco.utils.logging import logger
 
 ENV_VAR = "DS_LOCO_KERNELS"
 CONFIG_KEY = "zeropp_loco_param.kernels"
-_MODES = ("auto", "reference", "cuda")
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,8 @@ def _mode(configured: str) -> Tuple[str, str]:
     """``(mode, where it came from)``: the environment variable when set, else the config key; validated."""
     override = os.environ.get(ENV_VAR, "").strip().lower()
     mode, source = (override, ENV_VAR) if override else (configured, CONFIG_KEY)
-    if mode not in _MODES:
-        raise ValueError(f"{source}={mode!r} is invalid: it must be one of {_MODES}")
+    if mode not in KERNEL_CHOICES:
+        raise ValueError(f"{source}={mode!r} is invalid: it must be one of {KERNEL_CHOICES}")
     if override and override != configured:
         _log_once("override", f"deepspeed_loco: {ENV_VAR}={override} overrides {CONFIG_KEY}={configured!r}")
     return mode, source
