@@ -5,8 +5,12 @@
 * The ops give the reference's bytes (bit for bit) through the bucket entry points, on CPU.
 * A reduce step (hop 1, an exchange, hop 2, the final mean) compiled with ``torch.compile(fullgraph=True)``: no graph
   break, and the same bytes, error buffers and means as eager.
-* The limits have one source (``loco_limits.h``): the config takes them from it, and so does the CUDA binding.
+* The limits have one source (``loco_limits.h``): the config takes them from it (checked against the header compiled
+  with g++), and so does the CUDA binding.
 """
+import shutil
+import subprocess
+
 import pytest
 import torch
 
@@ -221,3 +225,20 @@ def test_compiled_reducer_has_no_graph_break_and_is_bit_identical(device, monkey
     for (_, _, a), (_, _, b) in zip(eager.state.named_buffers(), compiled.state.named_buffers()):
         assert torch.equal(a.values, b.values) and torch.equal(a.scale, b.scale)
     torch._dynamo.reset()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_the_header_compiles_to_the_limits_python_parses(tmp_path):
+    """``loco_limits.h`` as C++ sees it (compiled with g++) against ``deepspeed_loco.layout.limits``."""
+    program = tmp_path / "limits.cpp"
+    program.write_text('#include <cstdio>\n#include "loco_limits.h"\nusing namespace loco::limits;\n'
+                       'int main() {\n  for (int b : kWireBits) std::printf("%d ", b);\n  std::printf("| ");\n'
+                       '  for (int b : kErrorBits) std::printf("%d ", b);\n'
+                       '  std::printf("| %d %d\\n", kMinGroupSize, kMaxGroupSize);\n}\n')
+    binary = tmp_path / "limits"
+    subprocess.run(["g++", "-std=c++17", f"-I{limits.HEADER.parent}", str(program), "-o", str(binary)], check=True)
+    wire, error, groups = subprocess.run([str(binary)], check=True, capture_output=True,
+                                         text=True).stdout.split("|")
+    assert tuple(map(int, wire.split())) == limits.WIRE_BITS
+    assert tuple(map(int, error.split())) == limits.ERROR_BITS
+    assert tuple(map(int, groups.split())) == (limits.MIN_GROUP_SIZE, limits.MAX_GROUP_SIZE)
