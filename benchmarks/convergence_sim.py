@@ -170,7 +170,7 @@ def run_one(args) -> dict:
                           device=device, seed=args.seed, grad_clip=1.0, autocast_dtype=autocast,
                           error_feedback_hops=hops, diagnostics=bool(args.diagnostics),
                           rank_chunk=args.rank_chunk or None, error_feedback_from_step=args.ef_from)
-    kernels = kernels_for(device).__name__.rsplit(".", 1)[-1]
+    kernels = kernels_for(device).name
     record = {
         "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,
         "setup": {"steps": args.steps, "size": args.size, "params": count_parameters(ByteLlama(cfg)),

@@ -22,7 +22,7 @@ second, peak memory (``torch.cuda.max_memory_allocated`` on CUDA, reset per arm;
 from ``resource``, which is never reset, so compare CPU arms' memory with care), and from ``torch.profiler``
 over ``--profile-steps`` further steps the seconds per step of each collective (all_to_all, reduce_scatter,
 all_gather, all_reduce: the NCCL kernels on CUDA, the host time of the ``c10d::`` calls on CPU) and of each range
-of our reduce (``deepspeed_loco.<hop>.<kernel>``, the kernel entry points of ``deepspeed_loco/ops/loco_cuda.py``
+of our reduce (``deepspeed_loco.<hop>.<kernel>``, the kernel entry points of ``deepspeed_loco/ops/library.py``
 and ``loco_reference.py`` and each hop's all-to-all; see ``LocoReducer``). With one rank our reduce has no hop at
 all, so those ranges are absent: the kernels' own times are ``benchmarks/kernels.py``'s.
 
@@ -436,7 +436,7 @@ def run_arm(arm: str, args: argparse.Namespace, device: torch.device, reference:
         "profile": profile,
     }
     if arm in ("plain", "loco"):
-        result["loco_kernels"] = kernels_for(device).__name__.rsplit(".", 1)[-1]
+        result["loco_kernels"] = kernels_for(device).name
     quantized = world > 1 and arm in ("plain", "loco")
     if arm == "dsqgz":
         result["ds_path"] = ds_path(profile)

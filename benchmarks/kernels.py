@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deepspeed_loco.ops import loco_cuda  # noqa: E402
+from deepspeed_loco.ops import library, loco_cuda  # noqa: E402
 from deepspeed_loco.ops.error_buffer import ErrorBuffer  # noqa: E402
 from deepspeed_loco.layout import HopArgs, WireLayout, padded_partition_size, partition_size  # noqa: E402
 
@@ -132,9 +132,9 @@ def bucket_calls(grads, config, error=True):
     errors1 = [random_error(WORLD, w) if error else None for w in widths]
     errors2 = [random_error(NODES, w) if error else None for w in widths]
     send1, send2 = wire1.empty(WORLD, "cuda"), wire2.empty(NODES, "cuda")
-    hop1 = lambda: loco_cuda.quantize_bucket_(grads, errors1, args1, wire1, send1)
-    hop2 = lambda: loco_cuda.requantize_bucket_(send1, wire1, errors2, args2, wire2, send2)
-    final = lambda: loco_cuda.final_mean_bucket(send2, wire2, args2, numels, 3, grads[0].dtype)
+    hop1 = lambda: library.quantize_bucket_(grads, errors1, args1, wire1, send1)
+    hop2 = lambda: library.requantize_bucket_(send1, wire1, errors2, args2, wire2, send2)
+    final = lambda: library.final_mean_bucket(send2, wire2, args2, numels, 3, grads[0].dtype)
     hop1()
     hop2()
     return hop1, hop2, final, (errors1, errors2, send1, send2)

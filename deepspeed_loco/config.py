@@ -9,13 +9,16 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from deepspeed_loco.layout import limits
+
 CONFIG_KEY = "zeropp_loco_param"
-SUPPORTED_GRAD_BITS = (2, 3, 4, 8)
-SUPPORTED_ERROR_BITS = (8, 32)
-MIN_GROUP_SIZE = 32
-MAX_GROUP_SIZE = 4096
+SUPPORTED_GRAD_BITS = limits.WIRE_BITS  # the kernels' limits, written once in csrc/quantization/loco_limits.h
+SUPPORTED_ERROR_BITS = limits.ERROR_BITS
+MIN_GROUP_SIZE = limits.MIN_GROUP_SIZE
+MAX_GROUP_SIZE = limits.MAX_GROUP_SIZE
 ON_CORRUPT_CHECKPOINT = ("error", "reset")
 QUANT_GRIDS = ("auto", "symmetric", "midrise")
+KERNEL_CHOICES = ("auto", "cuda", "reference")
 
 
 class LocoConfigError(ValueError):
@@ -52,6 +55,11 @@ class LocoConfig(BaseModel):
         ``k`` in ``[-2^(b-1), 2^(b-1) - 1]``, ``s = absmax / (2^(b-1) - 0.5)``: every code is used. "auto" (the
         default): "midrise" when a hop of the reduce sends 2 bits (measured better there, ``docs/config.md``),
         otherwise "symmetric" (what DeepSpeed's qgZ and its LoCo used); the hop plan resolves it.
+    kernels: the implementation of the ``deepspeed_loco`` ops for CUDA tensors (``deepspeed_loco.ops.kernels_for``).
+        "auto" (the default): the fused CUDA kernels when they build and load, else the PyTorch reference (logged
+        with the reason). "cuda": the fused kernels, failing to build or load them is an error. "reference": the
+        PyTorch reference (A/B checks, debugging). CPU tensors always run the reference. The environment variable
+        ``DS_LOCO_KERNELS``, when set, overrides this key (logged).
     """
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, validate_default=True)
 
@@ -67,6 +75,7 @@ class LocoConfig(BaseModel):
     on_corrupt_checkpoint: Annotated[Literal[ON_CORRUPT_CHECKPOINT], _rule('"error" or "reset"')] = "error"
     hadamard: Annotated[bool, _rule("true or false")] = False
     quant_grid: Annotated[Literal[QUANT_GRIDS], _rule('"auto", "symmetric" or "midrise"')] = "auto"
+    kernels: Annotated[Literal[KERNEL_CHOICES], _rule('"auto", "cuda" or "reference"')] = "auto"
 
     def __init__(self, **values: Any):
         """Validates ``values``; raises :class:`LocoConfigError` naming every bad or unknown key."""

@@ -39,8 +39,8 @@ class Exchange(Protocol):
 
 @dataclass(frozen=True)
 class HopArgs:
-    """Everything a hop's kernel needs besides tensors (one object per hop, from :meth:`HopPlan.args`; the C++
-    binding reads these fields by name, so they are the kernels' contract).
+    """Everything a hop's kernel needs besides tensors (one object per hop, from :meth:`HopPlan.args`; the bucket
+    entry points of ``deepspeed_loco.ops.library`` pass these fields to the ``deepspeed_loco`` ops as scalars).
 
     ``world_size`` / ``local_size``: ``W`` and ``L`` (the first hop's partition and swizzle). ``bits``: this hop's
     wire bits. ``in_bits`` / ``in_blocks``: the previous hop's bits and the number of blocks received from it and

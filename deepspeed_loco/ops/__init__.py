@@ -1,73 +1,98 @@
-"""LoCo's kernels: the pure-PyTorch reference (``loco_reference``) and, for CUDA tensors, the fused CUDA op.
+"""LoCo's kernels: the ``deepspeed_loco`` ops (:mod:`~deepspeed_loco.ops.library`), their PyTorch reference
+(``loco_reference``) and, for CUDA tensors, the fused CUDA kernels (``loco_cuda``).
 
-:func:`kernels_for` returns a module with the bucket entry points ``quantize_bucket_``, ``requantize_bucket_``
-and ``final_mean_bucket`` (``loco_reference``'s signatures; one kernel launch each in ``loco_cuda``): ``loco_cuda``
-for CUDA devices when the ``loco_ops`` extension builds and loads (tried once per process, built with ninja by
-``op_builder.LocoBuilder``), ``loco_reference`` otherwise. The choice is logged once
-per device type (logger ``deepspeed_loco``, INFO), with the reason.
+:func:`kernels_for` is the one dispatch point of the reducer: it returns the :class:`Kernels` (bucket entry points
+``quantize_bucket_``, ``requantize_bucket_``, ``final_mean_bucket`` with ``loco_reference``'s signatures) for tensors
+on a device. They call the ops, which run the fused kernels on CUDA (``loco_cuda``, when the ``loco_ops`` extension
+builds and loads: tried once per process, built with ninja by ``op_builder.LocoBuilder``) and the reference on
+every other device. With the reference chosen for CUDA tensors the entry points are ``loco_reference``'s own. The
+choice is logged once per device type (logger ``deepspeed_loco``, INFO), with the reason.
 
-Environment:
-
-``DS_LOCO_KERNELS``
+The choice, ``zeropp_loco_param.kernels`` (the ``mode`` argument; ``docs/config.md``):
     ``auto`` (default): the CUDA kernels when they load, else the reference, saying why.
     ``reference``: always the PyTorch reference (for A/B checks and debugging).
     ``cuda``: the CUDA kernels for CUDA tensors; failing to build or load them is an error.
+
+Environment: ``DS_LOCO_KERNELS``, when set to one of those, overrides the config key (logged once).
 """
 import os
-from types import ModuleType
-from typing import Dict, Optional, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from deepspeed_loco.ops import loco_reference
+from deepspeed_loco.config import KERNEL_CHOICES
+from deepspeed_loco.ops import library, loco_cuda, loco_reference
 from deepspeed_loco.utils.logging import logger
 
 ENV_VAR = "DS_LOCO_KERNELS"
-_MODES = ("auto", "reference", "cuda")
-_cuda_choice: Optional[Tuple[ModuleType, str]] = None
+CONFIG_KEY = "zeropp_loco_param.kernels"
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The bucket entry points the reducer calls (``loco_reference``'s signatures). ``name``: what computes,
+    ``"loco_reference"`` or ``"loco_cuda"`` (the start-up line and the benchmarks report it)."""
+    name: str
+    quantize_bucket_: Callable[..., None]
+    requantize_bucket_: Callable[..., None]
+    final_mean_bucket: Callable[..., List[torch.Tensor]]
+
+
+OPS_REFERENCE = Kernels("loco_reference", library.quantize_bucket_, library.requantize_bucket_,
+                        library.final_mean_bucket)  # the ops off CUDA: their implementation is the reference
+OPS_CUDA = Kernels("loco_cuda", library.quantize_bucket_, library.requantize_bucket_, library.final_mean_bucket)
+REFERENCE = Kernels("loco_reference", loco_reference.quantize_bucket_, loco_reference.requantize_bucket_,
+                    loco_reference.final_mean_bucket)  # CUDA tensors with the reference chosen: no op
+
+_load_error: Optional[Tuple[Optional[BaseException]]] = None  # (None,) loaded; (exception,) failed; None: not tried
 _logged: Dict[str, str] = {}
 
 
-def kernels_for(device: torch.device) -> ModuleType:
-    """The implementation of the bucket entry points for tensors on ``device``."""
+def kernels_for(device: torch.device, mode: str = "auto") -> Kernels:
+    """The bucket entry points for tensors on ``device``; ``mode``: ``zeropp_loco_param.kernels`` (``ENV_VAR``
+    overrides it when set). ValueError for an invalid mode; RuntimeError for ``cuda`` without the CUDA kernels."""
     device = torch.device(device)
+    mode, source = _mode(mode)
     if device.type != "cuda":
         _log_once(device.type, f"deepspeed_loco: PyTorch reference kernels for {device.type} tensors "
                   f"(the fused op is CUDA-only)")
-        return loco_reference
-    module, message = _cuda_kernels()
-    _log_once("cuda", message)
-    return module
-
-
-def _mode() -> str:
-    mode = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
-    if mode not in _MODES:
-        raise ValueError(f"{ENV_VAR}={mode!r} is invalid: it must be one of {_MODES}")
-    return mode
-
-
-def _cuda_kernels() -> Tuple[ModuleType, str]:
-    """``(module, reason)`` for CUDA tensors, decided once per process."""
-    global _cuda_choice
-    if _cuda_choice is not None:
-        return _cuda_choice
-    mode = _mode()
+        return OPS_REFERENCE
     if mode == "reference":
-        _cuda_choice = (loco_reference, f"deepspeed_loco: PyTorch reference kernels for CUDA tensors "
-                        f"({ENV_VAR}=reference)")
-        return _cuda_choice
-    try:
-        from deepspeed_loco.ops import loco_cuda
-        loco_cuda.load()
-    except Exception as exc:  # a failed build or load of the optional op: say why, then use the reference
-        if mode == "cuda":
-            raise RuntimeError(f"{ENV_VAR}=cuda but the loco_ops CUDA extension did not build or load") from exc
-        _cuda_choice = (loco_reference, f"deepspeed_loco: PyTorch reference kernels for CUDA tensors: the loco_ops "
-                        f"CUDA extension did not build or load ({type(exc).__name__}: {exc})")
-        return _cuda_choice
-    _cuda_choice = (loco_cuda, "deepspeed_loco: fused CUDA kernels (loco_ops) for CUDA tensors")
-    return _cuda_choice
+        _log_once("cuda", f"deepspeed_loco: PyTorch reference kernels for CUDA tensors ({source}=reference)")
+        return REFERENCE
+    error = _cuda_load_error()
+    if error is None:
+        _log_once("cuda", "deepspeed_loco: fused CUDA kernels (loco_ops) for CUDA tensors")
+        return OPS_CUDA
+    if mode == "cuda":
+        raise RuntimeError(f"{source}=cuda but the loco_ops CUDA extension did not build or load") from error
+    _log_once("cuda", f"deepspeed_loco: PyTorch reference kernels for CUDA tensors: the loco_ops CUDA extension did "
+              f"not build or load ({type(error).__name__}: {error})")
+    return REFERENCE
+
+
+def _mode(configured: str) -> Tuple[str, str]:
+    """``(mode, where it came from)``: the environment variable when set, else the config key; validated."""
+    override = os.environ.get(ENV_VAR, "").strip().lower()
+    mode, source = (override, ENV_VAR) if override else (configured, CONFIG_KEY)
+    if mode not in KERNEL_CHOICES:
+        raise ValueError(f"{source}={mode!r} is invalid: it must be one of {KERNEL_CHOICES}")
+    if override and override != configured:
+        _log_once("override", f"deepspeed_loco: {ENV_VAR}={override} overrides {CONFIG_KEY}={configured!r}")
+    return mode, source
+
+
+def _cuda_load_error() -> Optional[BaseException]:
+    """None when the ``loco_ops`` extension loads, else why not; tried once per process."""
+    global _load_error
+    if _load_error is None:
+        try:
+            loco_cuda.load()
+            _load_error = (None, )
+        except Exception as exc:  # a failed build or load of the optional op: the caller says why
+            _load_error = (exc, )
+    return _load_error[0]
 
 
 def _log_once(key: str, message: str) -> None:
@@ -77,7 +102,7 @@ def _log_once(key: str, message: str) -> None:
 
 
 def _reset() -> None:
-    """Forgets the cached choice and what was logged (tests)."""
-    global _cuda_choice
-    _cuda_choice = None
+    """Forgets the load attempt and what was logged (tests)."""
+    global _load_error
+    _load_error = None
     _logged.clear()

@@ -1,29 +1,29 @@
-"""The fused CUDA implementation of the bucket entry points of ``loco_reference`` (same signatures).
+"""The CUDA implementations of the ``deepspeed_loco`` ops (:mod:`deepspeed_loco.ops.library` registers them for the
+CUDA dispatch key): one fused kernel launch per op call.
 
-``quantize_bucket_``, ``requantize_bucket_`` and ``final_mean_bucket`` each run ONE kernel from
+``quantize_bucket``, ``requantize_bucket`` and ``final_mean_bucket`` take the ops' schema arguments (tensors, lists
+of tensors, scalars; see :mod:`deepspeed_loco.ops.reference_impl` for their contract) and each run ONE kernel from
 ``deepspeed_loco/csrc/quantization/loco_kernels.cu`` (built by :class:`deepspeed_loco.ops.op_builder.LocoBuilder`)
 over every parameter of the bucket, on the current CUDA stream: the binding writes a table of the parameters
 (pointers, offsets, sizes) to the device and one grid covers all groups of all parameters. The kernels write the
 wire buffer and update the error buffers in place with no other temporary in device memory. Outputs are
-bit-identical to the reference evaluated on the CPU, on both quantization grids (``args.grid``).
+bit-identical to the reference evaluated on the CPU, on both quantization grids.
 
-The hop's arguments (bits, group size, beta, grid) are validated by the config and again at the binding
-(``RuntimeError`` naming the argument). Calls the kernels cannot take run the reference instead, and each distinct
-reason is logged once (WARNING, logger ``deepspeed_loco``): tensors off CUDA or on different devices, a gradient
-or output dtype other than float32/float16/bfloat16, a bucket mixing parameters with and without error buffers,
-or an error tensor without unit stride along its rows (checked in the binding: a bucket holds hundreds of tensors). A
-wire buffer without contiguous rows is taken by neither implementation: the reference raises a ValueError naming it.
+The scalars are validated by the config and again at the binding against ``loco_limits.h`` (``RuntimeError``
+naming the argument). Calls the kernels cannot take run the reference instead, and each distinct reason is logged
+once (WARNING, logger ``deepspeed_loco``): a tensor off CUDA or on different devices, a gradient or output dtype
+other than float32/float16/bfloat16, or an error tensor without unit stride along its rows (checked in the binding:
+a bucket holds hundreds of tensors). A wire buffer without contiguous rows is taken by neither implementation: the
+reference raises a ValueError naming it.
 """
 from typing import List, Optional, Sequence
 
 import torch
 
-from deepspeed_loco.layout import HopArgs, WireLayout
-from deepspeed_loco.ops import loco_reference
-from deepspeed_loco.ops.error_buffer import ErrorBuffer
+from deepspeed_loco.ops import reference_impl
 from deepspeed_loco.utils.logging import logger
 
-_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _op = None
 _reported = set()
 
@@ -37,16 +37,15 @@ def load():
     return _op
 
 
-def _unsupported(tensors: Sequence[torch.Tensor], errors: Sequence[Optional[ErrorBuffer]],
-                 dtype: Optional[torch.dtype]) -> Optional[str]:
+def _unsupported(tensors: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype]) -> Optional[str]:
     """Why the kernels cannot run this call (device, dtype or stride), or None. The per-tensor checks (device, row
     stride) run in the binding, once the first tensor shows that CUDA is there."""
     if not tensors[0].is_cuda:
         return "a tensor is not on a CUDA device"
-    if dtype is not None and dtype not in _DTYPE_CODES:
-        return f"dtype {dtype} (kernels take float32, float16, bfloat16)"
-    if len({e is None for e in errors}) > 1:
-        return "a bucket mixing parameters with and without error buffers"
+    if len(set(dtypes)) > 1:
+        return f"dtypes {sorted(map(str, set(dtypes)))} in one bucket (kernels take one)"
+    if dtypes and dtypes[0] not in _DTYPES:
+        return f"dtype {dtypes[0]} (kernels take float32, float16, bfloat16)"
     return load().unsupported(list(tensors)) or None
 
 
@@ -57,46 +56,45 @@ def _fallback(function: str, reason: str) -> None:
                        function, reason)
 
 
-def _error_lists(errors: Sequence[Optional[ErrorBuffer]]):
-    """``(values, scales, error_bits)`` for the op: empty lists and 0 without error feedback."""
-    if not errors or errors[0] is None:
-        return [], [], 0
-    return [e.values for e in errors], [e.scale for e in errors if e.scale is not None], errors[0].error_bits
+def _error_bits(error_values: Sequence[torch.Tensor]) -> int:
+    """0 without error buffers, 8 for int8 ones, 32 for fp32 ones (the binding checks every tensor's dtype)."""
+    if not error_values:
+        return 0
+    return 8 if error_values[0].dtype == torch.int8 else 32
 
 
-def _error_tensors(errors: Sequence[Optional[ErrorBuffer]]) -> List[torch.Tensor]:
-    return [t for e in errors if e is not None for t in (e.values, e.scale) if t is not None]
-
-
-def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[ErrorBuffer]], args: HopArgs,
-                     wire: WireLayout, send: torch.Tensor) -> None:
-    """See :func:`deepspeed_loco.ops.loco_reference.quantize_bucket_` (gradients of one dtype)."""
-    grads = list(grads)
-    dtypes = {g.dtype for g in grads}
-    reason = _unsupported(grads + [send] + _error_tensors(errors), errors,
-                          grads[0].dtype if len(dtypes) == 1 else torch.float64)
+def quantize_bucket(grads: List[torch.Tensor], error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
+                    send: torch.Tensor, world_size: int, local_size: int, bits: int, group_size: int,
+                    err_beta: float, hadamard: bool, grid: str) -> None:
+    """``deepspeed_loco::quantize_bucket`` on CUDA; see :func:`reference_impl.quantize_bucket`."""
+    reason = _unsupported(grads + [send] + error_values + error_scales, [g.dtype for g in grads])
     if reason is not None:
         _fallback("quantize_bucket_", reason)
-        return loco_reference.quantize_bucket_(grads, errors, args, wire, send)
-    load().quantize_bucket(grads, *_error_lists(errors), args, wire, send)
+        return reference_impl.quantize_bucket(grads, error_values, error_scales, send, world_size, local_size, bits,
+                                              group_size, err_beta, hadamard, grid)
+    load().quantize_bucket(grads, error_values, error_scales, _error_bits(error_values), send, world_size, local_size,
+                           bits, group_size, err_beta, hadamard, grid)
 
 
-def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence[Optional[ErrorBuffer]],
-                       args: HopArgs, wire: WireLayout, send: torch.Tensor) -> None:
-    """See :func:`deepspeed_loco.ops.loco_reference.requantize_bucket_`."""
-    reason = _unsupported([recv, send] + _error_tensors(errors), errors, None)
+def requantize_bucket(recv: torch.Tensor, error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
+                      send: torch.Tensor, widths: List[int], world_size: int, local_size: int, bits: int,
+                      in_bits: int, in_blocks: int, group_size: int, err_beta: float, grid: str) -> None:
+    """``deepspeed_loco::requantize_bucket`` on CUDA; see :func:`reference_impl.requantize_bucket`."""
+    reason = _unsupported([recv, send] + error_values + error_scales, [])
     if reason is not None:
         _fallback("requantize_bucket_", reason)
-        return loco_reference.requantize_bucket_(recv, in_wire, errors, args, wire, send)
-    load().requantize_bucket(recv, in_wire, *_error_lists(errors), args, wire, send)
+        return reference_impl.requantize_bucket(recv, error_values, error_scales, send, widths, world_size,
+                                                local_size, bits, in_bits, in_blocks, group_size, err_beta, grid)
+    load().requantize_bucket(recv, error_values, error_scales, _error_bits(error_values), send, list(widths),
+                             world_size, local_size, bits, in_bits, in_blocks, group_size, err_beta, grid)
 
 
-def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numels: Sequence[int], rank: int,
-                      out_dtype: torch.dtype) -> List[torch.Tensor]:
-    """See :func:`deepspeed_loco.ops.loco_reference.final_mean_bucket`. The partitions returned are views of one
-    flat tensor (in parameter order)."""
-    reason = _unsupported([recv], [], out_dtype)
+def final_mean_bucket(recv: torch.Tensor, numels: List[int], world_size: int, bits: int, group_size: int,
+                      hadamard: bool, grid: str, rank: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """``deepspeed_loco::final_mean_bucket`` on CUDA; see :func:`reference_impl.final_mean_bucket`."""
+    reason = _unsupported([recv], [out_dtype])
     if reason is not None:
         _fallback("final_mean_bucket", reason)
-        return loco_reference.final_mean_bucket(recv, wire, args, numels, rank, out_dtype)
-    return list(load().final_mean_bucket(recv, wire, args, list(numels), rank, _DTYPE_CODES[out_dtype]))
+        return reference_impl.final_mean_bucket(recv, numels, world_size, bits, group_size, hadamard, grid, rank,
+                                                out_dtype)
+    return load().final_mean_bucket(recv, list(numels), world_size, bits, group_size, hadamard, grid, rank, out_dtype)

@@ -1,10 +1,11 @@
 """Pure-PyTorch reference of every kernel of the LoCo reduce, one parameter at a time.
 
 Device-agnostic (CPU and CUDA tensors). Each per-parameter function takes the hop's ``HopArgs``
-(``deepspeed_loco.layout``); the reducer calls the bucket entry points at the bottom (one call per hop per bucket),
-which the CUDA kernels (``deepspeed_loco.ops.loco_cuda``) implement with the same signatures, one launch each, with
-identical integer outputs (packed data, int8 error) and identical fp32 scales. This module fixes the order of
-every fp32 operation to make that possible:
+(``deepspeed_loco.layout``); the bucket entry points at the bottom (one call per hop per bucket) are the
+implementation of the ``deepspeed_loco`` ops off CUDA (``deepspeed_loco.ops.library``, through
+``deepspeed_loco.ops.reference_impl``), and the CUDA kernels (``deepspeed_loco.ops.loco_cuda``) implement the same
+ops, one launch each, with identical integer outputs (packed data, int8 error) and identical fp32 scales. This module
+fixes the order of every fp32 operation to make that possible:
 
 * compensation ``c = x + e``; residual ``r = c - deq(q)`` with ``deq(q) = q * scale`` (symmetric grid) or
   ``(q + 0.5) * scale`` (mid-rise: the sum exact, one rounding in the product); update

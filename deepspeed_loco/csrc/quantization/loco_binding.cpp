@@ -1,8 +1,11 @@
-// Torch binding of the LoCo kernels (loco_kernels.cu), one call per hop per bucket. The binding boundary is where
-// everything is validated (TORCH_CHECK with the argument's name): the hop's arguments (a
-// deepspeed_loco.layout.HopArgs, read once into the C struct loco::HopArgs), the wire layouts, devices, dtypes,
-// shapes and strides. It then writes the bucket's parameter table (loco::BucketItem) to the device with one
-// asynchronous copy and launches one kernel on the current CUDA stream. Python side: deepspeed_loco/ops/loco_cuda.py.
+// Torch binding of the LoCo kernels (loco_kernels.cu), one call per hop per bucket: the CUDA implementations of the
+// torch.library ops deepspeed_loco::quantize_bucket_, requantize_bucket_ and final_mean_bucket (registered in
+// deepspeed_loco/ops/library.py; called through deepspeed_loco/ops/loco_cuda.py). Every argument is a tensor, a list
+// of tensors or a scalar (the ops' schemas): no Python object is read here. The binding boundary is where everything
+// is validated (TORCH_CHECK with the argument's name): the hop's scalars against the limits of loco_limits.h (the
+// one source of the limits; Python reads the same file), the wire widths, devices, dtypes, shapes and strides. It
+// then writes the bucket's parameter table (loco::BucketItem) to the device with one asynchronous copy and launches
+// one kernel on the current CUDA stream.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <pybind11/stl.h>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "loco_kernels.cuh"
+#include "loco_limits.h"
 
 namespace py = pybind11;
 
@@ -20,52 +24,70 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool valid_bits(int64_t bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 8; }
+template <size_t N>
+bool one_of(int64_t value, const int (&set)[N]) {
+    for (const int v : set)
+        if (v == value) return true;
+    return false;
+}
 
-// The C form of a deepspeed_loco.layout.HopArgs, checked: bits and group size as the kernels are compiled for.
-loco::HopArgs hop_args(const py::object& a, bool needs_input) {
+template <size_t N>
+std::vector<int64_t> as_vector(const int (&set)[N]) {
+    return std::vector<int64_t>(set, set + N);
+}
+
+// "2, 3, 4 or 8" for the set {2, 3, 4, 8}.
+template <size_t N>
+std::string listed(const int (&set)[N]) {
+    std::string out;
+    for (size_t i = 0; i < N; ++i) out += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::to_string(set[i]);
+    return out;
+}
+
+bool valid_bits(int64_t bits) { return one_of(bits, loco::limits::kWireBits); }
+
+// The hop's scalars (the ops' schema arguments; deepspeed_loco.layout.HopArgs in Python) as the C struct
+// loco::HopArgs, checked against loco_limits.h. `needs_input`: hop 2 (in_bits, in_blocks are used).
+loco::HopArgs hop_args(int64_t world, int64_t local, int64_t bits, int64_t group, double beta, bool hadamard,
+                       const std::string& grid, int64_t in_bits, int64_t in_blocks, bool needs_input) {
     loco::HopArgs h{};
-    const int64_t world = a.attr("world_size").cast<int64_t>(), local = a.attr("local_size").cast<int64_t>();
-    const int64_t bits = a.attr("bits").cast<int64_t>(), group = a.attr("group_size").cast<int64_t>();
-    const double beta = a.attr("err_beta").cast<double>();
-    const std::string grid = a.attr("grid").cast<std::string>();
     TORCH_CHECK(world >= 1 && local >= 1 && world % local == 0, "LoCo kernels: world_size = ", world,
                 " must be a positive multiple of local_size = ", local);
-    TORCH_CHECK(valid_bits(bits), "LoCo kernels: bits = ", bits, " must be 2, 3, 4 or 8");
-    TORCH_CHECK(group >= 32 && group <= 4096 && (group & (group - 1)) == 0, "LoCo kernels: group_size = ", group,
-                " must be a power of two from 32 to 4096");
+    TORCH_CHECK(valid_bits(bits), "LoCo kernels: bits = ", bits, " must be ", listed(loco::limits::kWireBits));
+    TORCH_CHECK(group >= loco::limits::kMinGroupSize && group <= loco::limits::kMaxGroupSize &&
+                    (group & (group - 1)) == 0,
+                "LoCo kernels: group_size = ", group, " must be a power of two from ", loco::limits::kMinGroupSize,
+                " to ", loco::limits::kMaxGroupSize);
     TORCH_CHECK(beta >= 0.0 && beta < 1.0, "LoCo kernels: err_beta = ", beta, " must satisfy 0 <= err_beta < 1");
     TORCH_CHECK(grid == "symmetric" || grid == "midrise", "LoCo kernels: grid = '", grid,
                 "' must be 'symmetric' or 'midrise'");
+    if (needs_input) {
+        TORCH_CHECK(valid_bits(in_bits), "LoCo kernels: in_bits = ", in_bits, " must be ",
+                    listed(loco::limits::kWireBits));
+        TORCH_CHECK(in_blocks >= 1, "LoCo kernels: in_blocks = ", in_blocks, " must be positive");
+    }
     h.world = (int)world;
     h.local = (int)local;
     h.bits = (int)bits;
     h.group_size = (int)group;
     h.beta = (float)beta;
     h.grid = grid == "midrise" ? loco::kMidrise : loco::kSymmetric;
-    h.hadamard = a.attr("hadamard").cast<bool>();
-    h.in_bits = a.attr("in_bits").cast<int>();
-    h.in_blocks = a.attr("in_blocks").cast<int>();
-    if (needs_input) {
-        TORCH_CHECK(valid_bits(h.in_bits), "LoCo kernels: in_bits = ", h.in_bits, " must be 2, 3, 4 or 8");
-        TORCH_CHECK(h.in_blocks >= 1, "LoCo kernels: in_blocks = ", h.in_blocks, " must be positive");
-    }
+    h.hadamard = hadamard;
+    h.in_bits = (int)in_bits;
+    h.in_blocks = (int)in_blocks;
     return h;
 }
 
-// A bucket's wire layout (deepspeed_loco.layout.WireLayout): parameter widths, their first columns, bytes.
+// A bucket's wire layout (deepspeed_loco.layout.WireLayout of `bits` bits): parameter widths, their first columns,
+// bytes.
 struct Wire {
     std::vector<int64_t> widths, offsets;
     int64_t data_bytes = 0, row_bytes = 0;
 };
 
-Wire wire_layout(const py::object& w, const loco::HopArgs& h, int64_t bits, const char* what) {
+Wire wire_layout(const std::vector<int64_t>& widths, const loco::HopArgs& h, int64_t bits, const char* what) {
     Wire out;
-    out.widths = w.attr("widths").cast<std::vector<int64_t>>();
-    TORCH_CHECK(w.attr("bits").cast<int64_t>() == bits, "LoCo kernels: ", what, " has ", w.attr("bits").cast<int64_t>(),
-                " bits, the hop ", bits);
-    TORCH_CHECK(w.attr("group_size").cast<int64_t>() == h.group_size, "LoCo kernels: ", what, " has group size ",
-                w.attr("group_size").cast<int64_t>(), ", the hop ", h.group_size);
+    out.widths = widths;
     int64_t columns = 0;
     for (const int64_t width : out.widths) {
         TORCH_CHECK(width >= 0 && width % h.group_size == 0, "LoCo kernels: ", what, " width ", width,
@@ -76,6 +98,16 @@ Wire wire_layout(const py::object& w, const loco::HopArgs& h, int64_t bits, cons
     out.data_bytes = columns * bits / 8;
     out.row_bytes = out.data_bytes + columns / h.group_size * 4;
     return out;
+}
+
+// The padded partition widths P' of gradients of `numels` elements (deepspeed_loco.layout.padded_partition_size).
+std::vector<int64_t> padded_widths(const std::vector<int64_t>& numels, const loco::HopArgs& h) {
+    std::vector<int64_t> widths;
+    for (const int64_t numel : numels) {
+        TORCH_CHECK(numel >= 0, "LoCo kernels: numel = ", numel, " is negative");
+        widths.push_back(ceil_div(ceil_div(numel, h.world), h.group_size) * h.group_size);
+    }
+    return widths;
 }
 
 void check_on(const at::Tensor& t, const at::Device& device, const char* what) {
@@ -109,8 +141,8 @@ loco::WireArgs wire_args(const at::Tensor& buffer, const Wire& w, int64_t rows, 
 void set_errors(std::vector<loco::BucketItem>& items, const std::vector<at::Tensor>& values,
                 const std::vector<at::Tensor>& scales, int64_t error_bits, int64_t rows, const Wire& w,
                 int64_t group_size, const at::Device& device) {
-    TORCH_CHECK(error_bits == 0 || error_bits == 8 || error_bits == 32, "LoCo kernels: error_bits = ", error_bits,
-                " must be 0, 8 or 32");
+    TORCH_CHECK(error_bits == 0 || one_of(error_bits, loco::limits::kErrorBits), "LoCo kernels: error_bits = ",
+                error_bits, " must be 0, ", listed(loco::limits::kErrorBits));
     if (error_bits == 0) {
         TORCH_CHECK(values.empty(), "LoCo kernels: error values given with error_bits = 0");
         return;
@@ -189,13 +221,17 @@ int dtype_code(at::ScalarType t, const char* what) {
     }
 }
 
+// deepspeed_loco::quantize_bucket_ on CUDA (hop 1): `send` uint8 (world, row_bytes) of the wire of `bits` bits whose
+// widths are the gradients' padded partitions; error_bits 0 (no error lists), 8 or 32.
 void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& error_values,
-                     const std::vector<at::Tensor>& error_scales, int64_t error_bits, const py::object& args,
-                     const py::object& wire, at::Tensor& send) {
-    const loco::HopArgs h = hop_args(args, false);
-    const Wire w = wire_layout(wire, h, h.bits, "wire");
-    TORCH_CHECK(!grads.empty() && grads.size() == w.widths.size(), "LoCo kernels: ", grads.size(),
-                " gradients for a wire layout of ", w.widths.size(), " parameters");
+                     const std::vector<at::Tensor>& error_scales, int64_t error_bits, at::Tensor& send, int64_t world,
+                     int64_t local, int64_t bits, int64_t group_size, double err_beta, bool hadamard,
+                     const std::string& grid) {
+    const loco::HopArgs h = hop_args(world, local, bits, group_size, err_beta, hadamard, grid, 0, 0, false);
+    TORCH_CHECK(!grads.empty(), "LoCo kernels: a bucket without gradients");
+    std::vector<int64_t> numels;
+    for (const at::Tensor& grad : grads) numels.push_back(grad.numel());
+    const Wire w = wire_layout(padded_widths(numels, h), h, h.bits, "wire");
     const at::Device device = send.device();
     const int dtype = dtype_code(grads[0].scalar_type(), "grad");
     std::vector<at::Tensor> contiguous;  // alive until the launch
@@ -207,11 +243,9 @@ void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at:
         contiguous.push_back(grads[i].contiguous());
         loco::BucketItem& item = items[i];
         item.grad = contiguous.back().data_ptr();
-        item.numel = grads[i].numel();
+        item.numel = numels[i];
         item.part = ceil_div(item.numel, h.world);
         item.cols = w.widths[i];
-        TORCH_CHECK(item.cols == ceil_div(item.part, h.group_size) * h.group_size, "LoCo kernels: wire width ",
-                    item.cols, " of parameter ", i, " is not its padded partition size");
         item.col = w.offsets[i];
     }
     set_errors(items, error_values, error_scales, error_bits, h.world, w, h.group_size, device);
@@ -225,13 +259,15 @@ void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at:
                                    blocks, out, at::cuda::getCurrentCUDAStream().stream()));
 }
 
-void requantize_bucket(const at::Tensor& recv, const py::object& in_wire, const std::vector<at::Tensor>& error_values,
-                       const std::vector<at::Tensor>& error_scales, int64_t error_bits, const py::object& args,
-                       const py::object& wire, at::Tensor& send) {
-    const loco::HopArgs h = hop_args(args, true);
-    const Wire win = wire_layout(in_wire, h, h.in_bits, "in_wire");
-    const Wire w = wire_layout(wire, h, h.bits, "wire");
-    TORCH_CHECK(win.widths == w.widths, "LoCo kernels: in_wire and wire must have the same parameter widths");
+// deepspeed_loco::requantize_bucket_ on CUDA (a later hop): `recv` uint8 (in_blocks * nodes, in_row_bytes) of the
+// wire of `in_bits` bits, `send` uint8 (nodes, row_bytes) of `bits` bits, both of parameter widths `widths`.
+void requantize_bucket(const at::Tensor& recv, const std::vector<at::Tensor>& error_values,
+                       const std::vector<at::Tensor>& error_scales, int64_t error_bits, at::Tensor& send,
+                       const std::vector<int64_t>& widths, int64_t world, int64_t local, int64_t bits, int64_t in_bits,
+                       int64_t in_blocks, int64_t group_size, double err_beta, const std::string& grid) {
+    const loco::HopArgs h = hop_args(world, local, bits, group_size, err_beta, false, grid, in_bits, in_blocks, true);
+    const Wire win = wire_layout(widths, h, h.in_bits, "in_wire");
+    const Wire w = wire_layout(widths, h, h.bits, "wire");
     const int64_t nodes = h.world / h.local;
     const at::Device device = send.device();
     std::vector<loco::BucketItem> items(w.widths.size());
@@ -250,38 +286,29 @@ void requantize_bucket(const at::Tensor& recv, const py::object& in_wire, const 
                                      (int)items.size(), blocks, in, out, at::cuda::getCurrentCUDAStream().stream()));
 }
 
-std::vector<at::Tensor> final_mean_bucket(const at::Tensor& recv, const py::object& wire, const py::object& args,
-                                          const std::vector<int64_t>& numels, int64_t rank, int64_t out_dtype) {
-    const loco::HopArgs h = hop_args(args, false);
-    const Wire w = wire_layout(wire, h, h.bits, "wire");
-    TORCH_CHECK(numels.size() == w.widths.size(), "LoCo kernels: ", numels.size(),
-                " parameters for a wire layout of ", w.widths.size());
+// deepspeed_loco::final_mean_bucket on CUDA: `recv` uint8 (rows, row_bytes) of the wire of `bits` bits whose widths
+// are the padded partitions of `numels`. Returns the mean partitions of this rank, concatenated: `out_dtype`
+// (sum of ceil(numel / world),).
+at::Tensor final_mean_bucket(const at::Tensor& recv, const std::vector<int64_t>& numels, int64_t world, int64_t bits,
+                             int64_t group_size, bool hadamard, const std::string& grid, int64_t rank,
+                             at::ScalarType out_dtype) {
+    const loco::HopArgs h = hop_args(world, 1, bits, group_size, 0.0, hadamard, grid, 0, 0, false);
+    const Wire w = wire_layout(padded_widths(numels, h), h, h.bits, "wire");
     TORCH_CHECK(rank >= 0 && rank < h.world, "LoCo kernels: rank = ", rank, " must be in [0, ", h.world, ")");
     TORCH_CHECK(recv.dim() == 2 && recv.size(0) >= 1, "LoCo kernels: recv must be 2-D with rows, got ", recv.sizes());
-    const at::ScalarType dtype = out_dtype == loco::kFloat32   ? at::kFloat
-                                 : out_dtype == loco::kFloat16 ? at::kHalf
-                                 : out_dtype == loco::kBFloat16 ? at::kBFloat16
-                                                                : at::kDouble;
-    TORCH_CHECK(dtype != at::kDouble, "LoCo kernels: out_dtype code ", out_dtype, " is not float32/float16/bfloat16");
+    const int dtype = dtype_code(out_dtype, "out_dtype");
     const at::Device device = recv.device();
     const loco::WireArgs in = wire_args(recv, w, recv.size(0), device, "recv");
-    std::vector<int64_t> parts;
     int64_t total = 0;
-    for (const int64_t numel : numels) {
-        TORCH_CHECK(numel >= 0, "LoCo kernels: numel = ", numel, " is negative");
-        parts.push_back(ceil_div(numel, h.world));
-        total += parts.back();
-    }
-    at::Tensor flat = at::empty({total}, recv.options().dtype(dtype));
+    for (const int64_t numel : numels) total += ceil_div(numel, h.world);
+    at::Tensor flat = at::empty({total}, recv.options().dtype(out_dtype));
     std::vector<loco::BucketItem> items(numels.size());
     int64_t offset = 0;
     for (size_t i = 0; i < items.size(); ++i) {
         loco::BucketItem& item = items[i];
-        item.part = parts[i];
+        item.part = ceil_div(numels[i], h.world);
         item.valid = std::max<int64_t>(0, std::min<int64_t>(item.part, numels[i] - rank * item.part));
         item.cols = w.widths[i];
-        TORCH_CHECK(item.cols == ceil_div(item.part, h.group_size) * h.group_size, "LoCo kernels: wire width ",
-                    item.cols, " of parameter ", i, " is not its padded partition size");
         item.col = w.offsets[i];
         item.out = static_cast<char*>(flat.data_ptr()) + offset * flat.element_size();
         offset += item.part;
@@ -290,16 +317,28 @@ std::vector<at::Tensor> final_mean_bucket(const at::Tensor& recv, const py::obje
     int64_t blocks = 0;
     const int chunks = loco::chunks_per_thread(loco::kFinalKernel, h.hadamard, 0);
     const at::Tensor table = upload(items, 1, h.group_size, chunks, device, &blocks);
-    raise_if(loco::final_mean_bucket(h, (int)out_dtype, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
+    raise_if(loco::final_mean_bucket(h, dtype, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
                                      (int)items.size(), blocks, in, (int)recv.size(0),
                                      at::cuda::getCurrentCUDAStream().stream()));
-    return flat.split_with_sizes(parts);
+    return flat;
+}
+
+// The limits of loco_limits.h, as deepspeed_loco.layout.limits names them (a test compares the two).
+py::dict limits() {
+    py::dict out;
+    out["WIRE_BITS"] = py::tuple(py::cast(as_vector(loco::limits::kWireBits)));
+    out["ERROR_BITS"] = py::tuple(py::cast(as_vector(loco::limits::kErrorBits)));
+    out["MIN_GROUP_SIZE"] = loco::limits::kMinGroupSize;
+    out["MAX_GROUP_SIZE"] = loco::limits::kMaxGroupSize;
+    return out;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.doc() = "LoCo fused CUDA kernels, one launch per hop per bucket; see deepspeed_loco/ops/loco_cuda.py";
+    m.doc() = "LoCo fused CUDA kernels, one launch per hop per bucket: the CUDA implementations of the "
+              "deepspeed_loco ops (deepspeed_loco/ops/library.py)";
+    m.def("limits", &limits, "the limits of loco_limits.h (bits, error bits, group sizes)");
     m.def("unsupported", &unsupported,
           "why the kernels cannot take these tensors (device or row stride), '' when they can");
     m.def("quantize_bucket", &quantize_bucket,
@@ -307,5 +346,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("requantize_bucket", &requantize_bucket,
           "a later hop of a bucket: dequantize-sum the received blocks, compensate, quantize, update, pack");
     m.def("final_mean_bucket", &final_mean_bucket,
-          "the last hop's received rows to this rank's mean partitions ([rotated back,] divided by W, trimmed)");
+          "the last hop's received rows to this rank's mean partitions ([rotated back,] divided by W, trimmed), "
+          "concatenated");
 }

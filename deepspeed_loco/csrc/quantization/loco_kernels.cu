@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "loco_kernels.cuh"
+#include "loco_limits.h"
 
 #if defined(__USE_FAST_MATH__)
 #error "loco_kernels.cu must be built without --use_fast_math (the reference fixes IEEE fp32 arithmetic)"
@@ -55,6 +56,23 @@ constexpr int kMaxGroup = 4096;
 static_assert((LOCO_PLAIN_CHUNKS == 2 || LOCO_PLAIN_CHUNKS == 4) && (LOCO_ERROR_CHUNKS == 2 || LOCO_ERROR_CHUNKS == 4),
               "chunks per thread: 2 or 4 (a group of 32 values is one thread's 4 chunks)");
 constexpr int kRotateChunks = 2;
+
+// The limits of loco_limits.h are what the kernels are compiled for: every group fills whole teams of at least one
+// thread and at most one block, and with_bits / with_error_bits (below) have a case for every limit.
+static_assert(limits::kMinGroupSize >= 8 * 4 && (limits::kMinGroupSize & (limits::kMinGroupSize - 1)) == 0,
+              "the smallest group is one thread's 4 chunks of 8 values");
+static_assert(limits::kMaxGroupSize / (8 * kRotateChunks) <= kBlock, "the largest group's team fits in one block");
+constexpr bool compiled_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 8; }
+constexpr bool compiled_error_bits(int bits) { return bits == 8 || bits == 32; }
+template <size_t N>
+constexpr bool all_of(const int (&values)[N], bool (*test)(int)) {
+    for (size_t i = 0; i < N; ++i)
+        if (!test(values[i])) return false;
+    return true;
+}
+static_assert(all_of(limits::kWireBits, compiled_bits), "with_bits must dispatch every wire bit width of the limits");
+static_assert(all_of(limits::kErrorBits, compiled_error_bits),
+              "with_error_bits must dispatch every error-buffer width of the limits");
 
 constexpr int chunks_of(Kernel kernel, bool rotate, int error_bits) {
     return rotate || kernel == kFinalKernel ? kRotateChunks : error_bits == 0 ? LOCO_PLAIN_CHUNKS : LOCO_ERROR_CHUNKS;
@@ -166,6 +184,7 @@ struct Launch {
     int count;
     int team_log2, group_log2;
     int world, local, nodes, rows;  // rows: received rows the final mean sums
+    int in_blocks;                  // hop 2: blocks of the previous hop summed (rows j * nodes + m of `in`)
     FastDivisor nodes_divisor;
     int item_rows;                  // rows of every parameter in this launch (hop 1: world, hop 2: nodes, final: 1)
     bool midrise;
@@ -704,10 +723,10 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launc
         load_error(er, k.lane, k.team, old);
         switch (in_bits) {
             // the in_blocks received blocks of output row m: input rows j * nodes + m
-            case 2: sum_rows_on_grid<2>(p, k, m, p.nodes, p.local, v); break;
-            case 3: sum_rows_on_grid<3>(p, k, m, p.nodes, p.local, v); break;
-            case 4: sum_rows_on_grid<4>(p, k, m, p.nodes, p.local, v); break;
-            default: sum_rows_on_grid<8>(p, k, m, p.nodes, p.local, v); break;
+            case 2: sum_rows_on_grid<2>(p, k, m, p.nodes, p.in_blocks, v); break;
+            case 3: sum_rows_on_grid<3>(p, k, m, p.nodes, p.in_blocks, v); break;
+            case 4: sum_rows_on_grid<4>(p, k, m, p.nodes, p.in_blocks, v); break;
+            default: sum_rows_on_grid<8>(p, k, m, p.nodes, p.in_blocks, v); break;
         }
     } else {
         zero_values(v);
@@ -833,6 +852,7 @@ Launch make_launch(const HopArgs& a, int chunks, const BucketItem* items, int co
     p.world = a.world;
     p.local = a.local;
     p.nodes = a.world / a.local;
+    p.in_blocks = a.in_blocks;
     p.nodes_divisor = fast_divisor((uint32_t)p.nodes);
     p.rows = rows;
     p.item_rows = a.world;
@@ -884,7 +904,6 @@ const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem
                               WireArgs in, WireArgs out, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
     Launch p = make_launch(a, chunks_of(kHop2Kernel, false, error_bits), items, count, in, out, 0);
-    p.local = a.in_blocks;  // the blocks summed: rows j * nodes + m of `in`
     p.item_rows = p.nodes;
     bool ok = false;
     with_bits(a.bits, [&](auto bits) {

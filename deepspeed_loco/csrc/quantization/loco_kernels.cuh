@@ -40,7 +40,7 @@ enum GradDType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 enum QuantGrid : int { kSymmetric = 0, kMidrise = 1 };
 
 // Everything a hop's kernel needs besides tensors: the C form of deepspeed_loco.layout.HopArgs, filled once at
-// the binding boundary (which validates it). `bits`: this hop's wire bits (2, 3, 4, 8); `in_bits` /
+// the binding boundary (which validates it against loco_limits.h). `bits`: this hop's wire bits; `in_bits` /
 // `in_blocks`: the previous hop's bits and the number of blocks summed (hop 2); `beta` rounded to fp32.
 struct HopArgs {
     int world, local, bits, group_size;
@@ -110,7 +110,8 @@ constexpr int kBlock = 256;         // threads per block
 // S / (8 * chunks) threads; the launchers' chunks_per_thread says how many each kernel uses.
 
 // (row, group) pairs of a parameter with `rows` rows of `cols` columns in groups of `group_size` (a power of two
-// from 32 to 4096); the kernels index them with 32-bit arithmetic (FastDivisor), so the binding keeps them below 2^31.
+// within loco_limits.h's bounds); the kernels index them with 32-bit arithmetic (FastDivisor), so the binding keeps
+// them below 2^31.
 inline int64_t row_groups(int64_t rows, int64_t cols, int group_size) { return rows * (cols / group_size); }
 
 // Blocks that cover those pairs, kBlock / (group_size / (8 * chunks)) pairs per block.

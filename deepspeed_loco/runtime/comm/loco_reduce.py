@@ -119,7 +119,7 @@ class LocoReducer:
     def _reduce_scatter(self, names: Sequence[str], grads: List[torch.Tensor]) -> List[torch.Tensor]:
         plan, err_beta = self.plan, self.state.err_beta
         self.stats.reduces += 1
-        kernels = kernels_for(grads[0].device)
+        kernels = kernels_for(grads[0].device, self.state.config.kernels)
         widths = plan.widths([g.numel() for g in grads])
         buffers = [self.state.buffers_for(n, g.numel(), g.device) for n, g in zip(names, grads)]
         self._touched = any(b is not None for b in buffers)  # the kernels below update the buffers in place

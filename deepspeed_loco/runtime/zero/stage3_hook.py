@@ -133,8 +133,7 @@ class LocoHook:
         topo, cfg = self.topology, self.config
         numel = sum(deepspeed_seam.param_numel(p) for p in params)
         buffer_bytes = self.planned_buffer_bytes(params)
-        kernels = kernels_for(deepspeed_seam.current_device())
-        kernels = getattr(kernels, "__name__", type(kernels).__name__).rsplit(".", 1)[-1]
+        kernels = kernels_for(deepspeed_seam.current_device(), cfg.kernels).name
         mode = "LoCo error feedback" if cfg.error_feedback else "plain qgZ (error feedback off)"
         return (f"deepspeed-loco active: {mode}; {topo.describe()}; bits intra/inter {cfg.intra_node_bits}/"
                 f"{cfg.inter_node_bits}, group {cfg.group_size}, grid {self.plan.grid}"

@@ -34,10 +34,11 @@ GRIDS = ["symmetric", "midrise"]
 
 @pytest.fixture(scope="module")
 def cuda():
-    """The loco_cuda module with its op loaded (builds it the first time)."""
-    from deepspeed_loco.ops import loco_cuda
+    """The ops' bucket entry points (``deepspeed_loco.ops.library``) with the CUDA extension loaded (built the first
+    time): on CUDA tensors they run the fused kernels."""
+    from deepspeed_loco.ops import library, loco_cuda
     loco_cuda.load()
-    return loco_cuda
+    return library
 
 
 def _generator():
@@ -332,13 +333,13 @@ def test_dispatcher_picks_the_cuda_kernels_and_logs_one_line(cuda, caplog, monke
     monkeypatch.delenv("DS_LOCO_KERNELS", raising=False)
     ops._reset()
     with caplog.at_level("INFO", logger="deepspeed_loco"):
-        assert ops.kernels_for(torch.device("cuda")) is cuda
-        assert ops.kernels_for(torch.device("cuda", 0)) is cuda
+        assert ops.kernels_for(torch.device("cuda")) is ops.OPS_CUDA
+        assert ops.kernels_for(torch.device("cuda", 0)).name == "loco_cuda"
     lines = [r.getMessage() for r in caplog.records if r.name == "deepspeed_loco"]
     assert len(lines) == 1 and "fused CUDA kernels" in lines[0], lines
     ops._reset()
     monkeypatch.setenv("DS_LOCO_KERNELS", "reference")
-    assert ops.kernels_for(torch.device("cuda")) is ref
+    assert ops.kernels_for(torch.device("cuda")) is ops.REFERENCE
     ops._reset()
 
 
@@ -356,7 +357,8 @@ def test_tensors_the_kernels_do_not_take_run_the_reference_with_one_warning(cuda
         values = torch.empty((4, 2 * e.values.shape[1]), dtype=torch.int8, device="cuda")[:, ::2]
         strided.append(ErrorBuffer(values.copy_(e.values), e.scale.clone(), e.group_size))
     send, expected = wire.empty(4, "cuda"), wire.empty(4, "cuda")
-    cuda._reported.clear()
+    from deepspeed_loco.ops import loco_cuda
+    loco_cuda._reported.clear()
     with caplog.at_level("WARNING", logger="deepspeed_loco"):
         for _ in range(2):
             cuda.quantize_bucket_(grads, strided, args, wire, send)

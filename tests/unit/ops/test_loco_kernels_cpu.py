@@ -292,8 +292,8 @@ def test_dispatcher_uses_the_reference_on_cpu_and_logs_one_line(caplog):
     ops._reset()
     with caplog.at_level(logging.INFO, logger="deepspeed_loco"):
         for _ in range(3):
-            assert ops.kernels_for(torch.device("cpu")) is ref
-        assert ops.kernels_for("cpu") is ref
+            assert ops.kernels_for(torch.device("cpu")) is ops.OPS_REFERENCE  # the ops; off CUDA they run the reference
+        assert ops.kernels_for("cpu", "cuda") is ops.OPS_REFERENCE
     lines = [r.getMessage() for r in caplog.records if r.name == "deepspeed_loco"]
     assert len(lines) == 1 and "reference" in lines[0] and "cpu" in lines[0], lines
     ops._reset()
@@ -303,12 +303,33 @@ def test_dispatcher_environment_variable(monkeypatch, caplog):
     ops._reset()
     monkeypatch.setenv("DS_LOCO_KERNELS", "reference")
     with caplog.at_level(logging.INFO, logger="deepspeed_loco"):
-        assert ops.kernels_for(torch.device("cuda")) is ref  # no build attempted
+        assert ops.kernels_for(torch.device("cuda"), "cuda") is ops.REFERENCE  # no build attempted
     assert any("DS_LOCO_KERNELS=reference" in r.getMessage() for r in caplog.records)
+    assert any("overrides zeropp_loco_param.kernels='cuda'" in r.getMessage() for r in caplog.records)
     ops._reset()
     monkeypatch.setenv("DS_LOCO_KERNELS", "fastest")
     with pytest.raises(ValueError, match="DS_LOCO_KERNELS"):
         ops.kernels_for(torch.device("cuda"))
+    ops._reset()
+
+
+def test_dispatcher_config_key(monkeypatch, caplog):
+    """``zeropp_loco_param.kernels`` chooses without the environment variable: "reference" takes no build, an invalid
+    mode names the key, and "cuda" without the extension is an error (the build fails on a machine without CUDA)."""
+    monkeypatch.delenv("DS_LOCO_KERNELS", raising=False)
+    ops._reset()
+    with caplog.at_level(logging.INFO, logger="deepspeed_loco"):
+        assert ops.kernels_for(torch.device("cuda"), "reference") is ops.REFERENCE
+    assert any("zeropp_loco_param.kernels=reference" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="zeropp_loco_param.kernels"):
+        ops.kernels_for("cpu", "fastest")
+    ops._reset()
+    monkeypatch.setattr(ops, "_cuda_load_error", lambda: OSError("no nvcc"))
+    with pytest.raises(RuntimeError, match="zeropp_loco_param.kernels=cuda"):
+        ops.kernels_for(torch.device("cuda"), "cuda")
+    with caplog.at_level(logging.INFO, logger="deepspeed_loco"):
+        assert ops.kernels_for(torch.device("cuda"), "auto") is ops.REFERENCE
+    assert any("did not build or load (OSError: no nvcc)" in r.getMessage() for r in caplog.records)
     ops._reset()
 
 
@@ -319,11 +340,12 @@ def test_cuda_wrappers_fall_back_to_the_reference_for_cpu_tensors_with_a_warning
     wire = WireLayout(tuple(ref.padded_partition_size(g.numel(), 4, 32) for g in grads), 4, 32)
     send, want = wire.empty(4, "cpu"), wire.empty(4, "cpu")
     with caplog.at_level(logging.WARNING, logger="deepspeed_loco"):
-        loco_cuda.quantize_bucket_(grads, [None, None], args, wire, send)
-        out = loco_cuda.final_mean_bucket(send, wire, args, [g.numel() for g in grads], 1, torch.float32)
+        loco_cuda.quantize_bucket(grads, [], [], send, 4, 2, 4, 32, 0.8, False, "midrise")
+        out = loco_cuda.final_mean_bucket(send, [g.numel() for g in grads], 4, 4, 32, False, "midrise", 1,
+                                          torch.float32)
     ref.quantize_bucket_(grads, [None, None], args, wire, want)
     assert torch.equal(send, want)
     expected = ref.final_mean_bucket(send, wire, args, [g.numel() for g in grads], 1, torch.float32)
-    assert all(torch.equal(a, b) for a, b in zip(out, expected))
+    assert torch.equal(out, torch.cat(expected))
     messages = [r.getMessage() for r in caplog.records]
     assert any("quantize_bucket_" in m and "not on a CUDA device" in m for m in messages), messages

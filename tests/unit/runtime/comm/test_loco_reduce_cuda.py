@@ -45,7 +45,7 @@ def check_cuda_matches_cpu_reference(local_size, steps=3):
                 if not torch.equal(w, g.cpu()):
                     failures.append(f"{dtype} {intra}/{inter} hadamard={hadamard} error_bits={error_bits} step "
                                     f"{step} {shape}: max diff {float((w.float() - g.cpu().float()).abs().max())}")
-    return kernels_for(torch.device("cuda")).__name__, failures
+    return kernels_for(torch.device("cuda")).name, failures
 
 
 @pytest.fixture(scope="module")
