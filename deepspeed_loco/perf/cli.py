@@ -1,11 +1,13 @@
 """``python -m deepspeed_loco.perf predict ...`` prints one JSON object for one method and cluster;
-``python -m deepspeed_loco.perf validate`` prints each published figure beside the model's prediction."""
+``python -m deepspeed_loco.perf validate`` prints each published figure beside the model's prediction;
+``python -m deepspeed_loco.perf calibrate RESULTS.json ...`` fits the single-GPU terms to ``gpu_e2e.py`` runs."""
 import argparse
 import json
 from dataclasses import asdict
 from typing import Optional, Sequence
 
 from deepspeed_loco.layout.wire import wire_bytes_per_element
+from deepspeed_loco.perf.calibration import Calibration, fit, leave_one_out, load_e2e_points
 from deepspeed_loco.perf.model import (DEFAULT_KERNELS, GPUS, INTER_LATENCY_US, INTRA_LATENCY_US, METHODS, Cluster,
                                        Workload, load_kernel_costs, predict)
 from deepspeed_loco.perf.published import FIGURES, ZEROPP_SETTINGS, validation_rows
@@ -33,7 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels", default=None, help="JSON written by benchmarks/kernels.py --json")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="overlap communication with compute (default: on)")
+    p.add_argument("--calibration", default=None,
+                   help="JSON written by 'calibrate --out': its sustained TFLOPS (unless --tflops) and per-step "
+                   "engine seconds")
     commands.add_parser("validate", help="published figures beside the model's predictions")
+    c = commands.add_parser("calibrate", help="fit engine seconds and sustained TFLOPS to gpu_e2e.py runs on one GPU")
+    c.add_argument("results", nargs="+", help="JSON files written by benchmarks/gpu_e2e.py --out (world size 1)")
+    c.add_argument("--out", default=None, help="write the calibration JSON here (for predict --calibration)")
     return parser
 
 
@@ -42,9 +50,17 @@ def run_predict(args, parser) -> dict:
     for flag in ("params", "layers", "hidden", "seq", "tokens_per_gpu"):
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    engine_s, tflops = 0.0, args.tflops
+    if args.calibration:
+        try:
+            with open(args.calibration) as f:
+                calibration = Calibration(**json.load(f))
+        except (OSError, ValueError, TypeError) as exc:
+            parser.error(f"--calibration: {exc} (expected the JSON of 'calibrate --out')")
+        engine_s, tflops = calibration.engine_s, tflops or calibration.tflops
     try:
         cluster = Cluster(args.gpus, args.gpus_per_node, GPUS[args.gpu], args.intra_gbps, args.inter_gbps,
-                          args.intra_latency_us, args.inter_latency_us, args.tflops)
+                          args.intra_latency_us, args.inter_latency_us, tflops)
     except ValueError as exc:
         parser.error(str(exc))
     workload = Workload(args.params, args.layers, args.hidden, args.seq, args.tokens_per_gpu, args.recompute)
@@ -53,7 +69,7 @@ def run_predict(args, parser) -> dict:
     except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         parser.error(f"--kernels: {exc}")
     method = METHODS[args.method]
-    result = asdict(predict(workload, cluster, method, kernels, args.overlap))
+    result = asdict(predict(workload, cluster, method, kernels, args.overlap, engine_s))
     result.update(result.pop("collectives"))
     if method.grad_bits:
         group = method.grad_group or args.hidden
@@ -85,10 +101,36 @@ def format_validation() -> str:
     return "\n".join(lines + ["", "Not compared:"] + notes)
 
 
+def run_calibrate(args, parser) -> str:
+    """The fitted calibration (written to ``--out`` if given) and the leave-one-micro-batch-out table."""
+    try:
+        points = load_e2e_points(args.results)
+        calibration = fit(points)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(calibration.to_json() + "\n")
+    lines = [f"fit over {calibration.points} arms: engine {calibration.engine_s * 1e3:.1f} ms per step, "
+             f"{calibration.tflops:.1f} TFLOPS sustained", "",
+             "each micro-batch predicted from a fit to the others (leave one out):",
+             f"{'arm':8s} {'micro-batch':>11s} {'measured ms':>11s} {'predicted ms':>12s} {'rel.err':>8s}"]
+    for row in leave_one_out(points):
+        if row["predicted_s"] is None:
+            lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {row['step_s'] * 1e3:11.1f} {'n/a':>12s} "
+                         f"{'n/a':>8s}  {row['note']}")
+            continue
+        lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {row['step_s'] * 1e3:11.1f} "
+                     f"{row['predicted_s'] * 1e3:12.1f} {row['error']:+8.1%}")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "predict":
         print(json.dumps(run_predict(args, parser), indent=1))
+    elif args.command == "calibrate":
+        print(run_calibrate(args, parser))
     else:
         print(format_validation())

@@ -191,12 +191,13 @@ def load_kernel_costs(path: str) -> KernelCosts:
 
 @dataclass(frozen=True)
 class Prediction:
-    """One step: ``compute_s`` (matmuls), ``kernel_s`` (gradient codec), ``collectives`` (seconds per kind),
-    ``comm_s`` (their sum), ``exposed_s`` (communication not hidden behind compute), ``step_s``; rates per second
-    and per GPU."""
+    """One step: ``compute_s`` (matmuls), ``engine_s`` (per-step host-side work, from a calibration; else 0),
+    ``kernel_s`` (gradient codec), ``collectives`` (seconds per kind), ``comm_s`` (their sum), ``exposed_s``
+    (communication not hidden behind compute), ``step_s``; rates per second and per GPU."""
     method: str
     overlap: bool
     compute_s: float
+    engine_s: float
     kernel_s: float
     collectives: Dict[str, float]
     comm_s: float
@@ -241,14 +242,17 @@ def exposed_seconds(collectives: Dict[str, float], compute_s: float, layers: int
 
 
 def predict(workload: Workload, cluster: Cluster, method: Method, kernels: KernelCosts = DEFAULT_KERNELS,
-            overlap: bool = True) -> Prediction:
-    """Step time: compute, plus the codec kernels, plus the exposed communication. The kernels are never hidden:
-    they share the SMs with the compute, and each sits in the dependency chain of the hop it feeds."""
+            overlap: bool = True, engine_s: float = 0.0) -> Prediction:
+    """Step time: compute, plus ``engine_s`` (a calibrated per-step cost, :mod:`deepspeed_loco.perf.calibration`),
+    plus the codec kernels, plus the exposed communication. The kernels are never hidden: they share the SMs with
+    the compute, and each sits in the dependency chain of the hop it feeds; on one GPU nothing is reduced, so
+    they do not run."""
     flops = workload.flops_per_gpu()
     compute = flops / cluster.sustained_flops
-    kernel = kernels.seconds(method.kernels, workload.params, cluster.gpu) if method.kernels else 0.0
+    kernel = kernels.seconds(method.kernels, workload.params, cluster.gpu) if method.kernels and cluster.gpus > 1 \
+        else 0.0
     collectives = collective_seconds(workload, cluster, method)
     exposed = exposed_seconds(collectives, compute, workload.layers, overlap)
-    step = compute + kernel + exposed
-    return Prediction(method.name, overlap, compute, kernel, collectives, sum(collectives.values()), exposed, step,
-                      workload.tokens_per_gpu * cluster.gpus / step, flops / step / 1e12)
+    step = compute + engine_s + kernel + exposed
+    return Prediction(method.name, overlap, compute, engine_s, kernel, collectives, sum(collectives.values()),
+                      exposed, step, workload.tokens_per_gpu * cluster.gpus / step, flops / step / 1e12)
