@@ -170,6 +170,8 @@ struct Launch {
     int item_rows;                  // rows of every parameter in this launch (hop 1: world, hop 2: nodes, final: 1)
     bool midrise;
     float beta, one_minus_beta, hadamard_scale;
+    bool world_pow2;      // world is a power of two: the final mean multiplies by inv_world = 1 / world (exact)
+    float inv_world;
     Levels levels;        // the output wire's grid (the input wire has the same grid, with its own bits)
     Levels error_levels;  // the int8 error buffer's: 8 bits, symmetric (qmax 127)
     uint32_t magic_bits;  // math::kRoundMagicBits (see OldError<8, C>)
@@ -720,6 +722,28 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launc
 }
 
 // ------------------------------------------------------------------------------------------------ final
+// Two fp32 values as the packed pair {lo, hi} of fp16 or bf16 bits, rounded to nearest even (subnormals kept): one
+// cvt.rn.{f16,bf16}x2.f32 (F2FP) on sm_80+ instead of one quarter-rate F2F (fp16) or about five integer instructions
+// (bf16, math::float_to_bf16_bits) per value. Finite values and infinities convert bit for bit like torch's
+// conversions; a NaN becomes the canonical NaN of the type (0x7fff / 0x7fff) instead of torch's 0x7fc0 (bf16), which
+// the contract leaves open (NaN payloads of fp16/bf16 outputs).
+template <int OutDT>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    uint32_t d;
+    if constexpr (OutDT == kFloat16)
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+#else
+    if constexpr (OutDT == kFloat16)
+        return __half_as_ushort(__float2half_rn(lo)) | ((uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16);
+    else
+        return float_to_bf16_bits(lo) | ((uint32_t)float_to_bf16_bits(hi) << 16);
+#endif
+}
+
 template <int OutDT>
 __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count, const float (&x)[8]) {
     if constexpr (OutDT == kFloat32) {
@@ -731,17 +755,14 @@ __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count,
             for (int i = 0; i < 8 && i < count; ++i) p[i] = x[i];
         }
     } else {
-        unsigned short h[8];
+        uint32_t h[4];
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-            h[i] = OutDT == kFloat16 ? __half_as_ushort(__float2half_rn(x[i])) : float_to_bf16_bits(x[i]);
+        for (int i = 0; i < 4; ++i) h[i] = pack_pair<OutDT>(x[2 * i], x[2 * i + 1]);
         unsigned short* p = static_cast<unsigned short*>(out) + col;
         if (count >= 8 && aligned(p, 16)) {
-            __stcs(reinterpret_cast<uint4*>(p),
-                   make_uint4(h[0] | ((uint32_t)h[1] << 16), h[2] | ((uint32_t)h[3] << 16),
-                              h[4] | ((uint32_t)h[5] << 16), h[6] | ((uint32_t)h[7] << 16)));
+            __stcs(reinterpret_cast<uint4*>(p), make_uint4(h[0], h[1], h[2], h[3]));
         } else {
-            for (int i = 0; i < 8 && i < count; ++i) p[i] = h[i];
+            for (int i = 0; i < 8 && i < count; ++i) p[i] = (unsigned short)(h[i >> 1] >> (16 * (i & 1)));
         }
     }
 }
@@ -762,13 +783,30 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) final_kernel(const Laun
         apply_signs(v, chunk_signs(k.lane, k.team));
     }
     if (!k.active) return;
-    const float world = (float)p.world;
+    // / W: for W = 2^j the product by the exact 2^-j rounds the same real number once, so it is the IEEE quotient
+    // bit for bit for every input (subnormal results, zeros, infinities; NaN stays NaN) at one FMUL instead of a
+    // division sequence; other W divide (launch-uniform branch)
+    if (p.world_pow2) {
+#pragma unroll
+        for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[c][i] = f_mul(v[c][i], p.inv_world);
+    } else {
+        const float world = (float)p.world;
+#pragma unroll
+        for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[c][i] = f_div(v[c][i], world);
+    }
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const int64_t col = k.col0 + 8 * (c * k.team + k.lane);
         if (col >= it.part) continue;
+        if (col + 8 > it.valid) {  // the partition's last valid columns: zero the rest (one 64-bit test per chunk)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[c][i] = col + i < it.valid ? f_div(v[c][i], world) : 0.0f;
+            for (int i = 0; i < 8; ++i)
+                if (col + i >= it.valid) v[c][i] = 0.0f;
+        }
         store_out<OutDT>(it.out, col, it.part - col, v[c]);
     }
 }
@@ -840,6 +878,8 @@ Launch make_launch(const HopArgs& a, int chunks, const BucketItem* items, int co
     p.beta = a.beta;
     p.one_minus_beta = math::f_sub(1.0f, a.beta);
     p.hadamard_scale = hadamard_scale(a.group_size);
+    p.world_pow2 = a.world > 0 && (a.world & (a.world - 1)) == 0;
+    p.inv_world = p.world_pow2 ? 1.0f / (float)a.world : 0.0f;  // exact: 2^-j, j < 31
     p.levels = levels(a.bits, a.grid);
     p.error_levels = levels(8, kSymmetric);
     p.magic_bits = kRoundMagicBits;
