@@ -62,6 +62,15 @@ constexpr int chunks_of(Kernel kernel, bool rotate, int error_bits) {
 
 constexpr int min_blocks(int chunks) { return chunks > 2 ? LOCO_WIDE_MIN_BLOCKS : LOCO_MIN_BLOCKS; }
 
+// Resident blocks per SM the final mean asks for (default LOCO_MIN_BLOCKS: 64 registers; it uses 54-56, so 4 blocks
+// of 256 threads, half the SM's threads). The final mean has little work per thread (2 received rows of 16 values)
+// and waits on two dependent loads (its table entry, then the received words), so more resident warps may hide more
+// latency: a build option for tuning (ptxas, sm_90: 5 blocks give 48 registers, 6 give 40 with 12-64 bytes of
+// spills, 8 give 32 with 200-380 bytes).
+#if !defined(LOCO_FINAL_MIN_BLOCKS)
+#define LOCO_FINAL_MIN_BLOCKS LOCO_MIN_BLOCKS
+#endif
+
 __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
     return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
 }
@@ -769,7 +778,7 @@ __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count,
 
 // One output row per parameter; with Rotate each group's sum is rotated back (d * (H t) * s) before / W.
 template <int Bits, int OutDT, bool Rotate, int C = chunks_of(kFinalKernel, Rotate, 0)>
-__global__ void __launch_bounds__(kBlock, min_blocks(C)) final_kernel(const Launch p) {
+__global__ void __launch_bounds__(kBlock, LOCO_FINAL_MIN_BLOCKS) final_kernel(const Launch p) {
     const Block k = locate(p);
     const BucketItem& it = *k.item;
     float v[C][8];
