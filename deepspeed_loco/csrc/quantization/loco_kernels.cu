@@ -55,9 +55,17 @@ constexpr int kMaxGroup = 4096;
 static_assert((LOCO_PLAIN_CHUNKS == 2 || LOCO_PLAIN_CHUNKS == 4) && (LOCO_ERROR_CHUNKS == 2 || LOCO_ERROR_CHUNKS == 4),
               "chunks per thread: 2 or 4 (a group of 32 values is one thread's 4 chunks)");
 constexpr int kRotateChunks = 2;
+// Chunks per thread of the final mean without rotation (default 2; 4 spilled and ran 7% slower when the mean divided
+// value by value; ptxas now: 4 chunks spill 344-536 bytes at 64 registers, need 92-117 uncapped, so time them with
+// LOCO_FINAL_MIN_BLOCKS=2). A build option.
+#if !defined(LOCO_FINAL_CHUNKS)
+#define LOCO_FINAL_CHUNKS 2
+#endif
+static_assert(LOCO_FINAL_CHUNKS == 2 || LOCO_FINAL_CHUNKS == 4, "final mean: 2 or 4 chunks per thread");
 
 constexpr int chunks_of(Kernel kernel, bool rotate, int error_bits) {
-    return rotate || kernel == kFinalKernel ? kRotateChunks : error_bits == 0 ? LOCO_PLAIN_CHUNKS : LOCO_ERROR_CHUNKS;
+    return rotate ? kRotateChunks
+                  : kernel == kFinalKernel ? LOCO_FINAL_CHUNKS : error_bits == 0 ? LOCO_PLAIN_CHUNKS : LOCO_ERROR_CHUNKS;
 }
 
 constexpr int min_blocks(int chunks) { return chunks > 2 ? LOCO_WIDE_MIN_BLOCKS : LOCO_MIN_BLOCKS; }
