@@ -3,12 +3,14 @@
 For gradients (4096, 4096), (8192, 8192), (16384, 16384) in bf16 and fp16, with a simulated 2 nodes x 8 GPUs
 (W = 16, L = 8, M = 2), group size 256 and int8 error (beta 0.8), and per-hop bits intra/inter 4/4 and 8/2, each
 without and with the Hadamard rotation (``+H``, fused into hop 1 and the final mean), prints per kernel the median time,
-the bytes it must move (each input read once, each output written once), the achieved bandwidth and its fraction
-of the device-to-device copy bandwidth measured in the same run, and the transient device memory (peak allocated
-during the call above what was allocated before it, outputs passed in excluded). Then, on the same shapes,
-DeepSpeed's own ``swizzle_quant`` and ``quantized_reduction`` (QuantizerBuilder of the installed DeepSpeed, called
-as ``all_to_all_quant_reduce`` calls them; they read the gradient as fp16 whatever its dtype, so their bf16 rows
-are timings only), and the ratio of ours to theirs. Last, a per-bucket table (one launch per hop per bucket): one
+the bytes it must move (each input read once, each output written once), the achieved bandwidth, its fraction
+of the device-to-device copy bandwidth measured in the same run and of the H200's 4.8 TB/s peak, the floor (bytes
+at the copy bandwidth), and the transient device memory (peak allocated during the call above what was allocated
+before it, outputs passed in excluded). Then, on the same shapes, DeepSpeed's own ``swizzle_quant``,
+``quantized_reduction`` and ``dequantize`` (alone, and with the torch mean over nodes that follows it) from the
+QuantizerBuilder of the installed DeepSpeed, called as ``all_to_all_quant_reduce`` calls them (they read the
+gradient as fp16 whatever its dtype, so their bf16 rows are timings only), the ratio of ours to theirs, and the
+issue-23 kernel targets, met or not (after the bucket table). Last, a per-bucket table (one launch per hop per bucket): one
 Llama-2-7B decoder layer's gradients, 256 tensors of 4096 elements and one tensor of 1,048,576, our three kernels
 without and with error feedback against DeepSpeed's two kernels on the same tensors.
 
