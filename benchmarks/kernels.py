@@ -288,11 +288,62 @@ def variant_builder(flags, index=0):
     return VariantBuilder(name=f"loco_ops_variant{index}")
 
 
-def variant_rows(flags, index, configs, reps, copy_bw):
-    """The LoCo rows of the largest shape (both dtypes) with the kernels of ``variant_builder(flags, index)``."""
+def _outputs(op, grads, config, error, seed):
+    """Every output of one bucket's three kernels (hop 1's send buffer and error, hop 2's, the final mean) run with the
+    extension ``op`` on inputs fixed by ``seed`` (random error buffers included)."""
+    default, loco_cuda._op = loco_cuda._op, op
+    try:
+        torch.manual_seed(seed)
+        hop1, hop2, final, (errors1, errors2, send1, send2) = bucket_calls(grads, config, error)
+        # bucket_calls ran hop 1 and hop 2 once on fresh random error buffers; run them again on zeroed wire buffers
+        # (row padding that no kernel writes must not differ), then the final mean
+        send1.zero_()
+        send2.zero_()
+        hop1()
+        hop2()
+        out = final()
+        tensors = [send1, send2] + (out if isinstance(out, (list, tuple)) else [out])
+        for e in errors1 + errors2:
+            if e is not None:
+                tensors += [e.values] + ([e.scale] if e.scale is not None else [])
+        torch.cuda.synchronize()
+        return [t.detach().clone() for t in tensors]
+    finally:
+        loco_cuda._op = default
+
+
+def variant_matches_default(variant, configs):
+    """Whether the variant build's outputs equal the default build's, bit for bit, on the bucket shapes and a
+    (4096, 4096) gradient of both dtypes, every config, with and without error feedback (NaN-free inputs: plain
+    bitwise equality). A variant that is faster but computes something else must not be mistaken for a win."""
     default = loco_cuda.load()
-    loco_cuda._op = variant_builder(flags, index).load(verbose=False)
-    print(f"\nvariant {index} build: nvcc {flags}")
+    ok = True
+    for dname, dtype in DTYPES.items():
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        shapes = [(4096, 4096), (1000, 37), (4096,), (1 << 20,)]
+        grads = [torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for shape in shapes]
+        for config in configs:
+            for error in (False, True):
+                mine, theirs = _outputs(variant, grads, config, error, 2), _outputs(default, grads, config, error, 2)
+                same = len(mine) == len(theirs) and all(
+                    a.shape == b.shape and torch.equal(a.view(torch.uint8) if a.dtype != torch.uint8 else a,
+                                                       b.view(torch.uint8) if b.dtype != torch.uint8 else b)
+                    for a, b in zip(mine, theirs))
+                if not same:
+                    print(f"  variant differs from the default build: {dname} {config} error={error}")
+                    ok = False
+    return ok
+
+
+def variant_rows(flags, index, configs, reps, copy_bw):
+    """The LoCo rows of the largest shape (both dtypes) with the kernels of ``variant_builder(flags, index)``, after
+    checking that its outputs equal the default build's bit for bit."""
+    default = loco_cuda.load()
+    variant = variant_builder(flags, index).load(verbose=False)
+    same = variant_matches_default(variant, configs)
+    print(f"\nvariant {index} build: nvcc {flags}; outputs {'identical to' if same else 'DIFFER from'} the default "
+          f"build's")
+    loco_cuda._op = variant
     rows = []
     try:
         for dname, dtype in DTYPES.items():
