@@ -70,6 +70,19 @@ constexpr int chunks_of(Kernel kernel, bool rotate, int error_bits) {
 
 constexpr int min_blocks(int chunks) { return chunks > 2 ? LOCO_WIDE_MIN_BLOCKS : LOCO_MIN_BLOCKS; }
 
+// Groups each team of hop 1 and hop 2 without rotation takes in turn (default 1). With G > 1 a block covers G times
+// the pairs, in G steps of kBlock / team consecutive pairs (each step as coalesced as one block of G = 1), and the
+// block's parameter lookup and launch set-up are paid once per G groups: a build option to time the set-up's share
+// (docs/kernels.md, "What limits each kernel").
+#if !defined(LOCO_HOP_GROUPS)
+#define LOCO_HOP_GROUPS 1
+#endif
+static_assert(LOCO_HOP_GROUPS >= 1 && LOCO_HOP_GROUPS <= 8, "LOCO_HOP_GROUPS: 1 to 8 groups per team");
+
+constexpr int groups_of(Kernel kernel, bool rotate) {
+    return rotate || kernel == kFinalKernel ? 1 : LOCO_HOP_GROUPS;
+}
+
 // Resident blocks per SM the final mean asks for (default LOCO_MIN_BLOCKS: 64 registers; it uses 54-56, so 4 blocks
 // of 256 threads, half the SM's threads). The final mean has little work per thread (2 received rows of 16 values)
 // and waits on two dependent loads (its table entry, then the received words), so more resident warps may hide more
@@ -225,15 +238,18 @@ __device__ __forceinline__ int item_of_block(const Launch& p) {
     return lo;
 }
 
-__device__ __forceinline__ Block locate(const Launch& p) {
+// The team's pair of step `step` of `steps` (groups_of) in the block of parameter `item`.
+__device__ __forceinline__ Block locate_pair(const Launch& p, const BucketItem* item, int step, int steps) {
     Block k;
-    k.item = p.items + item_of_block(p);
+    k.item = item;
     k.team = 1 << p.team_log2;
     k.lane = threadIdx.x & (k.team - 1);
     // a parameter has fewer than 2^31 (row, group) pairs (checked by the binding): 32-bit index arithmetic, the
     // division by the groups per row a multiply-high (FastDivisor)
-    const uint32_t pair = (uint32_t)((int64_t)blockIdx.x - k.item->first_block) * (uint32_t)(kBlock >> p.team_log2) +
-                          (uint32_t)(threadIdx.x >> p.team_log2);
+    const uint32_t pair =
+        ((uint32_t)((int64_t)blockIdx.x - k.item->first_block) * (uint32_t)steps + (uint32_t)step) *
+            (uint32_t)(kBlock >> p.team_log2) +
+        (uint32_t)(threadIdx.x >> p.team_log2);
     const uint32_t row = divide(pair, k.item->groups);
     k.row = row;
     k.group = pair - row * k.item->groups.d;
@@ -241,6 +257,8 @@ __device__ __forceinline__ Block locate(const Launch& p) {
     k.col0 = k.group << p.group_log2;
     return k;
 }
+
+__device__ __forceinline__ Block locate(const Launch& p) { return locate_pair(p, p.items + item_of_block(p), 0, 1); }
 
 // This block's group in the bucket's wire rows: packed values of row `row` and the group's scale.
 template <int Bits>
@@ -611,10 +629,9 @@ __device__ __forceinline__ void zero_values(float (&v)[C][8]) {
 
 // ------------------------------------------------------------------------------------------------ hop 1
 // Block row = slot of the send buffer; slot d*M + n carries partition row n*L + d of its gradient.
-template <int DT, int Bits, int EBits, bool Rotate, int C = chunks_of(kHop1Kernel, Rotate, EBits)>
-__global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launch p) {
-    __shared__ uint32_t red[kBlock / 32];
-    const Block k = locate(p);
+// One (row, group) pair of hop 1 for the team: every thread of the block calls it (team reductions, rotation).
+template <int DT, int Bits, int EBits, bool Rotate, int C>
+__device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint32_t* red) {
     const BucketItem& it = *k.item;
     const int lane = k.lane, team = k.team;
     const int64_t slot = k.row;
@@ -659,6 +676,17 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launc
     const uint32_t key = compensate(v, old, p.beta, decayed);
     quantize_group_on_grid<Bits, EBits>(p, k, v, decayed, key, wire_data<Bits>(p.out, slot, k),
                                         wire_scale(p.out, slot, k, p.group_log2), er, red);
+}
+
+
+template <int DT, int Bits, int EBits, bool Rotate, int C = chunks_of(kHop1Kernel, Rotate, EBits),
+          int G = groups_of(kHop1Kernel, Rotate)>
+__global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launch p) {
+    __shared__ uint32_t red[kBlock / 32];
+    const BucketItem* const item = p.items + item_of_block(p);
+#pragma unroll 1
+    for (int step = 0; step < G; ++step)
+        hop1_group<DT, Bits, EBits, Rotate, C>(p, locate_pair(p, item, step, G), red);
 }
 
 // ------------------------------------------------------------------------------------------------ hop 2
@@ -710,10 +738,8 @@ __device__ __forceinline__ void sum_rows_on_grid(const Launch& p, const Block& k
 }
 
 // Block row = output row m (node); the input bits are a run-time switch (p.in_bits).
-template <int Bits, int EBits, int C = chunks_of(kHop2Kernel, false, EBits)>
-__global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launch p, int in_bits) {
-    __shared__ uint32_t red[kBlock / 32];
-    const Block k = locate(p);
+template <int Bits, int EBits, int C>
+__device__ __forceinline__ void hop2_group(const Launch& p, int in_bits, const Block& k, uint32_t* red) {
     const int64_t m = k.row;
     const ErrorRow er = error_row<EBits>(k, m);
     float v[C][8];
@@ -736,6 +762,14 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launc
     const uint32_t key = compensate(v, old, p.beta, decayed);
     quantize_group_on_grid<Bits, EBits>(p, k, v, decayed, key, wire_data<Bits>(p.out, m, k),
                                         wire_scale(p.out, m, k, p.group_log2), er, red);
+}
+
+template <int Bits, int EBits, int C = chunks_of(kHop2Kernel, false, EBits), int G = groups_of(kHop2Kernel, false)>
+__global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launch p, int in_bits) {
+    __shared__ uint32_t red[kBlock / 32];
+    const BucketItem* const item = p.items + item_of_block(p);
+#pragma unroll 1
+    for (int step = 0; step < G; ++step) hop2_group<Bits, EBits, C>(p, in_bits, locate_pair(p, item, step, G), red);
 }
 
 // ------------------------------------------------------------------------------------------------ final
@@ -915,7 +949,7 @@ constexpr const char* kBadArguments = "LoCo kernels: bits, error bits or dtype o
 }  // namespace
 
 int chunks_per_thread(Kernel kernel, bool rotate, int error_bits) {
-    return chunks_of(kernel, rotate, error_bits);
+    return chunks_of(kernel, rotate, error_bits) * groups_of(kernel, rotate);
 }
 
 const char* quantize_bucket(const HopArgs& a, int grad_dtype, int error_bits, const BucketItem* items, int count,
