@@ -3,12 +3,14 @@
 For gradients (4096, 4096), (8192, 8192), (16384, 16384) in bf16 and fp16, with a simulated 2 nodes x 8 GPUs
 (W = 16, L = 8, M = 2), group size 256 and int8 error (beta 0.8), and per-hop bits intra/inter 4/4 and 8/2, each
 without and with the Hadamard rotation (``+H``, fused into hop 1 and the final mean), prints per kernel the median time,
-the bytes it must move (each input read once, each output written once), the achieved bandwidth and its fraction
-of the device-to-device copy bandwidth measured in the same run, and the transient device memory (peak allocated
-during the call above what was allocated before it, outputs passed in excluded). Then, on the same shapes,
-DeepSpeed's own ``swizzle_quant`` and ``quantized_reduction`` (QuantizerBuilder of the installed DeepSpeed, called
-as ``all_to_all_quant_reduce`` calls them; they read the gradient as fp16 whatever its dtype, so their bf16 rows
-are timings only), and the ratio of ours to theirs. Last, a per-bucket table (one launch per hop per bucket): one
+the bytes it must move (each input read once, each output written once), the achieved bandwidth, its fraction
+of the device-to-device copy bandwidth measured in the same run and of the H200's 4.8 TB/s peak, the floor (bytes
+at the copy bandwidth), and the transient device memory (peak allocated during the call above what was allocated
+before it, outputs passed in excluded). Then, on the same shapes, DeepSpeed's own ``swizzle_quant``,
+``quantized_reduction`` and ``dequantize`` (alone, and with the torch mean over nodes that follows it) from the
+QuantizerBuilder of the installed DeepSpeed, called as ``all_to_all_quant_reduce`` calls them (they read the
+gradient as fp16 whatever its dtype, so their bf16 rows are timings only), the ratio of ours to theirs, and the
+issue-23 kernel targets, met or not (after the bucket table). Last, a per-bucket table (one launch per hop per bucket): one
 Llama-2-7B decoder layer's gradients, 256 tensors of 4096 elements and one tensor of 1,048,576, our three kernels
 without and with error feedback against DeepSpeed's two kernels on the same tensors.
 
@@ -46,6 +48,14 @@ CONFIGS = ("4/4", "8/2", "4/4+H", "8/2+H")  # intra/inter bits, +H: Hadamard
 NODES = WORLD // LOCAL
 ROTATE_BYTES = 256 << 20  # rotate inputs over at least this much (H200 L2: 50 MB)
 SPIN_CYCLES = 10_000_000  # ~5 ms of GPU clock cycles queued ahead of each timed call (longer than its host work)
+PEAK_BW = 4.8e12  # H200 HBM3e peak (bytes/s): the "of peak" column; "of copy" is against the copy measured in the run
+TARGETS = (  # issue #23 item 4: (ours, theirs or None, bound: ratio to theirs, or ms when theirs is None)
+    ("plain hop1 (no err)", "4/4", "deepspeed swizzle_quant", 1.0),
+    ("loco final mean", "4/4", "deepspeed dequantize", 1.0),
+    ("loco hop1 (int8 err)", "4/4", None, 0.36),
+    ("loco hop1 (int8 err)", "4/4+H", None, 0.45),
+)
+BUCKET_TARGET = 1.6  # LoCo bucket (3 kernels) / DeepSpeed's two kernels
 
 
 def median_ms(fn, sets, reps, warmup=5):
@@ -185,12 +195,24 @@ def deepspeed_cases(quantizer, shape, dtype):
                                                      quantizer.Symmetric, LOCAL)
     swizzle_out = numel // 2 + groups * 4
     reduce_out = numel // 2 // LOCAL + groups // LOCAL * 4
+    # the last step of all_to_all_quant_reduce, on this rank's received inter-node rows (the reduction's output has
+    # their size): dequantize to fp16 (numel / LOCAL values = NODES rows of the partition), then the mean over nodes
+    # in torch (two more kernels, timed as a second row)
+    reduced = [reduce(i) for i in range(sets)]
+    dequantize = lambda i: quantizer.dequantize(reduced[i][0], reduced[i][1], reduced[i][1].numel(), 4,
+                                                quantizer.Symmetric)
+    mean = lambda i: sum(list(dequantize(i).chunk(NODES))) / NODES
+    dequant_out = numel // LOCAL * 2
     return [
         ("deepspeed swizzle_quant", swizzle, sets, numel * es + swizzle_out,
          lambda: transient_bytes(lambda: swizzle(0), swizzle_out)),
         ("deepspeed quantized_reduction", reduce, sets, numel // 2 + groups * 4 + reduce_out,
          lambda: transient_bytes(lambda: reduce(0), reduce_out)),
-    ], (grads, quantized)
+        ("deepspeed dequantize", dequantize, sets, reduce_out + dequant_out,
+         lambda: transient_bytes(lambda: dequantize(0), dequant_out)),
+        ("deepspeed dequantize + mean", mean, sets, reduce_out + dequant_out // NODES,
+         lambda: transient_bytes(lambda: mean(0), dequant_out // NODES)),
+    ], (grads, quantized, reduced)
 
 
 BUCKETS = {  # name: gradient shapes of one bucket
@@ -266,11 +288,62 @@ def variant_builder(flags, index=0):
     return VariantBuilder(name=f"loco_ops_variant{index}")
 
 
-def variant_rows(flags, index, configs, reps, copy_bw):
-    """The LoCo rows of the largest shape (both dtypes) with the kernels of ``variant_builder(flags, index)``."""
+def _outputs(op, grads, config, error, seed):
+    """Every output of one bucket's three kernels (hop 1's send buffer and error, hop 2's, the final mean) run with the
+    extension ``op`` on inputs fixed by ``seed`` (random error buffers included)."""
+    default, loco_cuda._op = loco_cuda._op, op
+    try:
+        torch.manual_seed(seed)
+        hop1, hop2, final, (errors1, errors2, send1, send2) = bucket_calls(grads, config, error)
+        # bucket_calls ran hop 1 and hop 2 once on fresh random error buffers; run them again on zeroed wire buffers
+        # (row padding that no kernel writes must not differ), then the final mean
+        send1.zero_()
+        send2.zero_()
+        hop1()
+        hop2()
+        out = final()
+        tensors = [send1, send2] + (out if isinstance(out, (list, tuple)) else [out])
+        for e in errors1 + errors2:
+            if e is not None:
+                tensors += [e.values] + ([e.scale] if e.scale is not None else [])
+        torch.cuda.synchronize()
+        return [t.detach().clone() for t in tensors]
+    finally:
+        loco_cuda._op = default
+
+
+def variant_matches_default(variant, configs):
+    """Whether the variant build's outputs equal the default build's, bit for bit, on the bucket shapes and a
+    (4096, 4096) gradient of both dtypes, every config, with and without error feedback (NaN-free inputs: plain
+    bitwise equality). A variant that is faster but computes something else must not be mistaken for a win."""
     default = loco_cuda.load()
-    loco_cuda._op = variant_builder(flags, index).load(verbose=False)
-    print(f"\nvariant {index} build: nvcc {flags}")
+    ok = True
+    for dname, dtype in DTYPES.items():
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        shapes = [(4096, 4096), (1000, 37), (4096,), (1 << 20,)]
+        grads = [torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for shape in shapes]
+        for config in configs:
+            for error in (False, True):
+                mine, theirs = _outputs(variant, grads, config, error, 2), _outputs(default, grads, config, error, 2)
+                same = len(mine) == len(theirs) and all(
+                    a.shape == b.shape and torch.equal(a.view(torch.uint8) if a.dtype != torch.uint8 else a,
+                                                       b.view(torch.uint8) if b.dtype != torch.uint8 else b)
+                    for a, b in zip(mine, theirs))
+                if not same:
+                    print(f"  variant differs from the default build: {dname} {config} error={error}")
+                    ok = False
+    return ok
+
+
+def variant_rows(flags, index, configs, reps, copy_bw):
+    """The LoCo rows of the largest shape (both dtypes) with the kernels of ``variant_builder(flags, index)``, after
+    checking that its outputs equal the default build's bit for bit."""
+    default = loco_cuda.load()
+    variant = variant_builder(flags, index).load(verbose=False)
+    same = variant_matches_default(variant, configs)
+    print(f"\nvariant {index} build: nvcc {flags}; outputs {'identical to' if same else 'DIFFER from'} the default "
+          f"build's")
+    loco_cuda._op = variant
     rows = []
     try:
         for dname, dtype in DTYPES.items():
@@ -292,9 +365,11 @@ def run_cases(cases, config, shape, dname, reps, copy_bw):
         transient = transient_fn()
         bw = n_bytes / (ms * 1e-3)
         rows.append(dict(kernel=name, config=config, shape=list(shape), dtype=dname, ms=ms, bytes=n_bytes,
-                         gbps=bw / 1e9, fraction_of_copy=bw / copy_bw, transient_bytes=transient))
+                         gbps=bw / 1e9, fraction_of_copy=bw / copy_bw, fraction_of_peak=bw / PEAK_BW,
+                         floor_ms=n_bytes / copy_bw * 1e3, transient_bytes=transient))
         print(f"{name:32s} {config:>6s} {str(shape):>13s} {dname:>5s} {ms:8.4f} {n_bytes / 1e6:9.1f} "
-              f"{bw / 1e9:7.0f} {bw / copy_bw:7.2f} {transient / 2**20:13.1f}", flush=True)
+              f"{bw / 1e9:7.0f} {bw / copy_bw:7.2f} {bw / PEAK_BW:7.2f} {n_bytes / copy_bw * 1e3:9.4f} "
+              f"{transient / 2**20:13.1f}", flush=True)
     return rows
 
 
@@ -303,13 +378,41 @@ def print_deepspeed_ratios(rows):
     ms = {(r["kernel"], r["config"], tuple(r["shape"]), r["dtype"]): r["ms"] for r in rows}
     pairs = [("plain hop1 (no err)", "deepspeed swizzle_quant"), ("loco hop1 (int8 err)", "deepspeed swizzle_quant"),
              ("loco hop2 (int8 err)", "deepspeed quantized_reduction"),
-             ("plain hop2 (no err)", "deepspeed quantized_reduction")]
+             ("plain hop2 (no err)", "deepspeed quantized_reduction"), ("loco final mean", "deepspeed dequantize"),
+             ("loco final mean", "deepspeed dequantize + mean")]
     print("\nours / DeepSpeed (4/4, same run):")
     for (kernel, config, shape, dname), ours in ms.items():
         for mine, theirs in pairs:
             if kernel == mine and config in ("4/4", "4/4+H") and (theirs, "4/4", shape, dname) in ms:
                 print(f"  {mine + ' ' + config:28s} / {theirs:30s} {str(shape):>14s} {dname:>5s} "
                       f"{ours / ms[(theirs, '4/4', shape, dname)]:6.2f}")
+
+
+def print_targets(rows, buckets):
+    """Issue #23 item 4's kernel targets at (16384, 16384) (both dtypes) and the 7B-layer LoCo bucket: met or not."""
+    ms = {(r["kernel"], r["config"], tuple(r["shape"]), r["dtype"]): r for r in rows}
+    print("\ntargets (issue #23 item 4), (16384, 16384):")
+    for dname in DTYPES:
+        for ours, config, theirs, bound in TARGETS:
+            mine = ms.get((ours, config, SHAPES[-1], dname))
+            if mine is None:
+                continue
+            if theirs is None:
+                value, text = mine["ms"], f"{mine['ms']:.4f} ms <= {bound} ms"
+            else:
+                other = ms.get((theirs, "4/4", SHAPES[-1], dname))
+                if other is None:
+                    continue
+                value = mine["ms"] / other["ms"]
+                text = f"{mine['ms']:.4f} / {other['ms']:.4f} ms = {value:.2f}x {theirs} <= {bound}x"
+            print(f"  {ours + ' ' + config:28s} {dname:>5s} {text:60s} floor {mine['floor_ms']:.4f} ms "
+                  f"{'met' if value <= bound else 'NOT met'}")
+    for row in buckets:
+        if row["bucket"] == "llama2-7b layer" and row["ratio_to_deepspeed"]:
+            print(f"  7B-layer bucket {row['arm']:5s} fp16 {row['total_ms']:.4f} / {row['deepspeed_ms']:.4f} ms = "
+                  f"{row['ratio_to_deepspeed']:.2f}x DeepSpeed's two kernels"
+                  + (f" <= {BUCKET_TARGET}x {'met' if row['ratio_to_deepspeed'] <= BUCKET_TARGET else 'NOT met'}"
+                     if row["arm"] == "loco" else ""))
 
 
 def print_ratios(rows, configs):
@@ -376,9 +479,12 @@ def main():
     print(f"device: {device}; torch {torch.__version__}; copy bandwidth (read + write) {copy_bw / 1e9:.0f} GB/s")
     print(f"LoCo: W={WORLD} (L={LOCAL} x M={NODES}), bits intra/inter per config, group {GROUP}, int8 error, "
           f"beta {BETA}; median of {args.reps}; DeepSpeed rows: its fixed 4-bit qgZ")
+    print("MB moved: each input read once, each output written once; GB/s = MB moved / ms; of copy: of the copy "
+          f"bandwidth above; of 4.8T: of the H200's {PEAK_BW / 1e12:.1f} TB/s peak; floor ms: MB moved at the copy "
+          "bandwidth")
     rows = []
     header = f"{'kernel':32s} {'config':>6s} {'shape':>13s} {'dtype':>5s} {'ms':>8s} {'MB moved':>9s} {'GB/s':>7s} " \
-             f"{'of copy':>7s} {'transient MiB':>13s}"
+             f"{'of copy':>7s} {'of 4.8T':>7s} {'floor ms':>9s} {'transient MiB':>13s}"
     print(header)
     for shape in SHAPES:
         for dname, dtype in DTYPES.items():
@@ -399,6 +505,7 @@ def main():
     print_ratios(rows, args.configs)
     print_deepspeed_ratios(rows)
     buckets = bucket_rows(quantizer, args.reps)
+    print_targets(rows, buckets)
     for index, flags in enumerate(args.variant):
         rows += variant_rows(flags, index, args.configs, args.reps, copy_bw)
     if args.json:

@@ -56,6 +56,13 @@ constexpr int kMaxGroup = 4096;
 static_assert((LOCO_PLAIN_CHUNKS == 2 || LOCO_PLAIN_CHUNKS == 4) && (LOCO_ERROR_CHUNKS == 2 || LOCO_ERROR_CHUNKS == 4),
               "chunks per thread: 2 or 4 (a group of 32 values is one thread's 4 chunks)");
 constexpr int kRotateChunks = 2;
+// Chunks per thread of the final mean without rotation (default 2; 4 spilled and ran 7% slower when the mean divided
+// value by value; ptxas now: 4 chunks spill 344-536 bytes at 64 registers, need 92-117 uncapped, so time them with
+// LOCO_FINAL_MIN_BLOCKS=2). A build option.
+#if !defined(LOCO_FINAL_CHUNKS)
+#define LOCO_FINAL_CHUNKS 2
+#endif
+static_assert(LOCO_FINAL_CHUNKS == 2 || LOCO_FINAL_CHUNKS == 4, "final mean: 2 or 4 chunks per thread");
 
 // The limits of loco_limits.h are what the kernels are compiled for: every group fills whole teams of at least one
 // thread and at most one block, and with_bits / with_error_bits (below) have a case for every limit.
@@ -75,10 +82,33 @@ static_assert(all_of(limits::kErrorBits, compiled_error_bits),
               "with_error_bits must dispatch every error-buffer width of the limits");
 
 constexpr int chunks_of(Kernel kernel, bool rotate, int error_bits) {
-    return rotate || kernel == kFinalKernel ? kRotateChunks : error_bits == 0 ? LOCO_PLAIN_CHUNKS : LOCO_ERROR_CHUNKS;
+    return rotate ? kRotateChunks
+                  : kernel == kFinalKernel ? LOCO_FINAL_CHUNKS : error_bits == 0 ? LOCO_PLAIN_CHUNKS : LOCO_ERROR_CHUNKS;
 }
 
 constexpr int min_blocks(int chunks) { return chunks > 2 ? LOCO_WIDE_MIN_BLOCKS : LOCO_MIN_BLOCKS; }
+
+// Groups each team of hop 1 and hop 2 without rotation takes in turn (default 1). With G > 1 a block covers G times
+// the pairs, in G steps of kBlock / team consecutive pairs (each step as coalesced as one block of G = 1), and the
+// block's parameter lookup and launch set-up are paid once per G groups: a build option to time the set-up's share
+// (docs/kernels.md, "What limits each kernel").
+#if !defined(LOCO_HOP_GROUPS)
+#define LOCO_HOP_GROUPS 1
+#endif
+static_assert(LOCO_HOP_GROUPS >= 1 && LOCO_HOP_GROUPS <= 8, "LOCO_HOP_GROUPS: 1 to 8 groups per team");
+
+constexpr int groups_of(Kernel kernel, bool rotate) {
+    return rotate || kernel == kFinalKernel ? 1 : LOCO_HOP_GROUPS;
+}
+
+// Resident blocks per SM the final mean asks for (default LOCO_MIN_BLOCKS: 64 registers; it uses 54-56, so 4 blocks
+// of 256 threads, half the SM's threads). The final mean has little work per thread (2 received rows of 16 values)
+// and waits on two dependent loads (its table entry, then the received words), so more resident warps may hide more
+// latency: a build option for tuning (ptxas, sm_90: 5 blocks give 48 registers, 6 give 40 with 12-64 bytes of
+// spills, 8 give 32 with 200-380 bytes).
+#if !defined(LOCO_FINAL_MIN_BLOCKS)
+#define LOCO_FINAL_MIN_BLOCKS LOCO_MIN_BLOCKS
+#endif
 
 __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
     return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
@@ -189,6 +219,8 @@ struct Launch {
     int item_rows;                  // rows of every parameter in this launch (hop 1: world, hop 2: nodes, final: 1)
     bool midrise;
     float beta, one_minus_beta, hadamard_scale;
+    bool world_pow2;      // world is a power of two: the final mean multiplies by inv_world = 1 / world (exact)
+    float inv_world;
     Levels levels;        // the output wire's grid (the input wire has the same grid, with its own bits)
     Levels error_levels;  // the int8 error buffer's: 8 bits, symmetric (qmax 127)
     uint32_t magic_bits;  // math::kRoundMagicBits (see OldError<8, C>)
@@ -225,15 +257,18 @@ __device__ __forceinline__ int item_of_block(const Launch& p) {
     return lo;
 }
 
-__device__ __forceinline__ Block locate(const Launch& p) {
+// The team's pair of step `step` of `steps` (groups_of) in the block of parameter `item`.
+__device__ __forceinline__ Block locate_pair(const Launch& p, const BucketItem* item, int step, int steps) {
     Block k;
-    k.item = p.items + item_of_block(p);
+    k.item = item;
     k.team = 1 << p.team_log2;
     k.lane = threadIdx.x & (k.team - 1);
     // a parameter has fewer than 2^31 (row, group) pairs (checked by the binding): 32-bit index arithmetic, the
     // division by the groups per row a multiply-high (FastDivisor)
-    const uint32_t pair = (uint32_t)((int64_t)blockIdx.x - k.item->first_block) * (uint32_t)(kBlock >> p.team_log2) +
-                          (uint32_t)(threadIdx.x >> p.team_log2);
+    const uint32_t pair =
+        ((uint32_t)((int64_t)blockIdx.x - k.item->first_block) * (uint32_t)steps + (uint32_t)step) *
+            (uint32_t)(kBlock >> p.team_log2) +
+        (uint32_t)(threadIdx.x >> p.team_log2);
     const uint32_t row = divide(pair, k.item->groups);
     k.row = row;
     k.group = pair - row * k.item->groups.d;
@@ -241,6 +276,8 @@ __device__ __forceinline__ Block locate(const Launch& p) {
     k.col0 = k.group << p.group_log2;
     return k;
 }
+
+__device__ __forceinline__ Block locate(const Launch& p) { return locate_pair(p, p.items + item_of_block(p), 0, 1); }
 
 // This block's group in the bucket's wire rows: packed values of row `row` and the group's scale.
 template <int Bits>
@@ -611,10 +648,9 @@ __device__ __forceinline__ void zero_values(float (&v)[C][8]) {
 
 // ------------------------------------------------------------------------------------------------ hop 1
 // Block row = slot of the send buffer; slot d*M + n carries partition row n*L + d of its gradient.
-template <int DT, int Bits, int EBits, bool Rotate, int C = chunks_of(kHop1Kernel, Rotate, EBits)>
-__global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launch p) {
-    __shared__ uint32_t red[kBlock / 32];
-    const Block k = locate(p);
+// One (row, group) pair of hop 1 for the team: every thread of the block calls it (team reductions, rotation).
+template <int DT, int Bits, int EBits, bool Rotate, int C>
+__device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint32_t* red) {
     const BucketItem& it = *k.item;
     const int lane = k.lane, team = k.team;
     const int64_t slot = k.row;
@@ -659,6 +695,17 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launc
     const uint32_t key = compensate(v, old, p.beta, decayed);
     quantize_group_on_grid<Bits, EBits>(p, k, v, decayed, key, wire_data<Bits>(p.out, slot, k),
                                         wire_scale(p.out, slot, k, p.group_log2), er, red);
+}
+
+
+template <int DT, int Bits, int EBits, bool Rotate, int C = chunks_of(kHop1Kernel, Rotate, EBits),
+          int G = groups_of(kHop1Kernel, Rotate)>
+__global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launch p) {
+    __shared__ uint32_t red[kBlock / 32];
+    const BucketItem* const item = p.items + item_of_block(p);
+#pragma unroll 1
+    for (int step = 0; step < G; ++step)
+        hop1_group<DT, Bits, EBits, Rotate, C>(p, locate_pair(p, item, step, G), red);
 }
 
 // ------------------------------------------------------------------------------------------------ hop 2
@@ -710,10 +757,8 @@ __device__ __forceinline__ void sum_rows_on_grid(const Launch& p, const Block& k
 }
 
 // Block row = output row m (node); the input bits are a run-time switch (p.in_bits).
-template <int Bits, int EBits, int C = chunks_of(kHop2Kernel, false, EBits)>
-__global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launch p, int in_bits) {
-    __shared__ uint32_t red[kBlock / 32];
-    const Block k = locate(p);
+template <int Bits, int EBits, int C>
+__device__ __forceinline__ void hop2_group(const Launch& p, int in_bits, const Block& k, uint32_t* red) {
     const int64_t m = k.row;
     const ErrorRow er = error_row<EBits>(k, m);
     float v[C][8];
@@ -738,7 +783,37 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launc
                                         wire_scale(p.out, m, k, p.group_log2), er, red);
 }
 
+template <int Bits, int EBits, int C = chunks_of(kHop2Kernel, false, EBits), int G = groups_of(kHop2Kernel, false)>
+__global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launch p, int in_bits) {
+    __shared__ uint32_t red[kBlock / 32];
+    const BucketItem* const item = p.items + item_of_block(p);
+#pragma unroll 1
+    for (int step = 0; step < G; ++step) hop2_group<Bits, EBits, C>(p, in_bits, locate_pair(p, item, step, G), red);
+}
+
 // ------------------------------------------------------------------------------------------------ final
+// Two fp32 values as the packed pair {lo, hi} of fp16 or bf16 bits, rounded to nearest even (subnormals kept): one
+// cvt.rn.{f16,bf16}x2.f32 (F2FP) on sm_80+ instead of one quarter-rate F2F (fp16) or about five integer instructions
+// (bf16, math::float_to_bf16_bits) per value. Finite values and infinities convert bit for bit like torch's
+// conversions; a NaN becomes the canonical NaN of the type (0x7fff / 0x7fff) instead of torch's 0x7fc0 (bf16), which
+// the contract leaves open (NaN payloads of fp16/bf16 outputs).
+template <int OutDT>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    uint32_t d;
+    if constexpr (OutDT == kFloat16)
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+#else
+    if constexpr (OutDT == kFloat16)
+        return __half_as_ushort(__float2half_rn(lo)) | ((uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16);
+    else
+        return float_to_bf16_bits(lo) | ((uint32_t)float_to_bf16_bits(hi) << 16);
+#endif
+}
+
 template <int OutDT>
 __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count, const float (&x)[8]) {
     if constexpr (OutDT == kFloat32) {
@@ -750,24 +825,21 @@ __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count,
             for (int i = 0; i < 8 && i < count; ++i) p[i] = x[i];
         }
     } else {
-        unsigned short h[8];
+        uint32_t h[4];
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-            h[i] = OutDT == kFloat16 ? __half_as_ushort(__float2half_rn(x[i])) : float_to_bf16_bits(x[i]);
+        for (int i = 0; i < 4; ++i) h[i] = pack_pair<OutDT>(x[2 * i], x[2 * i + 1]);
         unsigned short* p = static_cast<unsigned short*>(out) + col;
         if (count >= 8 && aligned(p, 16)) {
-            __stcs(reinterpret_cast<uint4*>(p),
-                   make_uint4(h[0] | ((uint32_t)h[1] << 16), h[2] | ((uint32_t)h[3] << 16),
-                              h[4] | ((uint32_t)h[5] << 16), h[6] | ((uint32_t)h[7] << 16)));
+            __stcs(reinterpret_cast<uint4*>(p), make_uint4(h[0], h[1], h[2], h[3]));
         } else {
-            for (int i = 0; i < 8 && i < count; ++i) p[i] = h[i];
+            for (int i = 0; i < 8 && i < count; ++i) p[i] = (unsigned short)(h[i >> 1] >> (16 * (i & 1)));
         }
     }
 }
 
 // One output row per parameter; with Rotate each group's sum is rotated back (d * (H t) * s) before / W.
 template <int Bits, int OutDT, bool Rotate, int C = chunks_of(kFinalKernel, Rotate, 0)>
-__global__ void __launch_bounds__(kBlock, min_blocks(C)) final_kernel(const Launch p) {
+__global__ void __launch_bounds__(kBlock, LOCO_FINAL_MIN_BLOCKS) final_kernel(const Launch p) {
     const Block k = locate(p);
     const BucketItem& it = *k.item;
     float v[C][8];
@@ -781,13 +853,30 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) final_kernel(const Laun
         apply_signs(v, chunk_signs(k.lane, k.team));
     }
     if (!k.active) return;
-    const float world = (float)p.world;
+    // / W: for W = 2^j the product by the exact 2^-j rounds the same real number once, so it is the IEEE quotient
+    // bit for bit for every input (subnormal results, zeros, infinities; NaN stays NaN) at one FMUL instead of a
+    // division sequence; other W divide (launch-uniform branch)
+    if (p.world_pow2) {
+#pragma unroll
+        for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[c][i] = f_mul(v[c][i], p.inv_world);
+    } else {
+        const float world = (float)p.world;
+#pragma unroll
+        for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[c][i] = f_div(v[c][i], world);
+    }
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const int64_t col = k.col0 + 8 * (c * k.team + k.lane);
         if (col >= it.part) continue;
+        if (col + 8 > it.valid) {  // the partition's last valid columns: zero the rest (one 64-bit test per chunk)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[c][i] = col + i < it.valid ? f_div(v[c][i], world) : 0.0f;
+            for (int i = 0; i < 8; ++i)
+                if (col + i >= it.valid) v[c][i] = 0.0f;
+        }
         store_out<OutDT>(it.out, col, it.part - col, v[c]);
     }
 }
@@ -860,6 +949,8 @@ Launch make_launch(const HopArgs& a, int chunks, const BucketItem* items, int co
     p.beta = a.beta;
     p.one_minus_beta = math::f_sub(1.0f, a.beta);
     p.hadamard_scale = hadamard_scale(a.group_size);
+    p.world_pow2 = a.world > 0 && (a.world & (a.world - 1)) == 0;
+    p.inv_world = p.world_pow2 ? 1.0f / (float)a.world : 0.0f;  // exact: 2^-j, j < 31
     p.levels = levels(a.bits, a.grid);
     p.error_levels = levels(8, kSymmetric);
     p.magic_bits = kRoundMagicBits;
@@ -878,7 +969,7 @@ constexpr const char* kBadArguments = "LoCo kernels: bits, error bits or dtype o
 }  // namespace
 
 int chunks_per_thread(Kernel kernel, bool rotate, int error_bits) {
-    return chunks_of(kernel, rotate, error_bits);
+    return chunks_of(kernel, rotate, error_bits) * groups_of(kernel, rotate);
 }
 
 const char* quantize_bucket(const HopArgs& a, int grad_dtype, int error_bits, const BucketItem* items, int count,

@@ -114,15 +114,17 @@ constexpr int kBlock = 256;         // threads per block
 // them below 2^31.
 inline int64_t row_groups(int64_t rows, int64_t cols, int group_size) { return rows * (cols / group_size); }
 
-// Blocks that cover those pairs, kBlock / (group_size / (8 * chunks)) pairs per block.
+// Blocks that cover those pairs, kBlock / (group_size / (8 * chunks)) pairs per block (written kBlock * 8 * chunks /
+// group_size: `chunks` may count chunks of several groups per thread, see chunks_per_thread).
 inline int64_t blocks_for(int64_t rows, int64_t cols, int group_size, int chunks) {
-    const int64_t per_block = kBlock / (group_size / (8 * chunks));
+    const int64_t per_block = (int64_t)kBlock * 8 * chunks / group_size;
     return (row_groups(rows, cols, group_size) + per_block - 1) / per_block;
 }
 
 #if !defined(LOCO_NO_LAUNCHERS)
 // Chunks of 8 values per thread of the kernel that a launch of `kernel` with this rotation and error storage runs
-// (hop 2 never rotates; the final mean has no error): the binding numbers the blocks of the launch with it.
+// (hop 2 never rotates; the final mean has no error), times the groups each thread takes in turn (1 unless built
+// with LOCO_HOP_GROUPS): the binding numbers the blocks of the launch with it (blocks_for).
 enum Kernel : int { kHop1Kernel = 0, kHop2Kernel = 1, kFinalKernel = 2 };
 int chunks_per_thread(Kernel kernel, bool rotate, int error_bits);
 

@@ -349,3 +349,18 @@ def test_cuda_wrappers_fall_back_to_the_reference_for_cpu_tensors_with_a_warning
     assert torch.equal(out, torch.cat(expected))
     messages = [r.getMessage() for r in caplog.records]
     assert any("quantize_bucket_" in m and "not on a CUDA device" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8, 16, 64, 1024, 2 ** 20, 2 ** 30])
+def test_mean_by_a_power_of_two_world_is_the_product_by_its_reciprocal(world):
+    """The final kernel divides by W = 2^j as a product by 2^-j (docs/kernels.md, "What limits each kernel"): both
+    round the same real number once, so the bits agree on every input, subnormal results and signed zeros included."""
+    gen = torch.Generator().manual_seed(world)
+    bits = torch.randint(-2 ** 31, 2 ** 31, (400000,), generator=gen, dtype=torch.int64).to(torch.int32)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-45, -1e-45, 3.4e38, 1.1754942e-38,
+                            2.0 ** -126 * 3, -(2.0 ** -140) * 5])
+    x = torch.cat([bits.view(torch.float32), special])
+    x = x[~x.isnan()]
+    quotient = x / torch.full_like(x, float(world))
+    product = x * (1.0 / world)
+    assert torch.equal(quotient.view(torch.int32), product.view(torch.int32))
