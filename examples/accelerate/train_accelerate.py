@@ -58,7 +58,10 @@ def train(steps=20, ds_config=None, micro_batch=4, lr=1e-2):
     hook = deepspeed_loco.loco_hook(model)
     loco = None if hook is None else {"step": hook.state.step, "reduces": hook.reducer.stats.reduces,
                                       "sent_bytes": hook.reducer.stats.total_bytes}
-    return {"rank": accelerator.process_index, "world": accelerator.num_processes, "losses": losses, "loco": loco}
+    # the data-parallel world as DeepSpeed sees it (on a CPU-only machine Accelerate's own state may say one process)
+    dist = torch.distributed
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    return {"rank": rank, "world": world, "losses": losses, "loco": loco}
 
 
 def main(argv=None):
