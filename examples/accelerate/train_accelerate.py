@@ -5,7 +5,8 @@ the DeepSpeed config (``ds_config_zero3_qgz_loco.json``, LoCo's section included
 or from ``--ds-config``. From the repository root::
 
     accelerate launch --config_file examples/accelerate/accelerate_config.yaml examples/accelerate/train_accelerate.py
-    torchrun --nproc_per_node 2 examples/accelerate/train_accelerate.py --ds-config examples/accelerate/ds_config_zero3_qgz_loco.json
+    torchrun --nproc_per_node 2 examples/accelerate/train_accelerate.py \
+        --ds-config examples/accelerate/ds_config_zero3_qgz_loco.json
 
 A script that cannot be edited runs the same way through the module runner instead of the line:
 ``accelerate launch --config_file ... -m deepspeed_loco.run train.py`` (``-m``: Accelerate's ``--module``).
@@ -46,7 +47,8 @@ def train(steps=20, ds_config=None, micro_batch=4, lr=1e-2):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(13, 64), torch.nn.Tanh(), torch.nn.Linear(64, 5))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    loader = torch.utils.data.DataLoader(_samples(steps * micro_batch * accelerator.num_processes), batch_size=micro_batch)
+    samples = _samples(steps * micro_batch * accelerator.num_processes)
+    loader = torch.utils.data.DataLoader(samples, batch_size=micro_batch)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     losses = []
     for batch in loader:

@@ -152,8 +152,8 @@ def test_accelerate_example_trains_with_loco(request):
 
 
 def test_accelerate_launch_runs_the_example_with_loco(tmp_path):
-    """``accelerate launch --config_file examples/accelerate/accelerate_config.yaml examples/accelerate/train_accelerate.py``
-    as the example says, on CPU (2 processes)."""
+    """``accelerate launch --config_file examples/accelerate/accelerate_config.yaml
+    examples/accelerate/train_accelerate.py`` as the example says, on CPU (2 processes)."""
     pytest.importorskip("accelerate", reason="Accelerate is not installed (pip install \".[hf]\")")
     (tmp_path / "sitecustomize.py").write_text(  # DeepSpeed's unused CPU shared-memory op: a JIT build of minutes
         "import deepspeed.ops\ndeepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False\n")

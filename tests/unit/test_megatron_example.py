@@ -71,7 +71,8 @@ def test_launch_script_writes_a_zero3_qgz_loco_config_and_runs_pretrain_gpt_thro
     assert f"--module deepspeed_loco.run {megatron}/pretrain_gpt.py " in command
     for flag in ("--deepspeed", "--no-pipeline-parallel", "--zero-stage=3", "--deepspeed_config=",
                  "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
-                 "--no-gradient-accumulation-fusion", "--tokenizer-type NullTokenizer", f"--global-batch-size {4 * world}"):
+                 "--no-gradient-accumulation-fusion", "--tokenizer-type NullTokenizer",
+                 f"--global-batch-size {4 * world}"):
         assert flag in command, flag
 
 
@@ -126,7 +127,8 @@ def test_apex_stand_in_layer_norm_is_torch_layer_norm_with_apex_signature(apex_s
     out.sum().backward()
     assert x.grad is not None and w.grad is not None and b.grad is not None
     rms = apex_standin["apex.normalization"].MixedFusedRMSNorm(8, eps=1e-6)
-    torch.testing.assert_close(rms(x.detach()), x.detach() * torch.rsqrt(x.detach().pow(2).mean(-1, keepdim=True) + 1e-6))
+    y = x.detach()
+    torch.testing.assert_close(rms(y), y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6))
 
 
 def test_apex_stand_in_fused_adam_is_exactly_a_zero_supported_torch_optimizer(apex_standin):

@@ -1,4 +1,5 @@
-"""The ``amp_C`` ops Megatron-DeepSpeed calls through ``multi_tensor_applier``, in PyTorch (see ``apex/__init__.py``)."""
+"""The ``amp_C`` ops Megatron-DeepSpeed calls through ``multi_tensor_applier``, in PyTorch (see
+``apex/__init__.py``)."""
 import torch
 
 
