@@ -2,12 +2,21 @@
 
 Each test is skipped, saying why, when its framework is not installed (``pip install ".[hf]"`` installs both).
 """
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
+from torch.distributed.elastic.utils.distributed import get_free_port
 
 from tests.unit.process_pool import ProcessPool
 
 WORLD, STEPS = 2, 3
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ACCELERATE_EXAMPLE = os.path.join(REPO, "examples", "accelerate")
 
 
 def _ds_config():
@@ -51,6 +60,17 @@ def train_with_accelerate():
         optimizer.zero_grad()
         losses.append(loss.item())
     return {"losses": losses, "loco": _loco_summary(model)}
+
+
+def train_accelerate_example(steps):
+    """``examples/accelerate/train_accelerate.py``'s ``train`` with its DeepSpeed config, in a pool process."""
+    spec = importlib.util.spec_from_file_location("train_accelerate",
+                                                  os.path.join(ACCELERATE_EXAMPLE, "train_accelerate.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)  # runs its deepspeed_loco.install()
+    from accelerate.state import AcceleratorState
+    AcceleratorState._reset_state()  # this pool process built an Accelerator before (one plugin set per process)
+    return example.train(steps=steps, ds_config=example.DS_CONFIG)
 
 
 class _Regressor(torch.nn.Module):
@@ -104,3 +124,52 @@ def test_hugging_face_trainer_runs_loco_after_install(request, tmp_path):
     for result in request.getfixturevalue("pool").run(train_with_trainer, tmp_path):
         assert result["global_step"] == STEPS
         _check(result["loco"], STEPS)
+
+
+def test_accelerate_example_config_is_zero3_qgz_loco_and_accepted_by_the_accelerate_cli():
+    """The example's DeepSpeed JSON through this package's validation; its Accelerate config names that JSON and none
+    of the keys Accelerate refuses next to a ``deepspeed_config_file``."""
+    from deepspeed_loco.runtime.zero.ds_config import split_loco_config
+    with open(os.path.join(ACCELERATE_EXAMPLE, "ds_config_zero3_qgz_loco.json")) as f:
+        config = json.load(f)
+    assert config["zero_optimization"]["stage"] == 3 and config["zero_optimization"]["zero_quantized_gradients"]
+    _, loco = split_loco_config(config)
+    assert loco is not None and loco.group_size == 32
+    with open(os.path.join(ACCELERATE_EXAMPLE, "accelerate_config.yaml")) as f:
+        entries = dict(line.strip().split(": ", 1) for line in f if ": " in line and not line.lstrip().startswith("#"))
+    assert entries["distributed_type"] == "DEEPSPEED" and entries["num_processes"] == "2"
+    assert os.path.isfile(os.path.join(REPO, entries["deepspeed_config_file"]))
+    refused = {"gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+               "offload_param_device", "zero3_save_16bit_model", "mixed_precision"}
+    assert not refused & set(entries)
+
+
+def test_accelerate_example_trains_with_loco(request):
+    pytest.importorskip("accelerate", reason="Accelerate is not installed (pip install \".[hf]\")")
+    for result in request.getfixturevalue("pool").run(train_accelerate_example, STEPS):
+        assert result["world"] == WORLD and len(result["losses"]) >= STEPS
+        _check(result["loco"], len(result["losses"]))
+
+
+def test_accelerate_launch_runs_the_example_with_loco(tmp_path):
+    """``accelerate launch --config_file examples/accelerate/accelerate_config.yaml
+    examples/accelerate/train_accelerate.py`` as the example says, on CPU (2 processes)."""
+    pytest.importorskip("accelerate", reason="Accelerate is not installed (pip install \".[hf]\")")
+    (tmp_path / "sitecustomize.py").write_text(  # DeepSpeed's unused CPU shared-memory op: a JIT build of minutes
+        "import deepspeed.ops\ndeepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False\n")
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+    for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           os.path.join(ACCELERATE_EXAMPLE, "accelerate_config.yaml"), "--main_process_port", str(get_free_port()),
+           os.path.join(ACCELERATE_EXAMPLE, "train_accelerate.py"), "--steps", str(STEPS), "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    log = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, log
+    startup = [line for line in (proc.stdout + proc.stderr).splitlines() if "deepspeed-loco active" in line]
+    assert len(startup) == 1 and "W=2 (M=1 nodes x L=2 ranks)" in startup[0], log
+    result = json.loads(out.read_text())
+    assert result["world"] == WORLD and len(result["losses"]) == STEPS
+    _check(result["loco"], STEPS)
