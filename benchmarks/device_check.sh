@@ -4,7 +4,8 @@
 #   1. wheels + the LoCo kernel build (benchmarks/device_setup.sh); in the background the VARIANTS builds (nvcc flag
 #      sets, ';'-separated) and DeepSpeed's quantizer (the benchmark's baseline);
 #   2. the CUDA tests (kernels against the reference, the torch.library opchecks, the reduce on CUDA), beside the
-#      Megatron-DeepSpeed run when MEGATRON=1 (benchmarks/device_megatron.sh; .megatron/ and .whl-megatron/ carried);
+#      Megatron-DeepSpeed run when MEGATRON=1 (benchmarks/device_megatron.sh; .megatron/ and .whl-megatron/
+#      carried; NUM_GPUS as there);
 #   3. on a quiet GPU: the kernel table (benchmarks/kernels.py, JSON and text) and the gpu_e2e.py runs of E2E_RUNS
 #      ("SIZE:MICRO_BATCH ...", arms E2E_ARMS): the points `python -m deepspeed_loco.perf calibrate` fits.
 # Usage (repository root; .whl/ from benchmarks/device_wheelhouse.sh):
@@ -13,7 +14,7 @@ set -uo pipefail
 OUT=${OUT:-device_out}
 VARIANTS=${VARIANTS:-}
 MEGATRON=${MEGATRON:-0}
-E2E_RUNS=${E2E_RUNS:-"125m:4 125m:8 125m:32"}
+E2E_RUNS=${E2E_RUNS:-"125m:4 125m:32"}
 E2E_ARMS=${E2E_ARMS:-zero3,loco}
 LOGS=$OUT/logs
 mkdir -p "$OUT" "$LOGS"
@@ -34,7 +35,7 @@ for i in "${!variants[@]}"; do
 done
 
 if [ "$MEGATRON" = 1 ]; then
-    (OUT="$OUT/megatron" timeout 300 bash benchmarks/device_megatron.sh >"$LOGS/megatron_call.log" 2>&1; \
+    (OUT="$OUT/megatron" RUN_TIMEOUT_S=150 bash benchmarks/device_megatron.sh >"$LOGS/megatron_call.log" 2>&1; \
         echo "megatron exit $?" >>"$LOGS/megatron_call.log") &
     megatron=$!
 fi
@@ -45,7 +46,7 @@ grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
 if [ "$MEGATRON" = 1 ]; then
     wait "$megatron"
     stamp "Megatron-DeepSpeed: $(tail -1 "$LOGS/megatron_call.log")"
-    tail -25 "$LOGS/megatron_call.log"
+    grep -a -E "deepspeed-loco|iteration +[0-9]+/|Error|error:" "$LOGS/megatron_call.log" | cut -c1-240 | head -16
 fi
 variant_args=()
 for i in "${!builds[@]}"; do
@@ -56,14 +57,15 @@ for i in "${!builds[@]}"; do
     fi
 done
 
-timeout 150 python3 benchmarks/kernels.py --json "$OUT/kernels.json" "${variant_args[@]}" >"$OUT/kernels.txt" 2>&1
+timeout 150 python3 benchmarks/kernels.py --json "$OUT/kernels.json" --configs 4/4 4/4+H 8/2+H "${variant_args[@]}" \
+    >"$OUT/kernels.txt" 2>&1
 stamp "kernel benchmark exit $?"
 tail -45 "$OUT/kernels.txt"
 
 for run in $E2E_RUNS; do
     size=${run%%:*}
     micro_batch=${run##*:}
-    timeout 120 python3 benchmarks/gpu_e2e.py --size "$size" --micro-batch "$micro_batch" --arms "$E2E_ARMS" \
+    timeout 75 python3 benchmarks/gpu_e2e.py --size "$size" --micro-batch "$micro_batch" --arms "$E2E_ARMS" \
         --steps 20 --out "$OUT/e2e_${size}_mb${micro_batch}.json" --table "$OUT/e2e_${size}_mb${micro_batch}.txt" \
         >"$LOGS/e2e_${size}_mb${micro_batch}.log" 2>&1
     stamp "gpu_e2e $size micro-batch $micro_batch exit $?"
