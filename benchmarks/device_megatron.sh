@@ -35,16 +35,31 @@ print("\ncuda", torch.version.cuda, "| gpus", torch.cuda.device_count())
 PY
 nvcc --version | tail -2 | head -1
 command -v python3-config >/dev/null || echo "note: no python3-config (Megatron's own make of the helpers names no suffix; prebuilt below)"
-# Megatron's dataset helpers (C++/pybind11; rank 0 runs `make` at start-up): build them first, naming the extension
-# suffix, so the run does not depend on python3-config
+# Megatron's dataset helpers (C++/pybind11; rank 0 runs `make` at start-up, which then finds them up to date): built
+# first, naming the extension suffix (the venv has no python3-config). The image's g++ (/opt/gcc) links a libstdc++
+# other than the one torch loads, and the first integer the helpers print then segfaults (seen on the H200,
+# 2026-12-04), so libstdc++ and libgcc are linked in statically with their symbols hidden; a smoke test calls the
+# helpers once before the run.
 suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-if command -v make >/dev/null; then
-    make -C "$MEGATRON/megatron/data" LIBEXT="$suffix" >"$OUT/helpers.log" 2>&1 || { tail -20 "$OUT/helpers.log"; exit 1; }
-else
-    # no make: the Makefile's one command by hand, and a `make` that has nothing left to do for Megatron's own call
-    echo "note: no make; building the helpers with g++ directly"
-    (cd "$MEGATRON/megatron/data" && g++ -O3 -Wall -shared -std=c++11 -fPIC $(python3 -m pybind11 --includes) \
-        helpers.cpp -o "helpers$suffix") >"$OUT/helpers.log" 2>&1 || { tail -20 "$OUT/helpers.log"; exit 1; }
+self_contained="-O3 -Wall -shared -std=c++11 -fPIC -static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL"
+(cd "$MEGATRON/megatron/data" && rm -f helpers*.so && g++ $self_contained $(python3 -m pybind11 --includes) \
+    helpers.cpp -o "helpers$suffix") >"$OUT/helpers.log" 2>&1 || { tail -20 "$OUT/helpers.log"; exit 1; }
+smoke_test() {
+    PYTHONPATH="$MEGATRON/megatron/data:$PYTHONPATH" python3 -c "
+import numpy as np
+import helpers
+idx = helpers.build_sample_idx(np.array([5, 5, 5], np.int32), np.array([0, 1, 2], np.int32), 4, 1, 15)
+assert idx.tolist()[:3] == [[0, 0], [0, 4], [1, 3]], idx
+print('helpers smoke test ok')" >>"$OUT/helpers.log" 2>&1
+}
+if ! smoke_test; then  # fall back: the compiler's own libstdc++ preloaded into every process of the run
+    LD_PRELOAD=$(g++ -print-file-name=libstdc++.so.6)
+    export LD_PRELOAD
+    echo "helpers smoke test failed; retrying with LD_PRELOAD=$LD_PRELOAD" | tee -a "$OUT/helpers.log"
+    smoke_test || { echo "helpers smoke test failed:"; tail -20 "$OUT/helpers.log"; exit 1; }
+fi
+tail -1 "$OUT/helpers.log"
+if ! command -v make >/dev/null; then  # Megatron's own `make -C` call: a stand-in with nothing left to do
     mkdir -p /tmp/megatron-bin
     printf '#!/bin/sh\necho "make (stand-in): the helpers are prebuilt"\n' >/tmp/megatron-bin/make
     chmod +x /tmp/megatron-bin/make
