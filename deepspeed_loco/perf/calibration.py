@@ -1,9 +1,10 @@
-"""The single-GPU terms of the step-time model fitted to measured steps: :func:`fit`, :func:`load_e2e_points`.
+"""The engine's per-step host time, calibrated from measured single-GPU steps: :func:`fit`, :func:`load_e2e_points`.
 
-A step on one GPU is ``engine_s + flops / sustained_flops``: a per-step cost that does not grow with the tokens
-(the engine's host-side work: ZeRO-3's parameter hooks, the optimizer step, launch gaps) plus the matmuls at the
-rate the GPU sustains. Both come from a least-squares line through ``(flops, seconds)`` points of
-``benchmarks/gpu_e2e.py`` runs at world size 1 (several micro-batches of one model), where nothing is communicated.
+On one GPU nothing is communicated, and a step takes the longer of two things that run side by side: the GPU's
+matmuls (``flops / sustained_flops``) and the engine's host-side work (ZeRO-3's parameter hooks, the optimizer
+step's launches, the Python between them), which does not grow with the tokens. So the model's single-GPU step is
+``max(engine_s, compute_s)``. ``engine_s`` is the mean measured step of the host-bound points (those whose
+predicted compute is shorter than the measured step) of ``benchmarks/gpu_e2e.py`` runs at world size 1.
 """
 import json
 import statistics
@@ -15,7 +16,7 @@ from deepspeed_loco.perf.model import Workload
 
 @dataclass(frozen=True)
 class Point:
-    """One measured arm: its name, the step's FLOPs on the GPU, the median step in seconds and the source file."""
+    """One measured arm: its name, micro-batch, the step's FLOPs on the GPU, the median step (s), the source file."""
     arm: str
     micro_batch: int
     flops: float
@@ -25,14 +26,15 @@ class Point:
 
 @dataclass(frozen=True)
 class Calibration:
-    """``engine_s``: seconds per step that do not grow with the tokens; ``tflops``: the sustained matmul rate
-    (TFLOPS); ``points``: how many measurements the line went through."""
+    """``engine_s``: the engine's host seconds per step (0: no host-bound point was measured); ``points``: how many
+    host-bound measurements it is the mean of; ``spread``: their sample standard deviation over the mean."""
     engine_s: float
-    tflops: float
     points: int
+    spread: float = 0.0
 
-    def step_s(self, flops: float) -> float:
-        return self.engine_s + flops / (self.tflops * 1e12)
+    def step_s(self, compute_s: float) -> float:
+        """A single-GPU step: host work and GPU compute overlap, the longer one sets the pace."""
+        return max(self.engine_s, compute_s)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -58,31 +60,29 @@ def load_e2e_points(paths: Sequence[str]) -> List[Point]:
     return points
 
 
-def fit(points: Sequence[Point]) -> Calibration:
-    """The least-squares line ``step_s = engine_s + flops / rate`` through ``points``. Raises ValueError with fewer
-    than two distinct FLOP counts, or where the fitted rate or per-step cost is not positive."""
-    xs, ys = [p.flops for p in points], [p.step_s for p in points]
-    if len(set(xs)) < 2:
-        raise ValueError(f"calibration needs steps of at least two sizes (micro-batches), got FLOPs {sorted(set(xs))}")
-    slope, intercept = statistics.linear_regression(xs, ys)
-    if slope <= 0 or intercept < 0:
-        raise ValueError(f"the fitted line (engine {intercept * 1e3:.1f} ms, {slope:.3g} s per FLOP) is not physical: "
-                         f"the steps do not grow with the tokens; measure more steps or larger micro-batches")
-    return Calibration(intercept, 1.0 / slope / 1e12, len(points))
+def fit(points: Sequence[Point], sustained_flops: float) -> Calibration:
+    """``engine_s`` from the host-bound ``points`` (compute at ``sustained_flops`` FLOP/s shorter than the step).
+    Raises ValueError without points."""
+    if not points:
+        raise ValueError("calibration needs at least one measured step")
+    host_bound = [p.step_s for p in points if p.flops / sustained_flops < p.step_s]
+    if not host_bound:
+        return Calibration(0.0, 0)
+    mean = statistics.fmean(host_bound)
+    spread = statistics.stdev(host_bound) / mean if len(host_bound) > 1 else 0.0
+    return Calibration(mean, len(host_bound), spread)
 
 
-def leave_one_out(points: Sequence[Point]) -> List[dict]:
+def leave_one_out(points: Sequence[Point], sustained_flops: float) -> List[dict]:
     """For each micro-batch: the calibration fitted on the other micro-batches' points, and each of this
-    micro-batch's arms predicted by it beside the measurement (relative error)."""
+    micro-batch's arms predicted by it beside the measurement (relative error); None where no other point exists."""
     rows = []
     for micro_batch in sorted({p.micro_batch for p in points}):
-        held, rest = ([p for p in points if (p.micro_batch == micro_batch) == keep] for keep in (True, False))
-        try:
-            calibration = fit(rest)
-        except ValueError as err:
-            rows += [dict(asdict(p), predicted_s=None, error=None, note=str(err)) for p in held]
-            continue
+        held = [p for p in points if p.micro_batch == micro_batch]
+        rest = [p for p in points if p.micro_batch != micro_batch]
+        calibration = fit(rest, sustained_flops) if rest else None
         for p in held:
-            predicted = calibration.step_s(p.flops)
-            rows.append(dict(asdict(p), predicted_s=predicted, error=predicted / p.step_s - 1, note=""))
+            predicted = calibration.step_s(p.flops / sustained_flops) if calibration else None
+            rows.append(dict(asdict(p), predicted_s=predicted,
+                             error=predicted / p.step_s - 1 if predicted is not None else None))
     return rows

@@ -1,6 +1,7 @@
 """``python -m deepspeed_loco.perf predict ...`` prints one JSON object for one method and cluster;
 ``python -m deepspeed_loco.perf validate`` prints each published figure beside the model's prediction;
-``python -m deepspeed_loco.perf calibrate RESULTS.json ...`` fits the single-GPU terms to ``gpu_e2e.py`` runs."""
+``python -m deepspeed_loco.perf calibrate RESULTS.json ...`` takes the engine's host time per step from
+``gpu_e2e.py`` runs on one GPU."""
 import argparse
 import json
 from dataclasses import asdict
@@ -36,11 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="overlap communication with compute (default: on)")
     p.add_argument("--calibration", default=None,
-                   help="JSON written by 'calibrate --out': its sustained TFLOPS (unless --tflops) and per-step "
-                   "engine seconds")
+                   help="JSON written by 'calibrate --out': the engine's host seconds per step")
     commands.add_parser("validate", help="published figures beside the model's predictions")
-    c = commands.add_parser("calibrate", help="fit engine seconds and sustained TFLOPS to gpu_e2e.py runs on one GPU")
+    c = commands.add_parser("calibrate", help="the engine's host seconds per step from gpu_e2e.py runs on one GPU")
     c.add_argument("results", nargs="+", help="JSON files written by benchmarks/gpu_e2e.py --out (world size 1)")
+    c.add_argument("--gpu", choices=sorted(GPUS), default="h200", help="the GPU they ran on (its sustained TFLOPS)")
+    c.add_argument("--tflops", type=float, default=None, help="sustained TFLOPS (overrides the GPU table)")
     c.add_argument("--out", default=None, help="write the calibration JSON here (for predict --calibration)")
     return parser
 
@@ -50,17 +52,16 @@ def run_predict(args, parser) -> dict:
     for flag in ("params", "layers", "hidden", "seq", "tokens_per_gpu"):
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
-    engine_s, tflops = 0.0, args.tflops
+    engine_s = 0.0
     if args.calibration:
         try:
             with open(args.calibration) as f:
-                calibration = Calibration(**json.load(f))
+                engine_s = Calibration(**json.load(f)).engine_s
         except (OSError, ValueError, TypeError) as exc:
             parser.error(f"--calibration: {exc} (expected the JSON of 'calibrate --out')")
-        engine_s, tflops = calibration.engine_s, tflops or calibration.tflops
     try:
         cluster = Cluster(args.gpus, args.gpus_per_node, GPUS[args.gpu], args.intra_gbps, args.inter_gbps,
-                          args.intra_latency_us, args.inter_latency_us, tflops)
+                          args.intra_latency_us, args.inter_latency_us, args.tflops)
     except ValueError as exc:
         parser.error(str(exc))
     workload = Workload(args.params, args.layers, args.hidden, args.seq, args.tokens_per_gpu, args.recompute)
@@ -102,26 +103,26 @@ def format_validation() -> str:
 
 
 def run_calibrate(args, parser) -> str:
-    """The fitted calibration (written to ``--out`` if given) and the leave-one-micro-batch-out table."""
+    """The calibration (written to ``--out`` if given) and the leave-one-micro-batch-out table."""
+    rate = args.tflops * 1e12 if args.tflops else GPUS[args.gpu].sustained_flops
     try:
         points = load_e2e_points(args.results)
-        calibration = fit(points)
+        calibration = fit(points, rate)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     if args.out:
         with open(args.out, "w") as f:
             f.write(calibration.to_json() + "\n")
-    lines = [f"fit over {calibration.points} arms: engine {calibration.engine_s * 1e3:.1f} ms per step, "
-             f"{calibration.tflops:.1f} TFLOPS sustained", "",
-             "each micro-batch predicted from a fit to the others (leave one out):",
-             f"{'arm':8s} {'micro-batch':>11s} {'measured ms':>11s} {'predicted ms':>12s} {'rel.err':>8s}"]
-    for row in leave_one_out(points):
-        if row["predicted_s"] is None:
-            lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {row['step_s'] * 1e3:11.1f} {'n/a':>12s} "
-                         f"{'n/a':>8s}  {row['note']}")
-            continue
-        lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {row['step_s'] * 1e3:11.1f} "
-                     f"{row['predicted_s'] * 1e3:12.1f} {row['error']:+8.1%}")
+    lines = [f"engine host time {calibration.engine_s * 1e3:.1f} ms per step: the mean of {calibration.points} "
+             f"host-bound arms (spread {calibration.spread:.0%}); compute at {rate / 1e12:.0f} TFLOPS", "",
+             "each micro-batch predicted from the others (leave one out), step = max(engine, compute):",
+             f"{'arm':8s} {'micro-batch':>11s} {'compute ms':>10s} {'measured ms':>11s} {'predicted ms':>12s} "
+             f"{'rel.err':>8s}"]
+    for row in leave_one_out(points, rate):
+        predicted = f"{row['predicted_s'] * 1e3:12.1f} {row['error']:+8.1%}" if row["predicted_s"] is not None \
+            else f"{'n/a':>12s} {'n/a':>8s}"
+        lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {row['flops'] / rate * 1e3:10.1f} "
+                     f"{row['step_s'] * 1e3:11.1f} {predicted}")
     return "\n".join(lines)
 
 

@@ -191,7 +191,8 @@ def load_kernel_costs(path: str) -> KernelCosts:
 
 @dataclass(frozen=True)
 class Prediction:
-    """One step: ``compute_s`` (matmuls), ``engine_s`` (per-step host-side work, from a calibration; else 0),
+    """One step: ``compute_s`` (matmuls), ``engine_s`` (the engine's host time per step, overlapping compute; from a
+    calibration, else 0),
     ``kernel_s`` (gradient codec), ``collectives`` (seconds per kind), ``comm_s`` (their sum), ``exposed_s``
     (communication not hidden behind compute), ``step_s``; rates per second and per GPU."""
     method: str
@@ -243,8 +244,9 @@ def exposed_seconds(collectives: Dict[str, float], compute_s: float, layers: int
 
 def predict(workload: Workload, cluster: Cluster, method: Method, kernels: KernelCosts = DEFAULT_KERNELS,
             overlap: bool = True, engine_s: float = 0.0) -> Prediction:
-    """Step time: compute, plus ``engine_s`` (a calibrated per-step cost, :mod:`deepspeed_loco.perf.calibration`),
-    plus the codec kernels, plus the exposed communication. The kernels are never hidden: they share the SMs with
+    """Step time: the longer of compute and ``engine_s`` (the engine's host time per step, which overlaps the GPU's
+    work; calibrated by :mod:`deepspeed_loco.perf.calibration`, else 0), plus the codec kernels, plus the exposed
+    communication. The kernels are never hidden: they share the SMs with
     the compute, and each sits in the dependency chain of the hop it feeds; on one GPU nothing is reduced, so
     they do not run."""
     flops = workload.flops_per_gpu()
@@ -253,6 +255,6 @@ def predict(workload: Workload, cluster: Cluster, method: Method, kernels: Kerne
         else 0.0
     collectives = collective_seconds(workload, cluster, method)
     exposed = exposed_seconds(collectives, compute, workload.layers, overlap)
-    step = compute + engine_s + kernel + exposed
+    step = max(compute, engine_s) + kernel + exposed
     return Prediction(method.name, overlap, compute, engine_s, kernel, collectives, sum(collectives.values()),
                       exposed, step, workload.tokens_per_gpu * cluster.gpus / step, flops / step / 1e12)
