@@ -8,7 +8,9 @@ py=${PYTHON:-python3}
 if ! "$py" -c "import torch" 2>/dev/null; then
   "$py" -m pip install -q torch==2.13.0
 fi
-if ! "$py" -c "import deepspeed_loco, deepspeed, pytest, ninja, tqdm, matplotlib, scipy" 2>/dev/null \
+# hf (transformers, accelerate): the tests run the Hugging Face Trainer and the Accelerate example for real
+if ! "$py" -c "import deepspeed_loco, deepspeed, pytest, ninja, tqdm, matplotlib, scipy, importlib.util as u; \
+assert u.find_spec('transformers') and u.find_spec('accelerate')" 2>/dev/null \
    || [ "$("$py" -c 'import deepspeed_loco, os; print(os.path.dirname(os.path.dirname(deepspeed_loco.__file__)))' 2>/dev/null)" != "$root" ]; then
-  "$py" -m pip install -q -e "$root[test,demo]"
+  "$py" -m pip install -q -e "$root[test,demo,hf]"
 fi
