@@ -129,13 +129,13 @@ KERNEL_ROWS = {
                    ("loco final mean", "8/2+H")),
 }
 DEFAULT_KERNEL_ELEMENTS = 16384 * 16384
-DEFAULT_KERNEL_MS = {  # benchmarks/results/kernels/issue15_pass5_h200.json, (16384, 16384) bf16, median ms
-    ("deepspeed swizzle_quant", "4/4"): 0.1555, ("deepspeed quantized_reduction", "4/4"): 0.1300,
-    ("deepspeed dequantize", "4/4"): 0.032,  # issue 23's H200 run; not a row of that JSON
-    ("plain hop1 (no err)", "4/4"): 0.1986, ("plain hop2 (no err)", "4/4"): 0.1210,
-    ("loco hop1 (int8 err)", "4/4"): 0.4720, ("loco hop2 (int8 err)", "4/4"): 0.1605,
-    ("loco final mean", "4/4"): 0.0556, ("loco hop1 (int8 err)", "8/2+H"): 0.6351,
-    ("loco hop2 (int8 err)", "8/2+H"): 0.1734, ("loco final mean", "8/2+H"): 0.0522,
+DEFAULT_KERNEL_MS = {  # benchmarks/results/device_check_20261204/kernels.json, (16384, 16384) bf16, median ms
+    ("deepspeed swizzle_quant", "4/4"): 0.1568, ("deepspeed quantized_reduction", "4/4"): 0.1296,
+    ("deepspeed dequantize", "4/4"): 0.0262,
+    ("plain hop1 (no err)", "4/4"): 0.1989, ("plain hop2 (no err)", "4/4"): 0.1202,
+    ("loco hop1 (int8 err)", "4/4"): 0.4699, ("loco hop2 (int8 err)", "4/4"): 0.1599,
+    ("loco final mean", "4/4"): 0.0283, ("loco hop1 (int8 err)", "8/2+H"): 0.6329,
+    ("loco hop2 (int8 err)", "8/2+H"): 0.1735, ("loco final mean", "8/2+H"): 0.0365,
 }
 DEFAULT_KERNEL_HBM_TBPS = GPUS["h200"].hbm_tbps
 
@@ -164,14 +164,14 @@ def kernel_costs(milliseconds: Dict[Tuple[str, str], float], elements: int, hbm_
 
 
 DEFAULT_KERNELS = kernel_costs(DEFAULT_KERNEL_MS, DEFAULT_KERNEL_ELEMENTS, DEFAULT_KERNEL_HBM_TBPS,
-                               "defaults: H200, benchmarks/results/kernels/issue15_pass5_h200.json, scaled by HBM")
+                               "defaults: H200, benchmarks/results/device_check_20261204/kernels.json, scaled by HBM")
 
 
 def load_kernel_costs(path: str) -> KernelCosts:
     """Kernel costs from ``benchmarks/kernels.py --json`` output (``{"device", "copy_gbps", "rows": [{"kernel",
     "config", "shape", "dtype", "ms", ...}], "buckets"}``): the rows of the largest shape, bf16 over fp16, scaled
     to ``DEFAULT_KERNEL_ELEMENTS``. Times are the JSON's device's, used unscaled on any ``--gpu``; a kernel
-    without a row (its DeepSpeed dequantize has none) keeps its H200 default, also unscaled."""
+    without a row (an older JSON has no DeepSpeed dequantize) keeps its H200 default, also unscaled."""
     with open(path) as f:
         rows = json.load(f).get("rows")
     if not rows or not all({"kernel", "config", "shape", "dtype", "ms"} <= set(r) for r in rows):
