@@ -43,7 +43,8 @@ class SimulatedCluster:
     one hop plan of ``config`` on this layout (:attr:`plan`), each rank's with its own exchanges.
 
     :meth:`reduce_scatter` takes every rank's gradients of one bucket and returns every rank's mean partitions;
-    :meth:`mean_gradients` gathers them into full mean gradients (what ZeRO-3's all-gather would give every rank).
+    :meth:`mean_gradients` gathers them into full mean gradients (what ZeRO-3's all-gather would give every rank);
+    :meth:`stream` does the same fed a node at a time (:class:`StreamedReduce`).
     :meth:`on_optimizer_step` counts a step on every rank (``reset_T``). A rank that raises aborts the others'
     exchanges; the cluster cannot be used after that.
     """
