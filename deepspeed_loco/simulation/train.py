@@ -120,7 +120,8 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
     gradients are alive instead of all ``W`` ranks'; the second hop runs once every node is through the first. The
     result is the same, bit for bit, as without it when ``rank_chunk`` divides ``L`` (the same batched passes;
     otherwise as far as the gradients do not depend on the batched pass's size: on CPU passes of several ranks agree,
-    a pass of one rank rounds differently): either way the exact mean is summed node by node, then over nodes. ``on_step(result, step, loss)``: progress.
+    a pass of one rank rounds differently): either way the exact mean is summed node by node, then over nodes.
+    ``on_step(result, step, loss)``: progress.
 
     Before anything trains, every argument is checked (:func:`~deepspeed_loco.simulation.checks.check_arguments`):
     a bad one raises TypeError or ValueError naming it and what is valid; a ``loco`` block that is invalid for any
