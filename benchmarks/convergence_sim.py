@@ -57,7 +57,7 @@ SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "size": str, "micro_batch": int, "lr": float, "warmup": int, "group_size": int, "err_beta": float,
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
     "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float,
-    "ef_from": int
+    "ef_from": int, "stream_nodes": int
 }
 
 
@@ -86,6 +86,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local", type=int, default=2)
     p.add_argument("--rank-chunk", dest="rank_chunk", type=int, default=0,
                    help="ranks per batched gradient pass (0: all W at once; smaller bounds activation memory)")
+    p.add_argument("--stream-nodes", dest="stream_nodes", type=int, default=0,
+                   help="1: compute the gradients node by node, each node's through hop 1 before the next's (at "
+                        "most one node's fp32 gradients alive; simulate's stream_nodes)")
     p.add_argument("--warmup-frac", dest="warmup_frac", type=float, default=0.0,
                    help="if > 0, the warm-up is this share of the steps (overrides --warmup)")
 
@@ -169,7 +172,8 @@ def run_one(args) -> dict:
                           loss_fn=lambda model, batch: model(*batch), eval_fn=evaluate, eval_every=args.eval_every,
                           device=device, seed=args.seed, grad_clip=1.0, autocast_dtype=autocast,
                           error_feedback_hops=hops, diagnostics=bool(args.diagnostics),
-                          rank_chunk=args.rank_chunk or None, error_feedback_from_step=args.ef_from)
+                          rank_chunk=args.rank_chunk or None, error_feedback_from_step=args.ef_from,
+                          stream_nodes=bool(args.stream_nodes))
     kernels = kernels_for(device).name
     record = {
         "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,

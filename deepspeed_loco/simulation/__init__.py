@@ -5,11 +5,11 @@ layout would do to training, before paying for cluster time.
 all-to-alls done in process. ``simulate(...)``: a training run per arm on top of it (``train.py``).
 """
 from deepspeed_loco.simulation.arms import GRAMMAR, Arm, parse_arm, parse_arms, zeropp_loco_param
-from deepspeed_loco.simulation.cluster import SimulatedCluster, SimulatedTopology
+from deepspeed_loco.simulation.cluster import SimulatedCluster, SimulatedTopology, StreamedReduce
 from deepspeed_loco.simulation.exchange import InProcessAllToAll
 from deepspeed_loco.simulation.train import ArmResult, default_loss, gradient_noise_scale, simulate
 
 __all__ = [
     "GRAMMAR", "Arm", "parse_arm", "parse_arms", "zeropp_loco_param", "SimulatedCluster", "SimulatedTopology",
-    "InProcessAllToAll", "ArmResult", "default_loss", "gradient_noise_scale", "simulate"
+    "StreamedReduce", "InProcessAllToAll", "ArmResult", "default_loss", "gradient_noise_scale", "simulate"
 ]

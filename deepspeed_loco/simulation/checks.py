@@ -22,7 +22,7 @@ ARM_KEYS = ("intra_node_bits", "inter_node_bits", "hadamard", "error_feedback") 
 
 def check_arguments(*, model_fn, data_fn, arms, steps, nodes, local, loco, optimizer_fn, scheduler_fn, loss_fn,
                     eval_fn, eval_every, device, seed, grad_clip, autocast_dtype, grad_mode, error_feedback_hops,
-                    diagnostics, rank_chunk, error_feedback_from_step,
+                    diagnostics, rank_chunk, error_feedback_from_step, stream_nodes,
                     on_step) -> Tuple[List[Arm], List[Optional[Dict[str, Any]]], torch.device]:
     """Checks every argument of ``simulate`` (same names and meanings); returns the arms parsed, each arm's
     ``zeropp_loco_param`` block (None for ``full``; validated by :class:`LocoConfig`) and the torch device.
@@ -46,8 +46,9 @@ def check_arguments(*, model_fn, data_fn, arms, steps, nodes, local, loco, optim
     _grad_clip(grad_clip)
     _choice("grad_mode", grad_mode, GRAD_MODES)
     _choice("autocast_dtype", autocast_dtype, (None, ) + AUTOCAST_DTYPES)
-    if not isinstance(diagnostics, bool):
-        raise TypeError(f"simulate: diagnostics = {diagnostics!r} is invalid: it must be True or False")
+    for name, value in (("diagnostics", diagnostics), ("stream_nodes", stream_nodes)):
+        if not isinstance(value, bool):
+            raise TypeError(f"simulate: {name} = {value!r} is invalid: it must be True or False")
     parsed = _arms(arms)
     blocks = _loco_blocks(parsed, loco, local)
     _hops(error_feedback_hops, nodes, local)

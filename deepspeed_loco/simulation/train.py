@@ -9,6 +9,7 @@ replica, as every rank of a data-parallel job applies the same update.
 """
 import math
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -86,7 +87,7 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
              device: Union[str, torch.device] = "cpu", seed: int = 0, grad_clip: Optional[float] = None,
              autocast_dtype: Optional[torch.dtype] = None, grad_mode: str = "vmap",
              error_feedback_hops: Optional[Sequence[str]] = None, diagnostics: bool = False,
-             rank_chunk: Optional[int] = None, error_feedback_from_step: int = 1,
+             rank_chunk: Optional[int] = None, error_feedback_from_step: int = 1, stream_nodes: bool = False,
              on_step: Optional[Callable[[ArmResult, int, float], None]] = None) -> List[ArmResult]:
     """Trains one replica per arm for ``steps`` optimizer steps and reports how each arm's reduce changed training.
 
@@ -113,8 +114,14 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
     runs as configured (1: from the start, the library's behaviour). ``diagnostics``: also reduce every LoCo
     arm's gradients through plain qgZ to record ``released_fractions``. ``rank_chunk``: None, or "vmap" mode
     computes the gradients of this many ranks (>= 1) per batched pass (default: all ``W`` at once), which bounds
-    the activation memory of large ``W`` (memory plan: ``docs/simulation.md``). ``on_step(result, step, loss)``:
-    progress.
+    the activation memory of large ``W`` (memory plan: ``docs/simulation.md``). ``stream_nodes``: compute the
+    gradients node by node (one batched pass over a node's ``L`` ranks, in chunks of ``rank_chunk`` if smaller) and
+    push each node's through its first hop before the next node's are computed, so that at most one node's full fp32
+    gradients are alive instead of all ``W`` ranks'; the second hop runs once every node is through the first. The
+    result is the same, bit for bit, as without it when ``rank_chunk`` divides ``L`` (the same batched passes;
+    otherwise as far as the gradients do not depend on the batched pass's size: on CPU passes of several ranks agree,
+    a pass of one rank rounds differently): either way the exact mean is summed node by node, then over nodes.
+    ``on_step(result, step, loss)``: progress.
 
     Before anything trains, every argument is checked (:func:`~deepspeed_loco.simulation.checks.check_arguments`):
     a bad one raises TypeError or ValueError naming it and what is valid; a ``loco`` block that is invalid for any
@@ -128,7 +135,7 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
         optimizer_fn=optimizer_fn, scheduler_fn=scheduler_fn, loss_fn=loss_fn, eval_fn=eval_fn, eval_every=eval_every,
         device=device, seed=seed, grad_clip=grad_clip, autocast_dtype=autocast_dtype, grad_mode=grad_mode,
         error_feedback_hops=error_feedback_hops, diagnostics=diagnostics, rank_chunk=rank_chunk,
-        error_feedback_from_step=error_feedback_from_step, on_step=on_step)
+        error_feedback_from_step=error_feedback_from_step, stream_nodes=stream_nodes, on_step=on_step)
     optimizer_fn = optimizer_fn or (lambda params: torch.optim.AdamW(params, lr=1e-3))
     results = []
     for arm, config in zip(parsed, configs):
@@ -139,9 +146,9 @@ def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iter
                 if diagnostics and arm.kind == "loco":
                     clusters.append(SimulatedCluster(LocoConfig.from_dict({**config, "error_feedback": False}),
                                                      nodes, local))
-            run = _ArmRun(arm, config, clusters, nodes * local, device, grad_mode, autocast_dtype, loss_fn,
+            run = _ArmRun(arm, config, clusters, nodes, local, device, grad_mode, autocast_dtype, loss_fn,
                           error_feedback_hops if arm.kind == "loco" else None, rank_chunk,
-                          error_feedback_from_step if arm.kind == "loco" else 1)
+                          error_feedback_from_step if arm.kind == "loco" else 1, stream_nodes)
             results.append(run.train(model_fn, data_fn, steps, optimizer_fn, scheduler_fn, eval_fn, eval_every,
                                      seed, grad_clip, on_step))
         finally:
@@ -165,14 +172,15 @@ class _ArmRun:
     """One arm's training loop: ``clusters[0]`` reduces (none for ``full``), ``clusters[1]`` is the plain shadow
     of a LoCo arm under ``diagnostics``."""
 
-    def __init__(self, arm: Arm, config, clusters: List[SimulatedCluster], world: int, device: torch.device,
-                 grad_mode: str, autocast_dtype, loss_fn, error_feedback_hops, rank_chunk: Optional[int],
-                 error_feedback_from_step: int):
-        self.arm, self.config, self.clusters, self.world, self.device = arm, config, clusters, world, device
+    def __init__(self, arm: Arm, config, clusters: List[SimulatedCluster], nodes: int, local: int,
+                 device: torch.device, grad_mode: str, autocast_dtype, loss_fn, error_feedback_hops,
+                 rank_chunk: Optional[int], error_feedback_from_step: int, stream_nodes: bool):
+        self.arm, self.config, self.clusters, self.device = arm, config, clusters, device
+        self.world, self.local, self.stream_nodes = nodes * local, local, stream_nodes
         self.grad_mode, self.autocast_dtype, self.loss_fn = grad_mode, autocast_dtype, loss_fn
         self.error_feedback_hops = error_feedback_hops
         self.error_feedback_from_step = error_feedback_from_step
-        self.rank_chunk = rank_chunk or world
+        self.rank_chunk = rank_chunk or self.world
 
     def train(self, model_fn, data_fn, steps, optimizer_fn, scheduler_fn, eval_fn, eval_every, seed, grad_clip,
               on_step) -> ArmResult:
@@ -196,13 +204,10 @@ class _ArmRun:
         for step in range(1, steps + 1):
             micro = _split(next(data), self.world, self.device)
             result.rank_batch = result.rank_batch or _leading_size(micro[0])
-            stacked, losses = self._rank_grads(model, wrapper, named, micro)
-            exact = [g.sum(0) / self.world for g in stacked]
-            spread = _grad_spread(stacked, exact)
-            per_rank = [[g[rank] for g in stacked] for rank in range(self.world)]
-            comm = exact if not self.clusters else self._reduce(self.clusters[0], per_rank, names,
-                                                                self._kept_hops(step))
-            shadow = self._reduce(self.clusters[1], per_rank, names, None) if len(self.clusters) > 1 else None
+            exact, spread, losses, means = self._step_gradients(model, wrapper, named, micro)
+            comm = exact if not self.clusters else self._keep_hops(self.clusters[0], means[0],
+                                                                   self._kept_hops(step))
+            shadow = means[1] if len(self.clusters) > 1 else None
             fidelity = self._fidelity(sums, comm, exact, shadow)  # before clipping scales the gradients in place
             for p, g in zip(params, comm):
                 p.grad = g.to(p.dtype)
@@ -232,8 +237,38 @@ class _ArmRun:
                                  if self.clusters else result.full_precision_bytes_per_step)
         return result
 
+    def _step_gradients(self, model, wrapper, named, micro: List[Batch]):
+        """One step's exact mean gradient, ``[mean over ranks of ||g_rank||^2, ||g_exact||^2]``, the ``W`` micro-batch
+        losses and each cluster's communicated mean.
+
+        The ranks' gradients are computed block by block (a node of ``L`` ranks with ``stream_nodes``, else all
+        ``W``) and each block goes into every cluster's reduce before the next is computed; the exact mean is summed
+        node by node and the norms are taken per node in both cases, so the two give the same bits."""
+        names = [name for name, _ in named]
+        block = self.local if self.stream_nodes else self.world
+        sums, rank_sq, losses = None, [], []
+        with ExitStack() as stack:
+            reduces = [stack.enter_context(cluster.stream(names)) for cluster in self.clusters]
+            for start in range(0, self.world, block):
+                stacked, block_losses = self._rank_grads(model, wrapper, named, micro[start:start + block])
+                for node in range(0, block, self.local):
+                    node_grads = [g[node:node + self.local] for g in stacked]
+                    sums = [g.sum(0) for g in node_grads] if sums is None else [
+                        total.add_(g.sum(0)) for total, g in zip(sums, node_grads)]
+                    rank_sq.append(sum(g.double().pow(2).flatten(1).sum(1) for g in node_grads))
+                losses.append(block_losses)
+                for reduce in reduces:
+                    reduce.add([[g[rank] for g in stacked] for rank in range(len(stacked[0]))])
+                del stacked, node_grads  # the reduces hold the block's gradients until their first hop is done
+                for reduce in reduces:
+                    reduce.wait_released()
+        exact = [total / self.world for total in sums]
+        spread = torch.stack([torch.cat(rank_sq).mean(), sum(g.double().pow(2).sum() for g in exact)])
+        return exact, spread, torch.cat(losses), [reduce.mean_gradients() for reduce in reduces]
+
     def _rank_grads(self, model, wrapper, named, micro: List[Batch]) -> Tuple[List[torch.Tensor], torch.Tensor]:
-        """Every rank's fp32 gradient, stacked per parameter ``(W, *shape)``, and the ``W`` micro-batch losses."""
+        """The fp32 gradients of the ranks of ``micro``, stacked per parameter ``(len(micro), *shape)``, and their
+        micro-batch losses."""
         autocast = dict(device_type=self.device.type, dtype=self.autocast_dtype,
                         enabled=self.autocast_dtype is not None)
         if self.grad_mode == "vmap":
@@ -265,9 +300,9 @@ class _ArmRun:
         return () if step < self.error_feedback_from_step else self.error_feedback_hops
 
     @staticmethod
-    def _reduce(cluster: SimulatedCluster, per_rank, names, kept_hops: Optional[Sequence[str]]) -> List[torch.Tensor]:
-        """The communicated mean; afterwards the buffers of hops not in ``kept_hops`` (None: all kept) are zeroed."""
-        mean = cluster.mean_gradients(per_rank, names)
+    def _keep_hops(cluster: SimulatedCluster, mean: List[torch.Tensor],
+                   kept_hops: Optional[Sequence[str]]) -> List[torch.Tensor]:
+        """``mean``, the communicated mean; zeroes the buffers of hops not in ``kept_hops`` (None: all kept)."""
         if kept_hops is not None:
             for state in cluster.states:
                 for _, hop, buffer in state.named_buffers():
@@ -327,13 +362,6 @@ def gradient_noise_scale(result: ArmResult, first_step: int = 1) -> Optional[flo
 
 def _ratio(num_sq: float, den_sq: float) -> float:
     return math.sqrt(num_sq / den_sq) if den_sq > 0 else 0.0
-
-
-def _grad_spread(stacked: List[torch.Tensor], exact: List[torch.Tensor]) -> torch.Tensor:
-    """``[mean over ranks of ||g_rank||^2, ||g_exact||^2]`` (float64, on the device) of one step's exact gradients;
-    ``stacked[i]``: ``(W, *shape)``, ``exact[i]``: the mean over ranks."""
-    per_rank = sum(g.double().pow(2).flatten(1).sum(1) for g in stacked)
-    return torch.stack([per_rank.mean(), sum(g.double().pow(2).sum() for g in exact)])
 
 
 def _leading_size(batch: Batch) -> int:

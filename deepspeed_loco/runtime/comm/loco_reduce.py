@@ -1,6 +1,6 @@
 """The LoCo reduce-scatter of a bucket of gradients: the hop plan's quantized all-to-alls with error feedback."""
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 from torch.profiler import record_function
@@ -88,18 +88,16 @@ class LocoReducer:
         return cls(plan, ErrorFeedbackState(config, plan), topology.rank)
 
     @torch.no_grad()
-    def reduce_scatter(self, names: Sequence[str], grads: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def reduce_scatter(self, names: Sequence[str], grads: Iterable[torch.Tensor]) -> List[torch.Tensor]:
         """The gradients ``grads`` of the parameters named ``names`` to this rank's mean partitions; the state keeps
-        each parameter's error buffers under its name, so a name must always stand for the same parameter."""
+        each parameter's error buffers under its name, so a name must always stand for the same parameter.
+
+        The reducer holds its own references to the gradients only until the first hop has quantized them: a caller
+        that holds none (the simulated cluster's ``stream``) lets them be freed while the later hops wait."""
         grads = list(grads)
         if len(names) != len(grads):
             raise ValueError(f"LoCo reduce: {len(names)} parameter names for {len(grads)} gradients")
-        for name, grad in zip(names, grads):
-            if grad is None:
-                raise ValueError(f"LoCo reduce: parameter {name} has no gradient to reduce")
-            if grad.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-                raise TypeError(f"LoCo reduce: gradient of {name} is {grad.dtype}; "
-                                f"supported are float32, float16 and bfloat16")
+        _check_gradients(names, grads)
         if len({(g.dtype, g.device) for g in grads}) > 1:
             raise TypeError("LoCo reduce: the gradients of one bucket must share one dtype and device, got "
                             f"{sorted({f'{g.dtype} on {g.device}' for g in grads})}")
@@ -117,20 +115,23 @@ class LocoReducer:
             raise
 
     def _reduce_scatter(self, names: Sequence[str], grads: List[torch.Tensor]) -> List[torch.Tensor]:
+        """``grads``: this call's own list, emptied once the first hop has quantized the gradients."""
         plan, err_beta = self.plan, self.state.err_beta
         self.stats.reduces += 1
-        kernels = kernels_for(grads[0].device, self.state.config.kernels)
-        widths = plan.widths([g.numel() for g in grads])
+        numels, dtype, device = [g.numel() for g in grads], grads[0].dtype, grads[0].device
+        kernels = kernels_for(device, self.state.config.kernels)
+        widths = plan.widths(numels)
         buffers = [self.state.buffers_for(n, g.numel(), g.device) for n, g in zip(names, grads)]
         self._touched = any(b is not None for b in buffers)  # the kernels below update the buffers in place
         recv = wire = None
         for index, hop in enumerate(plan.hops):
             errors = [b and b[hop.name] for b in buffers]
             args, in_wire, wire = plan.args(index, err_beta), wire, hop.wire(widths, plan.group_size)
-            send = wire.empty(hop.rows, grads[0].device)
+            send = wire.empty(hop.rows, device)
             if index == 0:
                 with record_function(profiler_range(hop.name, "quantize_bucket_")):
                     kernels.quantize_bucket_(grads, errors, args, wire, send)
+                grads.clear()  # the full gradients are on the wire: let them go before the exchanges
             else:
                 with record_function(profiler_range(hop.name, "requantize_bucket_")):
                     kernels.requantize_bucket_(recv, in_wire, errors, args, wire, send)
@@ -141,5 +142,15 @@ class LocoReducer:
                 recv = hop.exchange(send)
             self.stats.sent(hop, wire)
         with record_function(profiler_range(None, "final_mean_bucket")):
-            return kernels.final_mean_bucket(recv, wire, plan.args(len(plan.hops) - 1, err_beta),
-                                             [g.numel() for g in grads], self.rank, grads[0].dtype)
+            return kernels.final_mean_bucket(recv, wire, plan.args(len(plan.hops) - 1, err_beta), numels, self.rank,
+                                             dtype)
+
+
+def _check_gradients(names: Sequence[str], grads: Sequence[torch.Tensor]) -> None:
+    """Every gradient present and of a supported dtype (in a function of its own: no loop variable outlives it)."""
+    for name, grad in zip(names, grads):
+        if grad is None:
+            raise ValueError(f"LoCo reduce: parameter {name} has no gradient to reduce")
+        if grad.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"LoCo reduce: gradient of {name} is {grad.dtype}; "
+                            f"supported are float32, float16 and bfloat16")

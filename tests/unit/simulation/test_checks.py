@@ -62,6 +62,7 @@ BAD = [  # (arguments, error, message)
     (dict(grad_mode="batched"), ValueError, r"grad_mode = 'batched' is invalid: it must be one of \('vmap', 'loop'\)"),
     (dict(autocast_dtype=torch.float32), ValueError, r"autocast_dtype = torch.float32 is invalid: it must be one of"),
     (dict(diagnostics="yes"), TypeError, r"diagnostics = 'yes' is invalid: it must be True or False"),
+    (dict(stream_nodes=1), TypeError, r"stream_nodes = 1 is invalid: it must be True or False"),
     (dict(arms=[]), ValueError, r"simulate: arms: no arm given; arms are 'full'"),
     (dict(arms="full"), TypeError, r"arms = 'full' is invalid: it must be a list of arm names"),
     (dict(arms=["loco4", "full", "loco4"]), ValueError, r"simulate: arms: arm\(s\) loco4 given more than once"),
