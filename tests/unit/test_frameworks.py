@@ -40,28 +40,6 @@ def _loco_summary(engine):
                                       "sent_bytes": hook.reducer.stats.total_bytes}
 
 
-def train_with_accelerate():
-    import deepspeed_loco
-    deepspeed_loco.install()  # the one line: before the Accelerator builds the engine
-    from accelerate import Accelerator
-    from accelerate.utils import DeepSpeedPlugin
-
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=_ds_config()))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(13, 33), torch.nn.Tanh(), torch.nn.Linear(33, 5))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loader = torch.utils.data.DataLoader(_samples(), batch_size=4)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    losses = []
-    for batch in loader:
-        loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return {"losses": losses, "loco": _loco_summary(model)}
-
-
 def train_accelerate_example(steps):
     """``examples/accelerate/train_accelerate.py``'s ``train`` with its DeepSpeed config, in a pool process."""
     spec = importlib.util.spec_from_file_location("train_accelerate",
@@ -109,13 +87,6 @@ def pool():
 def _check(loco, steps):
     assert loco is not None, "LoCo was not attached"
     assert loco["step"] == steps and loco["reduces"] >= steps and loco["sent_bytes"] > 0
-
-
-def test_accelerate_runs_loco_after_install(request):
-    pytest.importorskip("accelerate", reason="Accelerate is not installed (pip install \".[hf]\")")
-    for result in request.getfixturevalue("pool").run(train_with_accelerate):
-        assert len(result["losses"]) >= STEPS  # one optimizer step per batch of this rank's loader
-        _check(result["loco"], len(result["losses"]))
 
 
 def test_hugging_face_trainer_runs_loco_after_install(request, tmp_path):
