@@ -337,11 +337,16 @@ def collective_kind(name: str) -> Optional[str]:
 def profile_seconds(prof, steps: int, on_cuda: bool) -> dict:
     """Seconds per step from a ``torch.profiler`` run over ``steps`` steps: ``collectives`` (time and calls per
     kind: NCCL kernels' device time on CUDA, ``c10d::`` calls' host time on CPU) and ``loco`` (per range of our
-    reduce, the name after ``deepspeed_loco.``: its kernels' device time on CUDA, its host time on CPU)."""
+    reduce, the name after ``deepspeed_loco.``: its kernels' device time on CUDA, its host time on CPU) and
+    ``gpu_busy_s``: the device time of every kernel (on CUDA; None on CPU), which beside the step time says whether
+    the step waits for the GPU or for the host (kernels on concurrent streams count each)."""
     collectives = {kind: {"s": 0.0, "calls": 0} for kind in COLLECTIVES}
     loco = {}
+    busy_micros = 0.0
     for event in prof.key_averages():
         name = event.key
+        if on_cuda and event.device_type != DeviceType.CPU:
+            busy_micros += event.self_device_time_total
         if name.startswith(RANGE_PREFIX) and event.device_type == DeviceType.CPU:
             micros = event.device_time_total if on_cuda else event.cpu_time_total
             loco[name[len(RANGE_PREFIX):]] = micros * 1e-6 / steps
@@ -355,7 +360,8 @@ def profile_seconds(prof, steps: int, on_cuda: bool) -> dict:
         if kind is not None:
             collectives[kind]["s"] += micros * 1e-6 / steps
             collectives[kind]["calls"] += event.count
-    return {"collectives": collectives, "loco": dict(sorted(loco.items()))}
+    return {"collectives": collectives, "loco": dict(sorted(loco.items())),
+            "gpu_busy_s": busy_micros * 1e-6 / steps if on_cuda else None}
 
 
 def profile_steps(engine, args: argparse.Namespace, first_step: int, device: torch.device) -> dict:
@@ -514,6 +520,8 @@ def format_report(report: dict) -> str:
             continue
         parts = [f"{kind} {entry['s'] * 1e3:.2f}" for kind, entry in r["profile"]["collectives"].items()]
         parts += [f"{name} {seconds * 1e3:.3f}" for name, seconds in r["profile"]["loco"].items()]
+        if r["profile"].get("gpu_busy_s") is not None:
+            parts.append(f"GPU busy {r['profile']['gpu_busy_s'] * 1e3:.1f} of {r['step_s'] * 1e3:.1f}")
         lines.append(f"  {r['arm']:<6} " + ", ".join(parts))
     for r in report["arms"]:
         if "ds_path" in r:

@@ -51,6 +51,7 @@ def test_one_process_starts_a_world_of_one_and_every_arm_is_bit_identical(tmp_pa
     for arm in ("plain", "loco"):
         assert arms[arm]["gradient_check"]["max_abs_diff"] == 0
         assert arms[arm]["profile"]["loco"] == {}  # one rank: the reduce has no hop, so no kernel runs
+        assert arms[arm]["profile"]["gpu_busy_s"] is None  # no device kernels on the CPU
     import deepspeed
     import torch
     assert f"world 1 (gloo), torch {torch.__version__}, DeepSpeed {deepspeed.__version__}" in printed
