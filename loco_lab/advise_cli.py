@@ -20,6 +20,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per step")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (after a 10-step linear warm-up)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per arm in a training comparison (>= 2)")
+    p.add_argument("--max-seeds", type=int, default=10,
+                   help="seeds a comparison may grow to, with budget left, while a question stays open")
     p.add_argument("--steps", type=int, help="steps per comparison run (default: what the budget allows)")
     p.add_argument("--max-steps", type=int, default=2000, help="cap on the steps the budget may buy")
     p.add_argument("--text", help="your own text (a file, or a folder of .txt files) instead of the bundled plays")
@@ -52,6 +54,7 @@ def run(args) -> int:
     parallel = _parallel(args, SIZES[args.model_size], device)
     bar = _Progress(enabled=not args.no_progress)
     advice = advise(task.model, task.batches, args.nodes, args.local, args.budget_minutes, seeds=args.seeds,
+                    max_seeds=max(args.seeds, args.max_seeds),
                     steps=args.steps, max_steps=args.max_steps, eval_fn=task.evaluate, on_progress=bar,
                     parallel=parallel, loss_fn=task.loss, optimizer_fn=task.optimizer, scheduler_fn=task.schedule,
                     device=device, autocast_dtype=task.autocast, grad_clip=1.0)

@@ -133,7 +133,7 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
            candidates: Sequence[str] = CANDIDATES, seeds: int = MIN_SEEDS, steps: Optional[int] = None,
            max_steps: int = 2000, probe_steps: int = PROBE_STEPS, loco: Optional[Dict[str, Any]] = None,
            eval_fn: Optional[Callable] = None, on_progress: Optional[Callable[[str, int, int], None]] = None,
-           parallel: int = 1, **simulate_kwargs) -> Advice:
+           parallel: int = 1, max_seeds: Optional[int] = None, **simulate_kwargs) -> Advice:
     """Recommends a ``zeropp_loco_param`` for ``nodes x local`` ranks, spending about ``budget_minutes`` of this
     device's time on :func:`~deepspeed_loco.simulation.simulate` runs of ``model_fn`` on ``data_fn``'s batches.
 
@@ -144,7 +144,10 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
     ``on_progress(stage, done, total)``: progress of the current stage. ``parallel``: runs side by side on the
     device, in spawned processes (:mod:`~deepspeed_loco.simulation.side_by_side`; the callables must then
     pickle); with ``parallel > 1`` each candidate is probed over ``max(1, parallel // len(candidates))`` seeds,
-    so the probes load the device as the comparisons will. Other keyword arguments go to ``simulate``
+    so the probes load the device as the comparisons will. ``max_seeds`` (default ``seeds``): where a comparison
+    leaves a question open (the verdict's ``unresolved``) and the budget still buys a round of the same runs, more
+    seeds are added, a round of ``max(1, parallel // 3)`` at a time, up to ``max_seeds``, and the candidate is judged
+    again. Other keyword arguments go to ``simulate``
     (``loss_fn``, ``optimizer_fn``, ``scheduler_fn``, ``device``, ``autocast_dtype``, ``grad_clip``,
     ``rank_chunk``, ...).
 
@@ -161,6 +164,9 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
         raise ValueError(f"advise: budget_minutes = {budget_minutes!r}, it must be positive")
     if probe_steps < 2:
         raise ValueError(f"advise: probe_steps = {probe_steps!r}, it must be at least 2")
+    max_seeds = seeds if max_seeds is None else max_seeds
+    if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or max_seeds < seeds:
+        raise ValueError(f"advise: max_seeds = {max_seeds!r}; it must be an integer >= seeds ({seeds})")
     budget_s, started = budget_minutes * 60.0, time.monotonic()
     task = Task(model_fn, data_fn, nodes, local, loco or {}, eval_fn, simulate_kwargs)
     with SideBySide(task, parallel) as runner:
@@ -171,8 +177,12 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
             affordable = _affordable_steps(probe, left, seeds, max_steps, parallel) if steps is None else steps
             comparison = None
             if affordable >= MIN_STEPS:
-                comparison = _compare(runner, probe.candidate, affordable, seeds, on_progress)
+                compare_started = time.monotonic()
+                comparison = _compare(runner, probe.candidate, affordable, range(seeds), on_progress)
                 comparisons.append(comparison)
+                round_s = (time.monotonic() - compare_started) / math.ceil(3 * seeds / parallel)  # side by side
+                _add_seeds(runner, probe, comparison, max_seeds, parallel, round_s,
+                           lambda: budget_s - (time.monotonic() - started), on_progress)
             elif probe.rho is None or probe.rho >= RHO_THRESHOLD:
                 unresolved.append(f"{parse_arm(probe.candidate).variant} (rho {_fmt(probe.rho)}) was not trained: "
                                   f"{left / 60:.1f} minutes left buy {max(affordable, 0)} steps per run, fewer "
@@ -206,8 +216,8 @@ class Verdict:
 def judge(probe: Probe, comparison: Optional[Comparison]) -> Verdict:
     """The decision rule. With a comparison: acceptable with LoCo if LoCo - full contains 0 or lies below it and
     either LoCo - plain lies below 0 or plain - full lies above 0; else with plain qgZ if plain - full contains 0 or
-    lies below; else not. Without one: acceptable with
-    plain qgZ by the regime map's prediction if ``rho < 1``; else not."""
+    lies below (the question whether LoCo helps stays open unless LoCo - plain excludes 0); else not. Without one:
+    acceptable with plain qgZ by the regime map's prediction if ``rho < 1``; else not."""
     arm = parse_arm(probe.candidate)
     if comparison is None:
         if probe.rho is not None and probe.rho < RHO_THRESHOLD:
@@ -227,12 +237,15 @@ def judge(probe: Probe, comparison: Optional[Comparison]) -> Verdict:
                        [f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: LoCo is "
                         f"recommended as the arm within noise of full precision, not by a resolved gain."])
     if _within_noise(comparison.plain_minus_full):
+        reason = (f"{arm.variant}: rho {_fmt(probe.rho)}; plain qgZ within noise of full precision in "
+                  f"{comparison.steps}-step runs ({_diff(comparison.plain_minus_full)})")
+        if _above_zero(comparison.loco_minus_plain):
+            return Verdict(True, False, f"{reason}, and LoCo cost loss (LoCo - plain "
+                           f"{_diff(comparison.loco_minus_plain)} lies above 0).")
         open_question = [] if loco_pays else [
             f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: whether LoCo helps was "
             f"not resolved in {comparison.steps}-step runs; plain qgZ is recommended (no error buffers)."]
-        return Verdict(True, False, f"{arm.variant}: rho {_fmt(probe.rho)}; plain qgZ within noise of full "
-                       f"precision in {comparison.steps}-step runs ({_diff(comparison.plain_minus_full)}).",
-                       open_question)
+        return Verdict(True, False, reason + ".", open_question)
     return Verdict(False, False, f"{arm.variant}: rho {_fmt(probe.rho)}; plain - full "
                    f"{_diff(comparison.plain_minus_full)}, LoCo - full {_diff(comparison.loco_minus_full)}: "
                    f"neither within noise of full precision in {comparison.steps}-step runs.")
@@ -276,14 +289,17 @@ def _affordable_steps(probe: Probe, seconds: float, seeds: int, max_steps: int, 
     return min(max_steps, int(per_run / (1.2 * probe.seconds_per_step))) if per_run > 0 else 0
 
 
-def _compare(runner: SideBySide, candidate: str, steps: int, seeds: int, on_progress) -> Comparison:
+def _compare(runner: SideBySide, candidate: str, steps: int, seeds: Iterable[int], on_progress,
+             comparison: Optional[Comparison] = None) -> Comparison:
+    """Full precision, plain qgZ and qgZ + LoCo of ``candidate`` for ``seeds``, side by side, added to
+    ``comparison`` (a new one if None); the paired differences are taken over every seed it then holds."""
     plain = parse_arm(candidate)
     keys = ["full", plain.key, plain.key.replace("plain", "loco", 1)]
-    comparison = Comparison(candidate, steps, {key: {} for key in keys})
+    comparison = comparison or Comparison(candidate, steps, {key: {} for key in keys})
+    jobs = [Job(key, steps, seed, True) for seed in seeds for key in keys]
     stage = f"compare {plain.variant}"
     if on_progress:
-        on_progress(stage, 0, 3 * seeds)
-    jobs = [Job(key, steps, seed, True) for seed in range(seeds) for key in keys]
+        on_progress(stage, 0, len(jobs))
     for done in runner.run(jobs, (lambda d, total: on_progress(stage, d, total)) if on_progress else None):
         comparison.losses[done.job.arm][done.job.seed] = _final_loss(done.result)
     full, plain_key, loco_key = keys
@@ -291,6 +307,18 @@ def _compare(runner: SideBySide, candidate: str, steps: int, seeds: int, on_prog
     comparison.loco_minus_plain = _paired(comparison.losses, loco_key, plain_key)
     comparison.loco_minus_full = _paired(comparison.losses, loco_key, full)
     return comparison
+
+
+def _add_seeds(runner: SideBySide, probe: Probe, comparison: Comparison, max_seeds: int, parallel: int,
+               round_s: float, seconds_left: Callable[[], float], on_progress) -> None:
+    """More seeds for ``comparison`` while its verdict leaves a question open, fewer than ``max_seeds`` ran and the
+    budget buys their rounds (``round_s``: the measured seconds of one round of ``parallel`` runs side by side)."""
+    while judge(probe, comparison).unresolved:
+        have = len(comparison.losses["full"])
+        extra = min(max(1, parallel // 3), max_seeds - have)
+        if extra < 1 or seconds_left() < math.ceil(3 * extra / parallel) * round_s:
+            return
+        _compare(runner, comparison.candidate, comparison.steps, range(have, have + extra), on_progress, comparison)
 
 
 def _final_loss(result: ArmResult) -> float:

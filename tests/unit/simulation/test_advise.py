@@ -82,7 +82,8 @@ def test_advise_end_to_end_gives_a_valid_block_with_its_evidence(tmp_path):
 
 @pytest.mark.parametrize("kwargs, match", [({"candidates": ("loco2", )}, "must be plain qgZ arms"),
                                            ({"seeds": 1}, "seeds = 1"), ({"budget_minutes": 0}, "budget_minutes = 0"),
-                                           ({"probe_steps": 1}, "probe_steps = 1")])
+                                           ({"probe_steps": 1}, "probe_steps = 1"),
+                                           ({"seeds": 3, "max_seeds": 2}, "max_seeds = 2")])
 def test_bad_arguments_are_clear_errors(kwargs, match):
     args = dict(budget_minutes=1, loss_fn=_loss)
     args.update(kwargs)
@@ -103,3 +104,21 @@ def test_runs_side_by_side_give_the_same_evidence_as_runs_one_at_a_time():
 def test_side_by_side_needs_callables_that_pickle():
     with pytest.raises(ValueError, match="model_fn = .* does not pickle"):
         advise(lambda: toy_model(), _data, 2, 2, budget_minutes=1, loss_fn=_loss, parallel=2)
+
+
+def test_a_measurable_loss_from_loco_closes_the_question_with_plain_qgz():
+    verdict = judge(Probe("plain2", 2.5, 1.0, 38.0, 0.1), _comparison((-0.010, 0.020), (0.001, 0.003), (-0.005, 0.030)))
+    assert verdict.accepted and not verdict.error_feedback and not verdict.unresolved
+    assert "LoCo cost loss" in verdict.reason
+
+
+def test_an_open_question_gets_more_seeds_while_the_budget_lasts():
+    args = dict(budget_minutes=5, candidates=("plain2", ), steps=50, seeds=2, probe_steps=3, loss_fn=_loss,
+                loco={"group_size": 32})
+    two = advise(_model, _data, 2, 2, **args)
+    assert two.unresolved and set(two.comparisons[0].losses["loco2"]) == {0, 1}  # 2 seeds leave it open
+    more = advise(_model, _data, 2, 2, max_seeds=6, **args)
+    seeds = set(more.comparisons[0].losses["loco2"])
+    assert seeds == {0, 1, 2, 3} and not more.unresolved  # seeds were added until LoCo - plain excluded 0
+    assert more.comparisons[0].losses["loco2"][0] == two.comparisons[0].losses["loco2"][0]  # the same first runs
+    assert "LoCo cost loss" in more.reasons[0]
