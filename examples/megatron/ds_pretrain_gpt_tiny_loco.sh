@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A tiny GPT pre-trained by Megatron-DeepSpeed's own, unmodified pretrain_gpt.py under DeepSpeed ZeRO-3 with
 # qgZ (zero_quantized_gradients) and LoCo (zeropp_loco_param), launched through deepspeed-loco's module runner.
-# Shaped like Megatron-DeepSpeed's examples_deepspeed/run_deepspeed_example.sh; see docs/frameworks.md.
+# Shaped like run_deepspeed_example.sh in Megatron-DeepSpeed's own repository; see docs/frameworks.md.
 #
 #   MEGATRON=/path/to/Megatron-DeepSpeed bash examples/megatron/ds_pretrain_gpt_tiny_loco.sh [extra pretrain_gpt.py args]
 #

@@ -29,6 +29,7 @@ EXTERNAL_FILES = {  # bare file names the docs use for files that are not the re
     "zero_to_fp32.py": "DeepSpeed's consolidation script in a checkpoint folder",
     "advise.json": "what python -m loco_lab.cli advise writes under --out",
     "pretrain_gpt.py": "Megatron-DeepSpeed's GPT pre-training script (docs/frameworks.md)",
+    "run_deepspeed_example.sh": "Megatron-DeepSpeed's example launch script (docs/frameworks.md)",
 }
 SKIPPED_DIRS = {".git", "__pycache__", "build", "dist"}
 
