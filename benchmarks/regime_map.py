@@ -115,9 +115,7 @@ def burst_rows(tag, arms):
     for _, plain, loco in BITS:
         for seed in sorted(set(arms.get(plain, {})) & set(arms.get(loco, {}))):
             p, q = arms[plain][seed], arms[loco][seed]
-            burst = (max(q["series"]["grad_rel_errors"][:BURST_WINDOWS]) /
-                     max(p["series"]["grad_rel_errors"][:BURST_WINDOWS]))
-            rows.append({"tag": tag, "arm": loco, "seed": seed, "burst": burst,
+            rows.append({"tag": tag, "arm": loco, "seed": seed, "burst": _burst(q, p),
                          "loco_minus_plain": q["final_val_loss"] - p["final_val_loss"]})
     return rows
 
@@ -135,14 +133,19 @@ def delayed_rows(regimes):
             if loco not in arms:
                 continue
             merged = {"delayed": arms[loco], **{key: base[key] for key in ("full", plain, loco) if key in base}}
-            bursts = [max(arms[loco][s]["series"]["grad_rel_errors"][:BURST_WINDOWS]) /
-                      max(base[plain][s]["series"]["grad_rel_errors"][:BURST_WINDOWS])
-                      for s in sorted(set(arms[loco]) & set(base.get(plain, {})))]
+            bursts = [_burst(arms[loco][s], base[plain][s]) for s in sorted(set(arms[loco]) & set(base.get(plain, {})))]
             rows.append({"tag": tag, "base": match["base"], "start": int(match["start"]), "arm": loco,
                          "minus_plain": paired(merged, "delayed", plain), "minus_loco": paired(merged, "delayed", loco),
                          "minus_full": paired(merged, "delayed", "full"),
                          "burst": statistics.fmean(bursts) if bursts else None})
     return sorted(rows, key=lambda r: r["tag"])
+
+
+def _burst(loco_run, plain_run) -> float:
+    """LoCo's early burst: the largest 10-step mean of its per-step error in the first ``BURST_WINDOWS`` windows
+    over plain qgZ's, the two runs' records at the same seed."""
+    return (max(loco_run["series"]["grad_rel_errors"][:BURST_WINDOWS]) /
+            max(plain_run["series"]["grad_rel_errors"][:BURST_WINDOWS]))
 
 
 def _rho(error, noise, batch):
@@ -180,13 +183,12 @@ def markdown(rows, bursts, repeats, regimes, delayed=()) -> str:
     lines += [f"| {b['tag']} | {b['arm']} | {b['seed']} | {b['burst']:.2f} | {b['loco_minus_plain']:+.4f} |"
               for b in sorted(bursts, key=lambda b: -b["burst"])]
     if delayed:
-        lines += ["", "Error feedback from step N (plain qgZ before it), against the base regime's arms, paired by seed:",
+        lines += ["", "Error feedback from step N (plain qgZ before it), against the base regime's arms, paired by "
+                  "seed:",
                   "", "| base regime | LoCo arm | from step | burst | - plain (95% CI) | - LoCo from step 1 (95% CI) | "
                   "- full (95% CI) |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {d['base']} | {d['arm']} | {d['start']} | "
-                  f"{d['burst']:.2f} | {_diff(d['minus_plain'])} | {_diff(d['minus_loco'])} | {_diff(d['minus_full'])} |"
-                  if d["burst"] is not None else
-                  f"| {d['base']} | {d['arm']} | {d['start']} | - | {_diff(d['minus_plain'])} | "
+                  f"{'-' if d['burst'] is None else format(d['burst'], '.2f')} | {_diff(d['minus_plain'])} | "
                   f"{_diff(d['minus_loco'])} | {_diff(d['minus_full'])} |" for d in delayed]
     for record in repeats:
         original = regimes.get(record["tag"][:-len(REPEAT_SUFFIX)], {}).get(record["key"], {}).get(record["seed"])

@@ -123,13 +123,13 @@ class SimulatedCluster:
         try:
             return self.reducers[rank].reduce_scatter(names, _take(handed))
         except BaseException:
-            for group in self._groups:  # release the peers waiting for this rank
-                group.abort()
+            self._abort()  # release the peers waiting for this rank
             raise
         finally:
             self._released[rank].set()
 
     def _abort(self) -> None:
+        """Aborts every exchange group, releasing the ranks that wait at one."""
         for group in self._groups:
             group.abort()
 

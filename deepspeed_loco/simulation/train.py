@@ -205,8 +205,9 @@ class _ArmRun:
             micro = _split(next(data), self.world, self.device)
             result.rank_batch = result.rank_batch or _leading_size(micro[0])
             exact, spread, losses, means = self._step_gradients(model, wrapper, named, micro)
-            comm = exact if not self.clusters else self._keep_hops(self.clusters[0], means[0],
-                                                                   self._kept_hops(step))
+            if self.clusters:
+                self._zero_unkept_buffers(self.clusters[0], self._kept_hops(step))
+            comm = means[0] if self.clusters else exact
             shadow = means[1] if len(self.clusters) > 1 else None
             fidelity = self._fidelity(sums, comm, exact, shadow)  # before clipping scales the gradients in place
             for p, g in zip(params, comm):
@@ -300,15 +301,13 @@ class _ArmRun:
         return () if step < self.error_feedback_from_step else self.error_feedback_hops
 
     @staticmethod
-    def _keep_hops(cluster: SimulatedCluster, mean: List[torch.Tensor],
-                   kept_hops: Optional[Sequence[str]]) -> List[torch.Tensor]:
-        """``mean``, the communicated mean; zeroes the buffers of hops not in ``kept_hops`` (None: all kept)."""
+    def _zero_unkept_buffers(cluster: SimulatedCluster, kept_hops: Optional[Sequence[str]]) -> None:
+        """After a reduce: zeroes the error buffers of the hops not in ``kept_hops`` (None: all kept)."""
         if kept_hops is not None:
             for state in cluster.states:
                 for _, hop, buffer in state.named_buffers():
                     if hop not in kept_hops:
                         buffer.zero_()
-        return mean
 
     @staticmethod
     def _fidelity(sums, comm, exact, shadow) -> torch.Tensor:
