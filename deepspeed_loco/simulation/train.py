@@ -190,7 +190,7 @@ class _ArmRun:
             raise TypeError(f"simulate: model_fn() returned {type(model).__name__}: it must return a torch.nn.Module")
         model = model.to(self.device)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-        names, params = [name for name, _ in named], [p for _, p in named]
+        params = [p for _, p in named]
         optimizer = optimizer_fn(params)
         scheduler = scheduler_fn(optimizer) if scheduler_fn else None
         result = ArmResult(self.arm.key, self.arm.label, seed, self.config, world_size=self.world)
