@@ -167,13 +167,20 @@ def run_one(args) -> dict:
     loco = {"group_size": args.group_size, "err_beta": args.err_beta, "reset_T": args.reset_T,
             "quant_grid": args.quant_grid}
     hops = None if args.ef_hops == "all" else tuple(args.ef_hops.split("+"))
+    started = time.monotonic()
+
+    def progress(result, step, loss):  # one log line per evaluation: a run stopped by a budget shows how far it got
+        if result.validation and result.validation[-1][0] == step:
+            print(f"[{args.tag}] {result.key} seed {args.seed}: step {step}/{args.steps} val "
+                  f"{result.validation[-1][1]:.4f} at {time.monotonic() - started:.0f} s", flush=True)
+
     (result, ) = simulate(lambda: ByteLlama(cfg), batches, [arm], steps=args.steps, nodes=args.nodes,
                           local=args.local, loco=loco, optimizer_fn=optimizer, scheduler_fn=schedule,
                           loss_fn=lambda model, batch: model(*batch), eval_fn=evaluate, eval_every=args.eval_every,
                           device=device, seed=args.seed, grad_clip=1.0, autocast_dtype=autocast,
                           error_feedback_hops=hops, diagnostics=bool(args.diagnostics),
                           rank_chunk=args.rank_chunk or None, error_feedback_from_step=args.ef_from,
-                          stream_nodes=bool(args.stream_nodes))
+                          stream_nodes=bool(args.stream_nodes), on_step=progress)
     kernels = kernels_for(device).name
     record = {
         "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,
@@ -276,6 +283,7 @@ def launch(args) -> None:
                 proc.terminate()
                 proc.wait()
                 log.close()
+                print(f"stopped {name}: {_tail(os.path.join(logs, name + '.log'), 1)}", flush=True)
             print(f"budget of {args.budget:.0f} s spent: stopped {len(running)} running, {len(jobs)} not started: "
                   f"{', '.join(list(running) + [n for n, _ in jobs])}", flush=True)
             break
