@@ -16,6 +16,10 @@ repeat a run of another tag (a determinism check) and are listed, not averaged. 
 arm (one that changes only the grid) takes it from the regime with the same training setup (``SAME_TRAINING``).
 Tags ``<base>_ef<N>`` hold LoCo runs whose error feedback starts at step ``N`` (plain qgZ before: the burst fix of
 item 3); they are compared, seed by seed, with the base tag's plain qgZ, LoCo from step 1 and full precision.
+
+The pooled table: per grid and bit setting, each difference pooled over the regimes that measured it with an
+interval (``deepspeed_loco.utils.stats.pool_intervals``: random effects over the regimes' t-intervals, with
+Cochran's heterogeneity test), so that several regimes of three seeds each answer together whether LoCo pays.
 """
 import argparse
 import json
@@ -28,12 +32,14 @@ from collections import defaultdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
 
-from deepspeed_loco.utils.stats import t_interval  # noqa: E402
+from deepspeed_loco.utils.stats import pool_intervals, t_interval  # noqa: E402
 
 BITS = (("4/4", "plain4", "loco4"), ("2/2", "plain2", "loco2"), ("8/2+H", "plain8-2h", "loco8-2h"))
 REPEAT_SUFFIX = "rep"
 BURST_WINDOWS = 10  # the first 100 steps: the per-step error series is stored as 10-step means
 DELAYED = re.compile(r"^(?P<base>.+)_ef(?P<start>\d+)$")  # a tag of delayed error feedback runs
+DIFFERENCES = (("plain_minus_full", "plain - full"), ("loco_minus_plain", "LoCo - plain"),
+               ("loco_minus_full", "LoCo - full"))
 SAME_TRAINING = ("params", "nodes", "local", "micro_batch", "steps", "lr", "warmup", "text", "dtype")
 
 
@@ -108,6 +114,24 @@ def regime_rows(tag, arms):
     return rows
 
 
+def pooled_rows(rows):
+    """Per (grid, bits), the default grid first and the bits in ``BITS`` order: each of ``DIFFERENCES`` pooled over the rows whose interval it has
+    (:class:`~deepspeed_loco.utils.stats.Pooled` as a dict, None without any), and the seeds behind it."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["grid"], r["bits"]), []).append(r)
+    pooled = []
+    order = [bits for bits, _, _ in BITS]
+    for (grid, bits), members in sorted(groups.items(), key=lambda g: (g[0][0] != "auto", order.index(g[0][1]))):
+        entry = {"grid": grid, "bits": bits, "regimes": [m["tag"] for m in members]}
+        for key, _ in DIFFERENCES:
+            cells = [m[key] for m in members if m[key] is not None and m[key][2] is not None]
+            result = pool_intervals([cell[1:] for cell in cells])
+            entry[key] = dict(vars(result), seeds=sum(cell[0] for cell in cells)) if result else None
+        pooled.append(entry)
+    return pooled
+
+
 def burst_rows(tag, arms):
     """Per LoCo arm and seed: LoCo's early burst, the largest 10-step mean of its per-step error in the first
     ``BURST_WINDOWS`` windows over plain qgZ's at the same bits and seed, beside LoCo - plain of the final loss."""
@@ -164,7 +188,15 @@ def _diff(cell):
     return f"{mean:+.4f} [{low:+.4f}, {high:+.4f}] n={n}{mark}"
 
 
-def markdown(rows, bursts, repeats, regimes, delayed=()) -> str:
+def _pooled_cell(cell):
+    if cell is None:
+        return "-"
+    mark = " **yes**" if cell["low"] > 0 or cell["high"] < 0 else ""
+    return (f"{cell['mean']:+.4f} [{cell['low']:+.4f}, {cell['high']:+.4f}]{mark} ({cell['k']} regimes, "
+            f"{cell['seeds']} seeds; heterogeneity p = {cell['p_heterogeneity']:.2g})")
+
+
+def markdown(rows, bursts, repeats, regimes, delayed=(), pooled=()) -> str:
     head = ["regime", "bits", "B_noise (seq) / B", "plain step err", "rho", "sum err plain / LoCo",
             "plain - full (95% CI)", "LoCo - plain (95% CI)", "LoCo - full (95% CI)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -177,6 +209,12 @@ def markdown(rows, bursts, repeats, regimes, delayed=()) -> str:
             regime, r["bits"], noise, f"{r['plain_step_error']:.3f}", f"{r['rho']:.2f}" if r["rho"] else "-",
             f"{r['plain_sum_error']:.3f} / {loco_sum}", _diff(r["plain_minus_full"]), _diff(r["loco_minus_plain"]),
             _diff(r["loco_minus_full"])]) + " |")
+    if pooled:
+        lines += ["", "Pooled over the regimes above (random effects over each regime's 95% interval; 'yes': the "
+                  "pooled interval excludes 0):", "",
+                  "| grid | bits | " + " | ".join(label for _, label in DIFFERENCES) + " |", "|---|---|---|---|---|"]
+        lines += [f"| {p['grid']} | {p['bits']} | " + " | ".join(_pooled_cell(p[key]) for key, _ in DIFFERENCES) + " |"
+                  for p in pooled]
     lines += ["", "LoCo's early burst (largest 10-step mean of the per-step error in steps 1-100, LoCo over plain "
               "at the same bits and seed) beside that seed's LoCo - plain:", "",
               "| regime | arm | seed | burst | LoCo - plain |", "|---|---|---|---|---|"]
@@ -262,12 +300,14 @@ def main(argv=None) -> None:
     rows = [row for tag in order for row in regime_rows(tag, regimes[tag])]
     bursts = [row for tag in order for row in burst_rows(tag, regimes[tag])]
     delayed = delayed_rows(regimes)
+    pooled = pooled_rows(rows)
     os.makedirs(args.out, exist_ok=True)
-    text = markdown(rows, bursts, repeats, regimes, delayed)
+    text = markdown(rows, bursts, repeats, regimes, delayed, pooled)
     with open(os.path.join(args.out, "map.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "map.json"), "w") as f:
-        json.dump({"regimes": rows, "bursts": bursts, "delayed_error_feedback": delayed}, f, indent=1)
+        json.dump({"regimes": rows, "pooled": pooled, "bursts": bursts, "delayed_error_feedback": delayed}, f,
+                  indent=1)
     plot(rows, bursts, os.path.join(args.out, "map.png"))
     print(text)
 
