@@ -7,7 +7,8 @@
 #      Megatron-DeepSpeed run when MEGATRON=1 (benchmarks/device_megatron.sh; .megatron/ and .whl-megatron/
 #      carried; NUM_GPUS as there);
 #   3. on a quiet GPU: the kernel table (benchmarks/kernels.py, JSON and text) and the gpu_e2e.py runs of E2E_RUNS
-#      ("SIZE:MICRO_BATCH ...", arms E2E_ARMS): the points `python -m deepspeed_loco.perf calibrate` fits.
+#      ("SIZE:MICRO_BATCH ...", arms E2E_ARMS, E2E_ROUNDS rounds in rotated arm order): the points
+#      `python -m deepspeed_loco.perf calibrate` fits, with how far each arm's rounds moved.
 # Usage (repository root; .whl/ from benchmarks/device_wheelhouse.sh):
 #   [MEGATRON=1] [VARIANTS="-DLOCO_HOP_GROUPS=2"] OUT=$OUT bash benchmarks/device_check.sh
 set -uo pipefail
@@ -16,6 +17,7 @@ VARIANTS=${VARIANTS:-}
 MEGATRON=${MEGATRON:-0}
 E2E_RUNS=${E2E_RUNS:-"125m:4 125m:32"}
 E2E_ARMS=${E2E_ARMS:-zero3,loco}
+E2E_ROUNDS=${E2E_ROUNDS:-3}
 LOGS=$OUT/logs
 mkdir -p "$OUT" "$LOGS"
 start=$(date +%s)
@@ -65,8 +67,9 @@ tail -45 "$OUT/kernels.txt"
 for run in $E2E_RUNS; do
     size=${run%%:*}
     micro_batch=${run##*:}
-    timeout 75 python3 benchmarks/gpu_e2e.py --size "$size" --micro-batch "$micro_batch" --arms "$E2E_ARMS" \
-        --steps 20 --out "$OUT/e2e_${size}_mb${micro_batch}.json" --table "$OUT/e2e_${size}_mb${micro_batch}.txt" \
+    timeout $(( 60 * E2E_ROUNDS )) python3 benchmarks/gpu_e2e.py --size "$size" --micro-batch "$micro_batch" \
+        --arms "$E2E_ARMS" --rounds "$E2E_ROUNDS" --steps 20 --out "$OUT/e2e_${size}_mb${micro_batch}.json" \
+        --table "$OUT/e2e_${size}_mb${micro_batch}.txt" \
         >"$LOGS/e2e_${size}_mb${micro_batch}.log" 2>&1
     stamp "gpu_e2e $size micro-batch $micro_batch exit $?"
     grep -E "^(zero3|dsqgz|plain|loco) " "$OUT/e2e_${size}_mb${micro_batch}.txt" 2>/dev/null

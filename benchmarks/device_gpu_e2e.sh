@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for benchmarks/gpu_e2e.py on one GPU (world size 1, NCCL): install the carried wheelhouse (.whl/,
 # benchmarks/device_wheelhouse.sh), build the LoCo CUDA kernels once, then run the four arms (zero3, dsqgz, plain,
-# loco) for each size of RUNS, saving results_<size>.json, table_<size>.txt and log_<size>.txt under $OUT.
+# loco) for each run of RUNS, saving results_<size>_mb<micro-batch>.json, table_... and log_... under $OUT.
 # RUNS: "SIZE:MICRO_BATCH ..." (default "125m:16 1b:8"); further arguments go to every gpu_e2e.py run.
 # Usage (repository root):
 #   OUT=$OUT bash benchmarks/device_gpu_e2e.sh [--steps 20 ...]
@@ -18,11 +18,12 @@ status=0
 for run in $RUNS; do
     size=${run%%:*}
     micro_batch=${run##*:}
+    name="${size}_mb$micro_batch"
     timeout "$RUN_TIMEOUT_S" python3 benchmarks/gpu_e2e.py --size "$size" --micro-batch "$micro_batch" \
-        --out "$OUT/results_$size.json" --table "$OUT/table_$size.txt" "$@" >"$OUT/log_$size.txt" 2>&1
+        --out "$OUT/results_$name.json" --table "$OUT/table_$name.txt" "$@" >"$OUT/log_$name.txt" 2>&1
     code=$?
     echo "== $size (micro-batch $micro_batch): exit $code at $(( $(date +%s) - start )) s"
-    if [ -f "$OUT/table_$size.txt" ]; then cat "$OUT/table_$size.txt"; else tail -30 "$OUT/log_$size.txt"; fi
+    if [ -f "$OUT/table_$name.txt" ]; then cat "$OUT/table_$name.txt"; else tail -30 "$OUT/log_$name.txt"; fi
     [ "$code" = 0 ] || status=1  # 1: a gradient check failed (the table says which); else a crash or timeout
 done
 echo "total $(( $(date +%s) - start )) s"

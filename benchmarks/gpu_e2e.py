@@ -17,7 +17,9 @@ after another in the same processes, each from the same initial weights and on t
 ``loco``
     Ours with LoCo error feedback (int8 error buffers).
 
-Per arm (every time the maximum over ranks): the median step time in seconds over the timed steps, tokens per
+Per arm (every time the maximum over ranks): the median step time in seconds over the timed steps (of every round
+with ``--rounds R``: the arms run R times, each round in an order rotated by one, and each round's median is
+reported too, so that a machine that drifts during the run shows as a spread instead of biasing one arm), tokens per
 second, peak memory (``torch.cuda.max_memory_allocated`` on CUDA, reset per arm; on CPU the process's peak RSS
 from ``resource``, which is never reset, so compare CPU arms' memory with care), and from ``torch.profiler``
 over ``--profile-steps`` further steps the seconds per step of each collective (all_to_all, reduce_scatter,
@@ -107,6 +109,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per arm (default 10)")
     parser.add_argument("--warmup", type=int, default=2,
                         help="untimed steps per arm before the timed ones, the first checks gradients (default 2)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every arm this many times, round r in the arm order rotated by r, so that a drift "
+                             "of the machine over the run spreads over every arm (default 1)")
     parser.add_argument("--profile-steps", type=int, default=2,
                         help="steps per arm under torch.profiler after the timed ones (default 2)")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="training dtype (default bf16)")
@@ -125,7 +130,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.arms = _parse_arms(parser, args.arms)
     args.bits = _parse_bits(parser, args.bits)
-    for flag in ("layers", "dim", "heads", "seq_len", "micro_batch", "steps", "warmup", "local_world_size"):
+    for flag in ("layers", "dim", "heads", "seq_len", "micro_batch", "steps", "warmup", "rounds", "local_world_size"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             parser.error(f"--{flag.replace('_', '-')} {value} is invalid: it must be an integer >= 1")
@@ -456,6 +461,29 @@ def run_arm(arm: str, args: argparse.Namespace, device: torch.device, reference:
     return result, gradients
 
 
+def rotated(arms: List[str], round_index: int) -> List[str]:
+    """``arms`` in the order of round ``round_index``: rotated left by it (round 0: as given, zero3 first)."""
+    shift = round_index % len(arms)
+    return arms[shift:] + arms[:shift]
+
+
+def merge_rounds(rounds: List[dict]) -> dict:
+    """One arm's :func:`run_arm` results of every round as one: all timed steps and their median, each round's
+    median (``round_step_s``: how far the machine drifted between rounds), the largest peak memory, the first
+    round's profile, and the first failing gradient check (else the first; zero3's later rounds are checked
+    against its first, so zero3 has one from the second round on)."""
+    merged = dict(rounds[0])
+    times = [t for r in rounds for t in r["step_times_s"]]
+    step_s = statistics.median(times)
+    merged.update(step_times_s=times, step_s=step_s, round_step_s=[r["step_s"] for r in rounds],
+                  tokens_per_s=rounds[0]["tokens_per_s"] * rounds[0]["step_s"] / step_s,
+                  peak_memory_bytes=max(r["peak_memory_bytes"] for r in rounds))
+    checks = [r["gradient_check"] for r in rounds if "gradient_check" in r]
+    if checks:
+        merged["gradient_check"] = next((c for c in checks if not c["passed"]), checks[0])
+    return merged
+
+
 def ds_path(profile: dict) -> dict:
     """Which reduce DeepSpeed's qgZ arm took: ``expected`` by DeepSpeed's rule (:func:`ds_qgz_expected`) and ``ran``
     as the profile shows (all-to-alls: ``qgz``, none: ``reduce_scatter``; ``unknown`` without a profile)."""
@@ -512,6 +540,9 @@ def format_report(report: dict) -> str:
         step_ratio, tokens_ratio = (f"{ratio[key]:.3f}" if ratio else "-" for key in ("step_s", "tokens_per_s"))
         lines.append(f"{r['arm']:<6} {r['step_s'] * 1e3:>9.2f} {step_ratio:>8} {r['tokens_per_s']:>11.0f} "
                      f"{tokens_ratio:>8} {r['peak_memory_bytes'] / 2**20:>9.0f} {text:>28}")
+    if report["rounds"] > 1:
+        lines += ["", f"median step of each of {report['rounds']} rounds (arm order rotated each round), ms:"]
+        lines += [f"  {r['arm']:<6} " + ", ".join(f"{t * 1e3:.1f}" for t in r["round_step_s"]) for r in report["arms"]]
     if any(r["profile"] for r in report["arms"]):
         lines += ["", "profile, ms per step (" + ("NCCL kernels, our kernels' device time"
                                                  if env["device_type"] == "cuda" else "host time") + "):"]
@@ -539,17 +570,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     device = init_world()
     check_ds_qgz_runs(args, device)
-    results, reference = [], None
-    for arm in args.arms:
-        result, gradients = run_arm(arm, args, device, reference)
-        if arm == "zero3":
-            reference = gradients
-        results.append(result)
-        dist.barrier()
+    per_arm, reference = {arm: [] for arm in args.arms}, None
+    for round_index in range(args.rounds):
+        for arm in rotated(args.arms, round_index):
+            result, gradients = run_arm(arm, args, device, reference)
+            if arm == "zero3" and reference is None:
+                reference = gradients
+            per_arm[arm].append(result)
+            dist.barrier()
+    results = [merge_rounds(per_arm[arm]) for arm in args.arms]
     add_ratios(results)
     model = dict(args.model.to_dict(), parameters=results[0]["parameters"])
     report = {"environment": environment(device), "size": args.size, "model": model, "micro_batch": args.micro_batch,
-              "steps": args.steps, "warmup": args.warmup, "profile_steps": args.profile_steps, "dtype": args.dtype,
+              "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "profile_steps": args.profile_steps,
+              "dtype": args.dtype,
               "overlap_comm": args.overlap_comm, "bits": "/".join(map(str, args.bits)), "group_size": args.group_size,
               "arms": results,
               "gradient_check_passed": all(r.get("gradient_check", {"passed": True})["passed"] for r in results)}

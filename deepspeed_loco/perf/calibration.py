@@ -9,19 +9,22 @@ predicted compute is shorter than the measured step) of ``benchmarks/gpu_e2e.py`
 import json
 import statistics
 from dataclasses import asdict, dataclass
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from deepspeed_loco.perf.model import Workload
 
 
 @dataclass(frozen=True)
 class Point:
-    """One measured arm: its name, micro-batch, the step's FLOPs on the GPU, the median step (s), the source file."""
+    """One measured arm: its name, micro-batch, the step's FLOPs on the GPU, the median step (s), the source file;
+    ``round_spread``: (largest - smallest) / median of its rounds' median steps (``gpu_e2e.py --rounds``; None for
+    one round): how far the measurement itself moved, against which a prediction's error is read."""
     arm: str
     micro_batch: int
     flops: float
     step_s: float
     source: str
+    round_spread: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -51,13 +54,21 @@ def load_e2e_points(paths: Sequence[str]) -> List[Point]:
             world, model = data["environment"]["world_size"], data["model"]
             workload = Workload(model["parameters"], model["layers"], model["dim"], model["seq_len"],
                                 data["micro_batch"] * model["seq_len"])
-            arms = [(arm["arm"], arm["step_s"]) for arm in data["arms"]]
+            arms = [(arm["arm"], arm["step_s"], _spread(arm.get("round_step_s"))) for arm in data["arms"]]
         except (KeyError, TypeError) as err:
             raise ValueError(f"{path}: not the JSON of benchmarks/gpu_e2e.py --out (missing {err})") from None
         if world != 1:
             raise ValueError(f"{path}: measured on {world} ranks; the calibration needs world size 1")
-        points += [Point(arm, data["micro_batch"], workload.flops_per_gpu(), step, path) for arm, step in arms]
+        points += [Point(arm, data["micro_batch"], workload.flops_per_gpu(), step, path, spread)
+                   for arm, step, spread in arms]
     return points
+
+
+def _spread(rounds: Optional[Sequence[float]]) -> Optional[float]:
+    """(largest - smallest) / median of a run's per-round median steps; None without at least two rounds."""
+    if not rounds or len(rounds) < 2:
+        return None
+    return (max(rounds) - min(rounds)) / statistics.median(rounds)
 
 
 def fit(points: Sequence[Point], sustained_flops: float) -> Calibration:

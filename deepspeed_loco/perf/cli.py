@@ -117,12 +117,13 @@ def run_calibrate(args, parser) -> str:
              f"host-bound arms (spread {calibration.spread:.0%}); compute at {rate / 1e12:.0f} TFLOPS", "",
              "each micro-batch predicted from the others (leave one out), step = max(engine, compute):",
              f"{'arm':8s} {'micro-batch':>11s} {'compute ms':>10s} {'measured ms':>11s} {'predicted ms':>12s} "
-             f"{'rel.err':>8s}"]
+             f"{'rel.err':>8s} {'rounds moved':>12s}"]
     for row in leave_one_out(points, rate):
         predicted = f"{row['predicted_s'] * 1e3:12.1f} {row['error']:+8.1%}" if row["predicted_s"] is not None \
             else f"{'n/a':>12s} {'n/a':>8s}"
+        moved = f"{row['round_spread']:12.1%}" if row["round_spread"] is not None else f"{'-':>12s}"
         lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {row['flops'] / rate * 1e3:10.1f} "
-                     f"{row['step_s'] * 1e3:11.1f} {predicted}")
+                     f"{row['step_s'] * 1e3:11.1f} {predicted} {moved}")
     return "\n".join(lines)
 
 

@@ -28,12 +28,13 @@ def _run(tmp_path, launcher, extra_env, *flags):
     return json.loads(out.read_text()), printed
 
 
-def _check_every_arm(report):
+def _check_every_arm(report, rounds=1):
     assert [r["arm"] for r in report["arms"]] == ["zero3", "dsqgz", "plain", "loco"]
-    assert report["gradient_check_passed"]
+    assert report["gradient_check_passed"] and report["rounds"] == rounds
     for r in report["arms"]:
         assert r["step_s"] > 0 and r["tokens_per_s"] > 0 and r["peak_memory_bytes"] > 0
-        assert len(r["step_times_s"]) == 2 and all(t > 0 for t in r["step_times_s"])
+        assert len(r["step_times_s"]) == 2 * rounds and all(t > 0 for t in r["step_times_s"])
+        assert len(r["round_step_s"]) == rounds
         assert r["vs_zero3"]["step_s"] > 0
         if r["arm"] != "zero3":
             assert r["gradient_check"]["passed"], r["gradient_check"]
@@ -45,8 +46,11 @@ def _check_every_arm(report):
 
 
 def test_one_process_starts_a_world_of_one_and_every_arm_is_bit_identical(tmp_path):
-    report, printed = _run(tmp_path, [sys.executable], {})
-    arms = _check_every_arm(report)
+    report, printed = _run(tmp_path, [sys.executable], {}, "--rounds", "2")
+    arms = _check_every_arm(report, rounds=2)
+    # zero3's second round is checked against its first: the same first step, bit for bit
+    assert arms["zero3"]["gradient_check"]["max_abs_diff"] == 0
+    assert "median step of each of 2 rounds (arm order rotated each round), ms:" in printed
     assert report["environment"]["world_size"] == 1 and report["environment"]["backend"] == "gloo"
     for arm in ("plain", "loco"):
         assert arms[arm]["gradient_check"]["max_abs_diff"] == 0
@@ -84,6 +88,7 @@ def test_two_processes_as_two_nodes_run_the_quantized_hop_within_the_bound(tmp_p
     (["--bits", "4/5"], "--bits '4/5' is invalid: it must be INTRA/INTER with each of 2, 3, 4, 8"),
     (["--dim", "64", "--heads", "3"], "--dim 64 / --heads 3 is invalid"),
     (["--steps", "0"], "--steps 0 is invalid: it must be an integer >= 1"),
+    (["--rounds", "0"], "--rounds 0 is invalid: it must be an integer >= 1"),
 ])
 def test_a_bad_flag_is_an_error_naming_it(benchmark_module, capsys, flags, message):
     gpu_e2e = benchmark_module("gpu_e2e")
@@ -98,6 +103,22 @@ def test_named_sizes_and_overrides(benchmark_module):
     assert (args.model.layers, args.model.dim, args.model.heads, args.model.seq_len) == (2, 2048, 16, 128)
     assert args.arms == ["zero3", "loco"]  # zero3 first: the gradient check's reference
     assert {"125m", "350m", "1b"} <= set(gpu_e2e.CONFIGS)
+
+
+def test_rounds_rotate_the_arms_and_merge_into_one_result(benchmark_module):
+    gpu_e2e = benchmark_module("gpu_e2e")
+    arms = ["zero3", "dsqgz", "plain", "loco"]
+    assert [gpu_e2e.rotated(arms, r) for r in (0, 1, 5)] == [arms, arms[1:] + arms[:1], arms[1:] + arms[:1]]
+    passed, failed = {"passed": True, "max_abs_diff": 0.0}, {"passed": False, "max_abs_diff": 1.0}
+    rounds = [dict(arm="loco", step_s=2.0, step_times_s=[1.0, 3.0], tokens_per_s=50.0, peak_memory_bytes=7,
+                   profile={"first": 1}, gradient_check=passed),
+              dict(arm="loco", step_s=6.0, step_times_s=[5.0, 7.0], tokens_per_s=1e9, peak_memory_bytes=9,
+                   profile={"second": 2}, gradient_check=failed)]
+    merged = gpu_e2e.merge_rounds(rounds)
+    assert merged["step_times_s"] == [1.0, 3.0, 5.0, 7.0] and merged["step_s"] == 4.0  # the median of all four
+    assert merged["round_step_s"] == [2.0, 6.0] and merged["peak_memory_bytes"] == 9
+    assert merged["tokens_per_s"] == 25.0  # the same tokens per step as round 0's 50 per s at 2 s: 100 / 4 s
+    assert merged["profile"] == {"first": 1} and merged["gradient_check"] is failed
 
 
 def test_collectives_are_grouped_by_event_name(benchmark_module):

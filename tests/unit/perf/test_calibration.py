@@ -30,6 +30,15 @@ def test_the_engine_time_is_the_mean_of_host_bound_steps_and_predicts_a_held_out
     assert [round(r["error"], 6) for r in rows] == [round(0.15 / s - 1, 6) for s in (0.14, 0.16) * 3]
 
 
+def test_a_run_of_several_rounds_reports_how_far_its_rounds_moved(tmp_path):
+    path = tmp_path / "rounds.json"
+    path.write_text(json.dumps({"environment": {"world_size": 1}, "model": MODEL, "micro_batch": 16, "arms": [
+        {"arm": "zero3", "step_s": 0.15, "round_step_s": [0.12, 0.15, 0.18]}, {"arm": "loco", "step_s": 0.15}]}))
+    zero3, loco = load_e2e_points([str(path)])
+    assert zero3.round_spread == pytest.approx(0.06 / 0.15) and loco.round_spread is None
+    assert [row["round_spread"] for row in leave_one_out([zero3, loco], RATE)] == [zero3.round_spread, None]
+
+
 def test_compute_bound_steps_leave_no_engine_time():
     flops = 10 * RATE  # ten seconds of compute, measured as ten: the GPU set the pace
     assert fit([Point("zero3", 8, flops, 10.0, "a")], RATE).engine_s == 0.0
