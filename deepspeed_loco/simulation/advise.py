@@ -4,8 +4,8 @@ The answer follows the regime map of ``benchmarks/RESULTS.md`` ("Where LoCo pays
 setting costs loss is ``rho``, the power of plain qgZ's quantization error in the communicated mean gradient over
 the power of the gradient's own sampling noise at the step's batch. Where ``rho < 1`` (every 4/4 and 8/2 + Hadamard
 point measured) plain qgZ stayed within noise of full precision and LoCo changed nothing; where ``rho >= 1`` (every
-2/2 point) plain qgZ lost loss and LoCo recovered all or part of it (about half, pooled over the map's regimes of
-0.87M-116M parameters; one 32M seed of five diverged with it). So
+2/2 point) plain qgZ lost loss and LoCo recovered all or part of it (about 40%, pooled over the map's regimes
+of 0.87M-116M parameters; one 32M seed of five diverged with it). So
 :func:`advise` first measures ``rho`` of each candidate in a short probe (cheap: a few steps of plain qgZ), then
 spends the rest of the budget on training comparisons (full precision, plain qgZ, qgZ + LoCo over several seeds) of
 the candidates with ``rho >= 1``, and recommends the setting with the fewest inter-node bits whose best arm is within
