@@ -117,7 +117,8 @@ def regime_rows(tag, arms):
 def pooled_rows(rows):
     """Per (grid, bits), the default grid first and the bits in ``BITS`` order: each of ``DIFFERENCES`` pooled over
     the rows whose interval it has (:class:`~deepspeed_loco.utils.stats.Pooled` as a dict, None without any), and
-    the seeds behind it. The pool treats the regimes as independent; regimes of one model that differ only in ``W``
+    the seeds behind it. A regime whose seeds all differ by the same amount has an interval of zero width, which
+    cannot be weighted; it is left out of that pool. The pool treats the regimes as independent; regimes of one model that differ only in ``W``
     share each seed's initial weights and batches."""
     groups = {}
     for r in rows:
@@ -127,11 +128,16 @@ def pooled_rows(rows):
     for (grid, bits), members in sorted(groups.items(), key=lambda g: (g[0][0] != "auto", order.index(g[0][1]))):
         entry = {"grid": grid, "bits": bits, "regimes": [m["tag"] for m in members]}
         for key, _ in DIFFERENCES:
-            cells = [m[key] for m in members if m[key] is not None and m[key][2] is not None]
+            cells = [m[key] for m in members if _has_width(m[key])]
             result = pool_intervals([cell[1:] for cell in cells])
             entry[key] = dict(vars(result), seeds=sum(cell[0] for cell in cells)) if result else None
         pooled.append(entry)
     return pooled
+
+
+def _has_width(cell) -> bool:
+    """A paired difference ``(n, mean, low, high)`` with an interval of positive width."""
+    return cell is not None and cell[2] is not None and cell[3] > cell[2]
 
 
 def burst_rows(tag, arms):

@@ -1,0 +1,59 @@
+"""benchmarks/regime_map.py on made-up runs: the paired differences per regime, their pool over regimes (the map's
+headline), a regime run on CPU named so, and the files it writes."""
+import json
+
+import pytest
+
+from deepspeed_loco.utils.stats import pool_intervals, t_interval
+
+LOSSES = {  # regime tag: arm: final validation loss per seed 0, 1, 2
+    "a_w4": {"full": [2.00, 2.10, 2.20], "plain2": [2.05, 2.16, 2.24], "loco2": [2.02, 2.12, 2.22]},
+    "b_w16": {"full": [1.50, 1.55, 1.60], "plain2": [1.56, 1.60, 1.67], "loco2": [1.54, 1.59, 1.63]},
+}
+
+
+def _run(tag, key, seed, loss, nodes, device):
+    setup = {"steps": 100, "size": "small", "params": 870_000, "text": "t", "nodes": nodes, "local": 2,
+             "micro_batch": 64 // (2 * nodes), "lr": 1e-3, "warmup": 10, "dtype": "bf16", "quant_grid": "auto",
+             "device": device}
+    return {"tag": tag, "key": key, "seed": seed, "setup": setup, "final_val_loss": loss, "noise_scale": 40.0,
+            "grad_rel_error_mean": 0.9 if key != "full" else 0.0, "sum_rel_error_final": 0.5,
+            "series": {"grad_rel_errors": [0.9] * 10}}
+
+
+@pytest.fixture
+def runs_file(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    with open(path, "w") as f:
+        for tag, arms in LOSSES.items():
+            nodes, device = (2, "NVIDIA H200") if tag == "a_w4" else (8, "cpu")
+            for key, losses in arms.items():
+                for seed, loss in enumerate(losses):
+                    f.write(json.dumps(_run(tag, key, seed, loss, nodes, device)) + "\n")
+    return path
+
+
+def _paired(tag, first, second):
+    return t_interval([a - b for a, b in zip(LOSSES[tag][first], LOSSES[tag][second])])
+
+
+def test_the_pool_is_the_random_effects_pool_of_each_regimes_interval(benchmark_module, runs_file, tmp_path):
+    regime_map = benchmark_module("regime_map")
+    regime_map.main(["--runs", str(runs_file), "--out", str(tmp_path / "out")])
+    written = json.loads((tmp_path / "out" / "map.json").read_text())
+    (pooled, ) = written["pooled"]
+    assert (pooled["grid"], pooled["bits"], pooled["regimes"]) == ("auto", "2/2", ["a_w4", "b_w16"])
+    for key, (first, second) in {"loco_minus_plain": ("loco2", "plain2"),
+                                 "plain_minus_full": ("plain2", "full")}.items():
+        expected = pool_intervals([_paired(tag, first, second) for tag in LOSSES])
+        assert (pooled[key]["mean"], pooled[key]["low"], pooled[key]["high"]) == pytest.approx(
+            (expected.mean, expected.low, expected.high), rel=1e-12)
+        assert pooled[key]["k"] == 2 and pooled[key]["seeds"] == 6
+    # a_w4's LoCo - full is +0.02 on every seed: an interval of zero width, left out of that pool
+    assert pooled["loco_minus_full"]["k"] == 1 and pooled["loco_minus_full"]["seeds"] == 3
+    assert pooled["loco_minus_full"]["mean"] == pytest.approx(_paired("b_w16", "loco2", "full")[0], rel=1e-12)
+    rows = {row["tag"]: row for row in written["regimes"]}
+    assert rows["a_w4"]["loco_minus_plain"][1] == pytest.approx(-0.03, abs=1e-12)  # (-0.03, -0.04, -0.02) / 3
+    table = (tmp_path / "out" / "map.md").read_text()
+    assert "W=16 (8x2), mb 4, 100 steps, auto, CPU | 2/2" in table and "W=4 (2x2), mb 16, 100 steps, auto |" in table
+    assert "| auto | 2/2 | " in table and (tmp_path / "out" / "map.png").stat().st_size > 0
