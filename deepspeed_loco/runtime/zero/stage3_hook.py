@@ -18,6 +18,7 @@ from deepspeed_loco.runtime.zero import deepspeed_seam
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.zero import checkpoint, telemetry
+from deepspeed_loco.runtime.zero.regime_note import regime_note
 from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
 from deepspeed_loco.utils.logging import log_rank0, logger
 
@@ -169,6 +170,9 @@ def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
                   "communicated, so LoCo does nothing in this run", logging.WARNING)
     else:
         log_rank0(hook.describe(params))
+        note = regime_note(hook.plan, config.error_feedback)
+        if note:
+            log_rank0(note)
     hook.telemetry = telemetry.for_engine(engine, hook)
     setattr(engine, ENGINE_ATTRIBUTE, hook)
     return hook
