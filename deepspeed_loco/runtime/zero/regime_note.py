@@ -1,8 +1,8 @@
 """What the regime map says about a run's bits and error feedback, as one start-up note: :func:`regime_note`.
 
 The regime map (``docs/config.md``, "When LoCo pays") measured three settings on the default grid: 2 bits on
-every hop (plain qgZ lost loss and LoCo won part of it back), 4/4 and 8/2 + Hadamard (plain qgZ matched full
-precision and LoCo changed nothing). A run whose hops all send 2 bits without error feedback, or that keeps error
+every hop (plain qgZ lost loss and LoCo won part of it back), 4/4 and 8/2 + Hadamard (LoCo did not lower the
+loss: at 4/4 it changed nothing, at 8/2 + Hadamard nothing in three regimes and cost loss in one). A run whose hops all send 2 bits without error feedback, or that keeps error
 buffers where the map found them useless, gets a note naming the key to change; every other run gets none (the
 map says nothing about it).
 """
@@ -26,7 +26,6 @@ def regime_note(plan: HopPlan, error_feedback: bool) -> Optional[str]:
     per_hop = [hop.bits for hop in plan.hops]  # intra-node first
     if error_feedback and (bits[0] >= 4 or (plan.hadamard and per_hop == [8, 2])):
         return (f"deepspeed-loco: LoCo error feedback at {'/'.join(map(str, per_hop))} bits"
-                f"{' + Hadamard' if plan.hadamard else ''}: in the regime map ({MAP}) plain qgZ matched full "
-                f"precision at such bits and LoCo changed nothing; zeropp_loco_param.error_feedback: false saves "
-                f"its error buffers")
+                f"{' + Hadamard' if plan.hadamard else ''}: in the regime map ({MAP}) LoCo did not lower the "
+                f"loss at such bits; zeropp_loco_param.error_feedback: false saves its error buffers")
     return None

@@ -25,7 +25,7 @@ def test_two_bits_on_every_hop_without_error_feedback_suggests_it():
 ])
 def test_error_feedback_where_the_map_found_no_effect_says_what_it_costs(keys, shown):
     note = _note(8, 4, error_feedback=True, **keys)
-    assert shown in note and "LoCo changed nothing" in note and "error_feedback: false" in note
+    assert shown in note and "LoCo did not lower the loss" in note and "error_feedback: false" in note
 
 
 @pytest.mark.parametrize("world,local,keys", [
