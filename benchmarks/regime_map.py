@@ -32,7 +32,7 @@ from collections import defaultdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
 
-from deepspeed_loco.utils.stats import pool_intervals, t_interval  # noqa: E402
+from deepspeed_loco.utils.stats import noise_ratio, pool_intervals, t_interval  # noqa: E402
 
 BITS = (("4/4", "plain4", "loco4"), ("2/2", "plain2", "loco2"), ("8/2+H", "plain8-2h", "loco8-2h"))
 REPEAT_SUFFIX = "rep"
@@ -103,7 +103,7 @@ def regime_rows(tag, arms):
             "tag": tag, "params": setup["params"], "nodes": setup["nodes"], "local": setup["local"], "world": world,
             "micro_batch": setup["micro_batch"], "global_batch": batch, "steps": setup["steps"],
             "grid": setup["quant_grid"], "bits": bits, "noise_scale": noise, "device": setup["device"],
-            "plain_step_error": error, "rho": _rho(error, noise, batch) if noise else None,
+            "plain_step_error": error, "rho": noise_ratio(error, noise, batch) if noise else None,
             "plain_sum_error": statistics.fmean(r["sum_rel_error_final"] for r in arms[plain].values()),
             "loco_sum_error": statistics.fmean(r["sum_rel_error_final"] for r in arms[loco].values())
             if loco in arms else None,
@@ -178,12 +178,6 @@ def _burst(loco_run, plain_run) -> float:
     over plain qgZ's, the two runs' records at the same seed."""
     return (max(loco_run["series"]["grad_rel_errors"][:BURST_WINDOWS]) /
             max(plain_run["series"]["grad_rel_errors"][:BURST_WINDOWS]))
-
-
-def _rho(error, noise, batch):
-    """Quantization error power over sampling noise power of the step's mean gradient (module docstring)."""
-    share = noise / batch
-    return error**2 * (1 + share) / share
 
 
 def _diff(cell):

@@ -23,7 +23,7 @@ from deepspeed_loco.layout.wire import wire_bytes_per_element
 from deepspeed_loco.simulation.arms import parse_arm, zeropp_loco_param
 from deepspeed_loco.simulation.side_by_side import Job, SideBySide, Task
 from deepspeed_loco.simulation.train import ArmResult, gradient_noise_scale
-from deepspeed_loco.utils.stats import t_interval
+from deepspeed_loco.utils.stats import noise_ratio, t_interval
 
 CANDIDATES = ("plain2", "plain8-2h", "plain4")  # fewest inter-node bits first
 RHO_THRESHOLD = 1.0  # quantization error power equal to the sampling noise power
@@ -278,8 +278,7 @@ def _rho(error: float, noise: Optional[float], result: ArmResult) -> Optional[fl
     """Plain qgZ's error power over the sampling-noise power at the step's batch (None without a noise scale)."""
     if not noise:
         return None
-    batch = result.rank_batch * result.world_size
-    return error**2 * (1 + noise / batch) / (noise / batch)
+    return noise_ratio(error, noise, result.rank_batch * result.world_size)
 
 
 def _affordable_steps(probe: Probe, seconds: float, seeds: int, max_steps: int, parallel: int = 1) -> int:

@@ -1,5 +1,5 @@
 """Summary statistics of repeated runs: mean and sd over seeds, the Student-t interval of a mean, the pool of several
-such intervals, a smoothed curve.
+such intervals, the error-to-noise ratio of a communicated gradient, a smoothed curve.
 
 One module for the library (the simulation's reports), the demo (``loco_lab``) and the benchmarks.
 
@@ -109,6 +109,16 @@ def pool_intervals(intervals: Sequence[Tuple[float, float, float]], confidence: 
     half = z / math.sqrt(sum(pooled_weights))
     p_heterogeneity = float(chi2.sf(q, k - 1)) if k > 1 else 1.0
     return Pooled(mean, mean - half, mean + half, k, q, p_heterogeneity, math.sqrt(tau_sq))
+
+
+def noise_ratio(error: float, noise_scale: float, batch: float) -> float:
+    """``rho``: the power of a communicated mean gradient's error over the power of its own sampling noise,
+    ``error^2 (1 + B / batch) / (B / batch)``; ``error``: the per-step relative error of the communicated mean,
+    ``noise_scale``: the gradient noise scale ``B`` (``deepspeed_loco.simulation.gradient_noise_scale``, samples,
+    > 0), ``batch``: the step's global batch in the same units (the exact mean has ``||g||^2 = ||G||^2 (1 + B /
+    batch)``, its sampling noise ``||G||^2 B / batch``)."""
+    share = noise_scale / batch
+    return error**2 * (1 + share) / share
 
 
 def ema(values: Sequence[float], beta: float) -> List[float]:

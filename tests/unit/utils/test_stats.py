@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from deepspeed_loco.utils.stats import ema, format_mean_sd, mean_sd, pool_intervals, t_interval
+from deepspeed_loco.utils.stats import ema, format_mean_sd, mean_sd, noise_ratio, pool_intervals, t_interval
 
 Z95 = 1.959963984540054  # the normal quantile of a 95% two-sided interval
 
@@ -93,3 +93,8 @@ def test_pool_rejects_what_is_not_an_interval():
         pool_intervals([(2.0, 0.0, 1.0)])
     with pytest.raises(ValueError, match="confidence"):
         pool_intervals([(0.0, -1.0, 1.0)], confidence=95)
+
+
+def test_noise_ratio_is_error_power_over_sampling_noise_power():
+    assert noise_ratio(1.0, 64, 64) == 2.0  # share 1: e^2 (1 + 1) / 1
+    assert noise_ratio(0.5, 16, 64) == pytest.approx(0.25 * 1.25 / 0.25, rel=1e-15)  # share 1/4
