@@ -22,7 +22,7 @@ from typing import Mapping, Optional, Protocol, Sequence, Tuple
 
 import torch
 
-from deepspeed_loco.layout.partition import SCALE_BYTES, padded_partition_size
+from deepspeed_loco.layout.partition import SCALE_BYTES, padded_partition_size, padded_widths
 from deepspeed_loco.layout.wire import WireLayout
 
 INTRA_NODE = "intra_node"
@@ -110,7 +110,7 @@ class HopPlan:
 
     def widths(self, numels: Sequence[int]) -> Tuple[int, ...]:
         """Padded partition widths ``P'`` of gradients of ``numels`` elements."""
-        return tuple(padded_partition_size(n, self.world_size, self.group_size) for n in numels)
+        return padded_widths(numels, self.world_size, self.group_size)
 
     def rows(self) -> Mapping[str, int]:
         """Partition rows each hop quantizes, by hop name, in hop order (an error buffer's rows, with error

@@ -4,6 +4,8 @@ A gradient of ``N`` elements on ``W = M * L`` ranks has partitions of ``P = ceil
 flat elements ``[r*P, (r+1)*P)``, zero past ``N``), each padded to ``P' = roundup(P, group_size)`` so that groups
 never straddle a partition or a parameter. Partition row ``n*L + d`` is sent from slot ``d*M + n``.
 """
+from typing import Sequence, Tuple
+
 import torch
 
 SCALE_BYTES = 4  # one fp32 scale per quantization group
@@ -17,6 +19,11 @@ def partition_size(numel: int, world_size: int) -> int:
 def padded_partition_size(numel: int, world_size: int, group_size: int) -> int:
     """``P' = roundup(ceil(N / W), group_size)``: groups never straddle partitions or parameters."""
     return -(-partition_size(numel, world_size) // group_size) * group_size
+
+
+def padded_widths(numels: Sequence[int], world_size: int, group_size: int) -> Tuple[int, ...]:
+    """The padded partition widths ``P'`` of a bucket of gradients of ``numels`` elements: its wire layout's widths."""
+    return tuple(padded_partition_size(n, world_size, group_size) for n in numels)
 
 
 def slot_to_row(world_size: int, local_size: int) -> torch.Tensor:

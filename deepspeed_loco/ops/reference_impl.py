@@ -9,13 +9,13 @@ Error buffers as the ops take them: ``error_values`` empty (no error feedback) o
 (with ``error_scales``, one fp32 ``(rows, cols // group_size)`` tensor per parameter) or fp32 (``error_scales``
 empty); both are updated in place. Wire buffers: uint8 ``(rows, row_bytes)`` of ``deepspeed_loco.layout.WireLayout``
 (the widths of hop 1 and of the final mean are the gradients' padded partitions,
-``deepspeed_loco.layout.padded_partition_size``).
+``deepspeed_loco.layout.padded_widths``).
 """
 from typing import List, Optional, Sequence
 
 import torch
 
-from deepspeed_loco.layout import HopArgs, WireLayout, padded_partition_size
+from deepspeed_loco.layout import HopArgs, WireLayout, padded_widths
 from deepspeed_loco.ops import loco_reference
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 
@@ -33,11 +33,6 @@ def error_buffers(error_values: Sequence[torch.Tensor], error_scales: Sequence[t
         raise ValueError("LoCo ops: int8 error values need their fp32 scales (error_scales)")
     scales = list(error_scales) if error_scales else [None] * rows
     return [ErrorBuffer(v, s, group_size) for v, s in zip(error_values, scales)]
-
-
-def padded_widths(numels: Sequence[int], world_size: int, group_size: int) -> tuple:
-    """The wire widths ``P'`` of parameters of ``numels`` elements."""
-    return tuple(padded_partition_size(n, world_size, group_size) for n in numels)
 
 
 def quantize_bucket(grads: List[torch.Tensor], error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
