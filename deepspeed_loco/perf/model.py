@@ -192,9 +192,8 @@ def load_kernel_costs(path: str) -> KernelCosts:
 @dataclass(frozen=True)
 class Prediction:
     """One step: ``compute_s`` (matmuls), ``engine_s`` (the engine's host time per step, overlapping compute; from a
-    calibration, else 0),
-    ``kernel_s`` (gradient codec), ``collectives`` (seconds per kind), ``comm_s`` (their sum), ``exposed_s``
-    (communication not hidden behind compute), ``step_s``; rates per second and per GPU."""
+    calibration, else 0), ``kernel_s`` (gradient codec), ``collectives`` (seconds per kind), ``comm_s`` (their sum),
+    ``exposed_s`` (communication not hidden behind compute), ``step_s``; rates per second and per GPU."""
     method: str
     overlap: bool
     compute_s: float
@@ -246,9 +245,8 @@ def predict(workload: Workload, cluster: Cluster, method: Method, kernels: Kerne
             overlap: bool = True, engine_s: float = 0.0) -> Prediction:
     """Step time: the longer of compute and ``engine_s`` (the engine's host time per step, which overlaps the GPU's
     work; calibrated by :mod:`deepspeed_loco.perf.calibration`, else 0), plus the codec kernels, plus the exposed
-    communication. The kernels are never hidden: they share the SMs with
-    the compute, and each sits in the dependency chain of the hop it feeds; on one GPU nothing is reduced, so
-    they do not run."""
+    communication. The kernels are never hidden: they share the SMs with the compute, and each sits in the dependency
+    chain of the hop it feeds; on one GPU nothing is reduced, so they do not run."""
     flops = workload.flops_per_gpu()
     compute = flops / cluster.sustained_flops
     kernel = kernels.seconds(method.kernels, workload.params, cluster.gpu) if method.kernels and cluster.gpus > 1 \
