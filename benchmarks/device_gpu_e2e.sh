@@ -3,6 +3,9 @@
 # benchmarks/device_wheelhouse.sh), build the LoCo CUDA kernels once, then run the four arms (zero3, dsqgz, plain,
 # loco) for each run of RUNS, saving results_<size>_mb<micro-batch>.json, table_... and log_... under $OUT.
 # RUNS: "SIZE:MICRO_BATCH ..." (default "125m:16 1b:8"); further arguments go to every gpu_e2e.py run.
+# RUN_TIMEOUT_S bounds each run; one stopped by it keeps the rounds it finished (gpu_e2e.py saves after each round).
+# On the H200 each arm of each round costs ~15 s (engine set-up and 20 steps of the 125m model): 4 arms x 3 rounds
+# take ~180 s per run, so at most three such runs fit one 10-minute call.
 # Usage (repository root):
 #   OUT=$OUT bash benchmarks/device_gpu_e2e.sh [--steps 20 ...]
 set -uo pipefail

@@ -564,9 +564,34 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def build_report(args: argparse.Namespace, device: torch.device, per_arm: Dict[str, List[dict]]) -> dict:
+    """The report of the rounds every arm has finished (``rounds``: how many), each arm's rounds merged."""
+    rounds = min(len(results) for results in per_arm.values())
+    results = [merge_rounds(per_arm[arm][:rounds]) for arm in args.arms]
+    add_ratios(results)
+    model = dict(args.model.to_dict(), parameters=results[0]["parameters"])
+    return {"environment": environment(device), "size": args.size, "model": model, "micro_batch": args.micro_batch,
+            "steps": args.steps, "warmup": args.warmup, "rounds": rounds, "rounds_asked": args.rounds,
+            "profile_steps": args.profile_steps, "dtype": args.dtype, "overlap_comm": args.overlap_comm,
+            "bits": "/".join(map(str, args.bits)), "group_size": args.group_size, "arms": results,
+            "gradient_check_passed": all(r.get("gradient_check", {"passed": True})["passed"] for r in results)}
+
+
+def save_report(args: argparse.Namespace, report: dict) -> str:
+    """Writes ``--out`` (JSON) and ``--table`` (the printed tables) on rank 0; returns the tables."""
+    text = format_report(report)
+    if dist.get_rank() == 0:
+        if args.table:
+            Path(args.table).write_text(text + "\n")
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=1))
+    return text
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    """Runs every arm of ``--arms``; rank 0 prints the report and writes ``--out``. Returns 0, or 1 when a
-    gradient check failed."""
+    """Runs every arm of ``--arms`` ``--rounds`` times; after each round rank 0 rewrites ``--out`` and ``--table``
+    with the rounds finished so far (a run stopped by a timeout keeps them), and at the end prints the report.
+    Returns 0, or 1 when a gradient check failed."""
     args = parse_args(argv)
     device = init_world()
     check_ds_qgz_runs(args, device)
@@ -578,22 +603,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 reference = gradients
             per_arm[arm].append(result)
             dist.barrier()
-    results = [merge_rounds(per_arm[arm]) for arm in args.arms]
-    add_ratios(results)
-    model = dict(args.model.to_dict(), parameters=results[0]["parameters"])
-    report = {"environment": environment(device), "size": args.size, "model": model, "micro_batch": args.micro_batch,
-              "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "profile_steps": args.profile_steps,
-              "dtype": args.dtype,
-              "overlap_comm": args.overlap_comm, "bits": "/".join(map(str, args.bits)), "group_size": args.group_size,
-              "arms": results,
-              "gradient_check_passed": all(r.get("gradient_check", {"passed": True})["passed"] for r in results)}
+        report = build_report(args, device, per_arm)
+        text = save_report(args, report)
+        if dist.get_rank() == 0 and round_index + 1 < args.rounds:
+            print(f"round {round_index + 1} of {args.rounds} saved", flush=True)
     if dist.get_rank() == 0:
-        text = format_report(report)
         print(text, flush=True)
-        if args.table:
-            Path(args.table).write_text(text + "\n")
-        if args.out:
-            Path(args.out).write_text(json.dumps(report, indent=1))
     dist.destroy_process_group()
     return 0 if report["gradient_check_passed"] else 1
 

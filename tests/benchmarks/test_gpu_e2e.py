@@ -130,3 +130,20 @@ def test_collectives_are_grouped_by_event_name(benchmark_module):
     assert kind("c10d::allgather_into_tensor_coalesced_") == "all_gather"
     assert kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL") == "all_reduce"
     assert kind("aten::mm") is None
+
+
+def test_the_report_holds_the_rounds_every_arm_finished(benchmark_module, monkeypatch):
+    """What is saved after each round (so that a timeout keeps it): only rounds that every arm finished."""
+    gpu_e2e = benchmark_module("gpu_e2e")
+    monkeypatch.setattr(gpu_e2e, "environment", lambda device: {"world_size": 1})
+    args = gpu_e2e.parse_args(["--size", "tiny", "--rounds", "3", "--arms", "zero3,loco"])
+
+    def result(arm, step_s):
+        return dict(arm=arm, step_s=step_s, step_times_s=[step_s], tokens_per_s=10 / step_s, peak_memory_bytes=1,
+                    profile={}, parameters=123, gradient_check={"passed": True})
+
+    per_arm = {"zero3": [result("zero3", 1.0), result("zero3", 3.0)], "loco": [result("loco", 2.0)]}
+    report = gpu_e2e.build_report(args, None, per_arm)
+    assert (report["rounds"], report["rounds_asked"]) == (1, 3)
+    assert [r["round_step_s"] for r in report["arms"]] == [[1.0], [2.0]]  # zero3's unmatched second round left out
+    assert report["arms"][1]["vs_zero3"]["step_s"] == 2.0 and report["model"]["parameters"] == 123
