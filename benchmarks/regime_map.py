@@ -118,8 +118,8 @@ def pooled_rows(rows):
     """Per (grid, bits), the default grid first and the bits in ``BITS`` order: each of ``DIFFERENCES`` pooled over
     the rows whose interval it has (:class:`~deepspeed_loco.utils.stats.Pooled` as a dict, None without any), and
     the seeds behind it. A regime whose seeds all differ by the same amount has an interval of zero width, which
-    cannot be weighted; it is left out of that pool. The pool treats the regimes as independent; regimes of one model that differ only in ``W``
-    share each seed's initial weights and batches."""
+    cannot be weighted; it is left out of that pool. The pool treats the regimes as independent; regimes of one
+    model that differ only in ``W`` share each seed's initial weights and batches."""
     groups = {}
     for r in rows:
         groups.setdefault((r["grid"], r["bits"]), []).append(r)
