@@ -57,7 +57,7 @@ SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "size": str, "micro_batch": int, "lr": float, "warmup": int, "group_size": int, "err_beta": float,
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
     "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float,
-    "ef_from": int, "stream_nodes": int
+    "ef_from": int, "stream_nodes": int, "variant": str
 }
 
 
@@ -75,6 +75,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ef-from", dest="ef_from", type=int, default=1,
                    help="LoCo arms: error feedback from this optimizer step on, plain qgZ before it "
                         "(simulate's error_feedback_from_step experiment)")
+    p.add_argument("--variant", default="none",
+                   help="LoCo arms: a compensation rule of benchmarks/compensation_variants.py instead of the "
+                        "library's (reference kernels only; 'none': the library's)")
     p.add_argument("--diagnostics", type=int, default=0, help="1: record the released share (LoCo arms)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16: forward/backward under autocast")
     p.add_argument("--eval-every", dest="eval_every", type=int, default=50)
@@ -132,7 +135,10 @@ def run_one(args) -> dict:
     from loco_lab.data import load_corpus
     from loco_lab.model import SIZES, ByteLlama, count_parameters, mean_loss
 
+    from compensation_variants import install
+
     torch.set_num_threads(1)
+    install(args.variant)
     if args.warmup_frac > 0:
         args.warmup = max(1, round(args.warmup_frac * args.steps))
     arm = parse_arm(args.arm)
@@ -189,6 +195,7 @@ def run_one(args) -> dict:
                   "model": cfg.to_dict(), "nodes": args.nodes, "local": args.local, "micro_batch": args.micro_batch,
                   "lr": args.lr, "warmup": args.warmup, "dtype": args.dtype, "group_size": args.group_size,
                   "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops, "ef_from": args.ef_from,
+                  "variant": args.variant,
                   "quant_grid": args.quant_grid,
                   "eval_windows": args.eval_windows, "device": torch.cuda.get_device_name(device)
                   if device.type == "cuda" else "cpu", "kernels": kernels},
