@@ -14,8 +14,10 @@ own sampling noise at the step's batch ``B``: ``rho = e^2 (1 + B_noise / B) / (B
 ``||g||^2 = ||G||^2 (1 + B_noise / B)``, its sampling noise ``||G||^2 B_noise / B``). Tags ending in ``rep``
 repeat a run of another tag (a determinism check) and are listed, not averaged. A regime without a full-precision
 arm (one that changes only the grid) takes it from the regime with the same training setup (``SAME_TRAINING``).
-Tags ``<base>_ef<N>`` hold LoCo runs whose error feedback starts at step ``N`` (plain qgZ before: the burst fix of
-item 3); they are compared, seed by seed, with the base tag's plain qgZ, LoCo from step 1 and full precision.
+Tags ``<base>_<change>`` hold LoCo runs with one change to LoCo's rule (item 3's fixes of the early burst):
+``ef<N>``, error feedback from step ``N`` (plain qgZ before it); ``bounded``, the compensation rule of
+``benchmarks/compensation_variants.py``. They are compared, seed by seed, with the base tag's plain qgZ, LoCo as the
+library runs it and full precision.
 
 The pooled table: per grid and bit setting, each difference pooled over the regimes that measured it with an
 interval (``deepspeed_loco.utils.stats.pool_intervals``: random effects over the regimes' t-intervals, with
@@ -37,7 +39,7 @@ from deepspeed_loco.utils.stats import noise_ratio, pool_intervals, t_interval  
 BITS = (("4/4", "plain4", "loco4"), ("2/2", "plain2", "loco2"), ("8/2+H", "plain8-2h", "loco8-2h"))
 REPEAT_SUFFIX = "rep"
 BURST_WINDOWS = 10  # the first 100 steps: the per-step error series is stored as 10-step means
-DELAYED = re.compile(r"^(?P<base>.+)_ef(?P<start>\d+)$")  # a tag of delayed error feedback runs
+CHANGED = re.compile(r"^(?P<base>.+)_(?P<change>ef\d+|bounded)$")  # a tag of runs with a change to LoCo's rule
 DIFFERENCES = (("plain_minus_full", "plain - full"), ("loco_minus_plain", "LoCo - plain"),
                ("loco_minus_full", "LoCo - full"))
 SAME_TRAINING = ("params", "nodes", "local", "micro_batch", "steps", "lr", "warmup", "text", "dtype")
@@ -152,25 +154,30 @@ def burst_rows(tag, arms):
     return rows
 
 
-def delayed_rows(regimes):
-    """Per ``<base>_ef<N>`` tag and LoCo arm: the delayed-feedback arm minus the base tag's plain qgZ, LoCo from
-    step 1 and full precision (paired ``(n, mean, low, high)``), and its mean early burst over plain."""
+def changed_rows(regimes):
+    """Per ``<base>_<change>`` tag and LoCo arm: the changed arm minus the base tag's plain qgZ, LoCo as the library
+    runs it and full precision (paired ``(n, mean, low, high)``), and its mean early burst over plain."""
     rows = []
     for tag, arms in regimes.items():
-        match = DELAYED.match(tag)
+        match = CHANGED.match(tag)
         if not match or match["base"] not in regimes:
             continue
         base = regimes[match["base"]]
         for _, plain, loco in BITS:
             if loco not in arms:
                 continue
-            merged = {"delayed": arms[loco], **{key: base[key] for key in ("full", plain, loco) if key in base}}
+            merged = {"changed": arms[loco], **{key: base[key] for key in ("full", plain, loco) if key in base}}
             bursts = [_burst(arms[loco][s], base[plain][s]) for s in sorted(set(arms[loco]) & set(base.get(plain, {})))]
-            rows.append({"tag": tag, "base": match["base"], "start": int(match["start"]), "arm": loco,
-                         "minus_plain": paired(merged, "delayed", plain), "minus_loco": paired(merged, "delayed", loco),
-                         "minus_full": paired(merged, "delayed", "full"),
+            rows.append({"tag": tag, "base": match["base"], "change": _change(match["change"]), "arm": loco,
+                         "minus_plain": paired(merged, "changed", plain), "minus_loco": paired(merged, "changed", loco),
+                         "minus_full": paired(merged, "changed", "full"),
                          "burst": statistics.fmean(bursts) if bursts else None})
     return sorted(rows, key=lambda r: r["tag"])
+
+
+def _change(suffix: str) -> str:
+    """A tag's suffix in words: ``ef51`` is "from step 51", a variant's name stays as it is."""
+    return f"from step {suffix[2:]}" if suffix.startswith("ef") else suffix
 
 
 def _burst(loco_run, plain_run) -> float:
@@ -198,7 +205,7 @@ def _pooled_cell(cell):
             f"{cell['seeds']} seeds; heterogeneity p = {cell['p_heterogeneity']:.2g})")
 
 
-def markdown(rows, bursts, repeats, regimes, delayed=(), pooled=()) -> str:
+def markdown(rows, bursts, repeats, regimes, changed=(), pooled=()) -> str:
     head = ["regime", "bits", "B_noise (seq) / B", "plain step err", "rho", "sum err plain / LoCo",
             "plain - full (95% CI)", "LoCo - plain (95% CI)", "LoCo - full (95% CI)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -222,14 +229,14 @@ def markdown(rows, bursts, repeats, regimes, delayed=(), pooled=()) -> str:
               "| regime | arm | seed | burst | LoCo - plain |", "|---|---|---|---|---|"]
     lines += [f"| {b['tag']} | {b['arm']} | {b['seed']} | {b['burst']:.2f} | {b['loco_minus_plain']:+.4f} |"
               for b in sorted(bursts, key=lambda b: -b["burst"])]
-    if delayed:
-        lines += ["", "Error feedback from step N (plain qgZ before it), against the base regime's arms, paired by "
-                  "seed:",
-                  "", "| base regime | LoCo arm | from step | burst | - plain (95% CI) | - LoCo from step 1 (95% CI) | "
+    if changed:
+        lines += ["", "Changes to LoCo's rule (error feedback from step N, plain qgZ before it; a compensation "
+                  "variant), against the base regime's arms, paired by seed:",
+                  "", "| base regime | LoCo arm | change | burst | - plain (95% CI) | - LoCo (95% CI) | "
                   "- full (95% CI) |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {d['base']} | {d['arm']} | {d['start']} | "
+        lines += [f"| {d['base']} | {d['arm']} | {d['change']} | "
                   f"{'-' if d['burst'] is None else format(d['burst'], '.2f')} | {_diff(d['minus_plain'])} | "
-                  f"{_diff(d['minus_loco'])} | {_diff(d['minus_full'])} |" for d in delayed]
+                  f"{_diff(d['minus_loco'])} | {_diff(d['minus_full'])} |" for d in changed]
     for record in repeats:
         original = regimes.get(record["tag"][:-len(REPEAT_SUFFIX)], {}).get(record["key"], {}).get(record["seed"])
         same = original is not None and original["final_val_loss"] == record["final_val_loss"]
@@ -302,14 +309,14 @@ def main(argv=None) -> None:
     order = sorted(regimes, key=lambda tag: _order(regimes[tag]))
     rows = [row for tag in order for row in regime_rows(tag, regimes[tag])]
     bursts = [row for tag in order for row in burst_rows(tag, regimes[tag])]
-    delayed = delayed_rows(regimes)
+    changed = changed_rows(regimes)
     pooled = pooled_rows(rows)
     os.makedirs(args.out, exist_ok=True)
-    text = markdown(rows, bursts, repeats, regimes, delayed, pooled)
+    text = markdown(rows, bursts, repeats, regimes, changed, pooled)
     with open(os.path.join(args.out, "map.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "map.json"), "w") as f:
-        json.dump({"regimes": rows, "pooled": pooled, "bursts": bursts, "delayed_error_feedback": delayed}, f,
+        json.dump({"regimes": rows, "pooled": pooled, "bursts": bursts, "rule_changes": changed}, f,
                   indent=1)
     plot(rows, bursts, os.path.join(args.out, "map.png"))
     print(text)
