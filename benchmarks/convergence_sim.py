@@ -17,8 +17,9 @@ Every arm of a seed starts from the same weights and sees the same batches.
 
 A matrix is ``TAG:STEPS:SEEDS:ARMS[:SETTINGS]``; SETTINGS is a comma list of ``key=value`` over the run flags
 (``size``, ``micro_batch``, ``lr``, ``warmup``, ``group_size``, ``err_beta``, ``reset_T``, ``ef_hops``,
-``diagnostics``, ``dtype``, ``eval_every``, ``text``, ``quant_grid``, ``variant``, ...). Runs of one tag are compared with each other; ``launch`` orders the
-runs matrix by matrix and seed by seed, so a budget that runs out leaves whole seeds.
+``diagnostics``, ``dtype``, ``eval_every``, ``text``, ``quant_grid``, ``variant``, ... ``SETTINGS`` below). Runs of
+one tag are compared with each other; ``launch`` orders the runs matrix by matrix and seed by seed, so a budget that
+runs out leaves whole seeds.
 
 ``summarize --reference TAG=REFTAG``: the tag TAG has no ``full`` or ``plain2`` arm of its own (for example it
 changes only the quantizer, such as ``quant_grid=midrise``), so those arms are taken from REFTAG, whose runs must
