@@ -1,7 +1,7 @@
 """``python -m deepspeed_loco.perf predict ...`` prints one JSON object for one method and cluster;
 ``python -m deepspeed_loco.perf validate`` prints each published figure beside the model's prediction;
-``python -m deepspeed_loco.perf calibrate RESULTS.json ...`` takes the engine's host time per step from
-``gpu_e2e.py`` runs on one GPU."""
+``python -m deepspeed_loco.perf calibrate RESULTS.json ...`` takes the engine's host time per step and the GPU's
+measured rate from ``gpu_e2e.py`` runs on one GPU."""
 import argparse
 import json
 from dataclasses import asdict
@@ -37,9 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="overlap communication with compute (default: on)")
     p.add_argument("--calibration", default=None,
-                   help="JSON written by 'calibrate --out': the engine's host seconds per step")
+                   help="JSON written by 'calibrate --out': the engine's host seconds per step, and the GPU's "
+                        "measured rate, which stands for --tflops when that is not given")
     commands.add_parser("validate", help="published figures beside the model's predictions")
-    c = commands.add_parser("calibrate", help="the engine's host seconds per step from gpu_e2e.py runs on one GPU")
+    c = commands.add_parser("calibrate", help="the engine's host seconds per step and the GPU's rate from gpu_e2e.py runs on one GPU")
     c.add_argument("results", nargs="+", help="JSON files written by benchmarks/gpu_e2e.py --out (world size 1)")
     c.add_argument("--gpu", choices=sorted(GPUS), default="h200", help="the GPU they ran on (its sustained TFLOPS)")
     c.add_argument("--tflops", type=float, default=None, help="sustained TFLOPS (overrides the GPU table)")
@@ -52,16 +53,17 @@ def run_predict(args, parser) -> dict:
     for flag in ("params", "layers", "hidden", "seq", "tokens_per_gpu"):
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
-    engine_s = 0.0
+    calibration = Calibration(0.0, 0)
     if args.calibration:
         try:
             with open(args.calibration) as f:
-                engine_s = Calibration(**json.load(f)).engine_s
+                calibration = Calibration(**json.load(f))
         except (OSError, ValueError, TypeError) as exc:
             parser.error(f"--calibration: {exc} (expected the JSON of 'calibrate --out')")
+    tflops = args.tflops or (calibration.gpu_flops / 1e12 if calibration.gpu_flops else None)
     try:
         cluster = Cluster(args.gpus, args.gpus_per_node, GPUS[args.gpu], args.intra_gbps, args.inter_gbps,
-                          args.intra_latency_us, args.inter_latency_us, args.tflops)
+                          args.intra_latency_us, args.inter_latency_us, tflops)
     except ValueError as exc:
         parser.error(str(exc))
     workload = Workload(args.params, args.layers, args.hidden, args.seq, args.tokens_per_gpu, args.recompute)
@@ -70,7 +72,7 @@ def run_predict(args, parser) -> dict:
     except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         parser.error(f"--kernels: {exc}")
     method = METHODS[args.method]
-    result = asdict(predict(workload, cluster, method, kernels, args.overlap, engine_s))
+    result = asdict(predict(workload, cluster, method, kernels, args.overlap, calibration.engine_s))
     result.update(result.pop("collectives"))
     if method.grad_bits:
         group = method.grad_group or args.hidden
@@ -113,16 +115,20 @@ def run_calibrate(args, parser) -> str:
     if args.out:
         with open(args.out, "w") as f:
             f.write(calibration.to_json() + "\n")
+    gpu = (f"the GPU at {calibration.gpu_flops / 1e12:.1f} TFLOPS while busy (median of {calibration.gpu_points} "
+           f"profiled arms)" if calibration.gpu_flops else f"the GPU at the table's {rate / 1e12:.0f} TFLOPS (no "
+           f"profiled arm)")
     lines = [f"engine host time {calibration.engine_s * 1e3:.1f} ms per step: the mean of {calibration.points} "
-             f"host-bound arms (spread {calibration.spread:.0%}); compute at {rate / 1e12:.0f} TFLOPS", "",
-             "each micro-batch predicted from the others (leave one out), step = max(engine, compute):",
-             f"{'arm':8s} {'micro-batch':>11s} {'compute ms':>10s} {'measured ms':>11s} {'predicted ms':>12s} "
+             f"host-bound arms (spread {calibration.spread:.0%}); {gpu}", "",
+             "each micro-batch predicted from the others (leave one out), step = max(engine, flops / GPU rate):",
+             f"{'arm':8s} {'micro-batch':>11s} {'gpu ms':>10s} {'measured ms':>11s} {'predicted ms':>12s} "
              f"{'rel.err':>8s} {'rounds moved':>12s}"]
     for row in leave_one_out(points, rate):
         predicted = f"{row['predicted_s'] * 1e3:12.1f} {row['error']:+8.1%}" if row["predicted_s"] is not None \
             else f"{'n/a':>12s} {'n/a':>8s}"
         moved = f"{row['round_spread']:12.1%}" if row["round_spread"] is not None else f"{'-':>12s}"
-        lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {row['flops'] / rate * 1e3:10.1f} "
+        gpu_ms = (row["gpu_busy_s"] if row["gpu_busy_s"] is not None else row["flops"] / rate) * 1e3
+        lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {gpu_ms:10.1f} "
                      f"{row['step_s'] * 1e3:11.1f} {predicted} {moved}")
     return "\n".join(lines)
 

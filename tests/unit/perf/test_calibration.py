@@ -12,10 +12,11 @@ MODEL = {"parameters": 116_430_720, "layers": 12, "dim": 896, "heads": 14, "seq_
 RATE = GPUS["h200"].sustained_flops
 
 
-def _e2e(tmp_path, micro_batch, steps=(0.15, 0.15), world=1):
-    """A gpu_e2e.py --out JSON with arms zero3 and loco at ``steps`` seconds."""
+def _e2e(tmp_path, micro_batch, steps=(0.15, 0.15), world=1, gpu_busy=None):
+    """A gpu_e2e.py --out JSON with arms zero3 and loco at ``steps`` seconds (profiled: GPU busy ``gpu_busy`` s)."""
+    profile = {"profile": {"gpu_busy_s": gpu_busy}} if gpu_busy is not None else {}
     data = {"environment": {"world_size": world}, "model": MODEL, "micro_batch": micro_batch,
-            "arms": [{"arm": arm, "step_s": step} for arm, step in zip(("zero3", "loco"), steps)]}
+            "arms": [{"arm": arm, "step_s": step, **profile} for arm, step in zip(("zero3", "loco"), steps)]}
     path = tmp_path / f"results_{micro_batch}_{world}.json"
     path.write_text(json.dumps(data))
     return str(path)
@@ -46,6 +47,30 @@ def test_compute_bound_steps_leave_no_engine_time():
         fit([], RATE)
 
 
+def _flops(micro_batch):
+    return Workload(MODEL["parameters"], 12, 896, 256, micro_batch * 256).flops_per_gpu()
+
+
+def test_profiled_compute_bound_steps_set_the_gpu_rate_and_predict_a_held_out_micro_batch(tmp_path):
+    """The GPU at 100 TFLOPS while busy (busy 95% of each step): no host-bound point, and each micro-batch is
+    predicted from the others' rate as its GPU time, 5% short of the measured step."""
+    rate = 100e12
+    paths = [_e2e(tmp_path, mb, (_flops(mb) / rate / 0.95,) * 2, gpu_busy=_flops(mb) / rate) for mb in (64, 128, 256)]
+    points = load_e2e_points(paths)
+    calibration = fit(points, RATE)
+    assert calibration.engine_s == 0 and calibration.gpu_points == 6
+    assert calibration.gpu_flops == pytest.approx(rate)
+    assert [row["error"] for row in leave_one_out(points, RATE)] == pytest.approx([-0.05] * 6)
+
+
+def test_a_step_whose_gpu_idles_is_host_bound_whatever_the_table_rate(tmp_path):
+    """Profiled at 20 ms of GPU work in a 150 ms step: host-bound, though the table's rate would call it 1.9 ms."""
+    (point, _) = load_e2e_points([_e2e(tmp_path, 4, gpu_busy=0.02)])
+    assert point.gpu_s(RATE) == 0.02 and point.gpu_busy_s == 0.02
+    calibration = fit([point], RATE)
+    assert calibration.engine_s == pytest.approx(0.15) and calibration.gpu_flops == pytest.approx(_flops(4) / 0.02)
+
+
 def test_a_multi_rank_run_or_another_json_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="world size 1"):
         load_e2e_points([_e2e(tmp_path, 8, world=8)])
@@ -66,3 +91,16 @@ def test_calibrate_writes_what_predict_uses(tmp_path, capsys):
     flops = Workload(MODEL["parameters"], 12, 896, 256, 8 * 256).flops_per_gpu()
     assert flops / RATE < 0.15 and predicted["step_s"] == pytest.approx(0.15)  # host-bound; one GPU: no kernels
     assert predicted["kernel_s"] == 0 and predicted["engine_s"] == pytest.approx(0.15)
+
+
+def test_predict_takes_the_calibrated_gpu_rate_unless_tflops_is_given(tmp_path, capsys):
+    out = tmp_path / "calibration.json"
+    main(["calibrate", _e2e(tmp_path, 512, (3.0, 3.0), gpu_busy=_flops(512) / 50e12), "--out", str(out)])
+    capsys.readouterr()
+    flags = ["predict", "--params", str(MODEL["parameters"]), "--layers", "12", "--hidden", "896", "--seq", "256",
+             "--tokens-per-gpu", str(512 * 256), "--gpus", "1", "--gpus-per-node", "1", "--gpu", "h200",
+             "--intra-gbps", "3600", "--inter-gbps", "400", "--method", "zero3", "--calibration", str(out)]
+    main(flags)
+    assert json.loads(capsys.readouterr().out)["compute_s"] == pytest.approx(_flops(512) / 50e12)
+    main(flags + ["--tflops", "200"])
+    assert json.loads(capsys.readouterr().out)["compute_s"] == pytest.approx(_flops(512) / 200e12)
