@@ -156,7 +156,8 @@ def burst_rows(tag, arms):
 
 def changed_rows(regimes):
     """Per ``<base>_<change>`` tag and LoCo arm: the changed arm minus the base tag's plain qgZ, LoCo as the library
-    runs it and full precision (paired ``(n, mean, low, high)``), and its mean early burst over plain."""
+    runs it and full precision (paired ``(n, mean, low, high)``), its mean early burst over plain, and per seed
+    ``(seed, burst, changed - plain)``."""
     rows = []
     for tag, arms in regimes.items():
         match = CHANGED.match(tag)
@@ -167,11 +168,13 @@ def changed_rows(regimes):
             if loco not in arms:
                 continue
             merged = {"changed": arms[loco], **{key: base[key] for key in ("full", plain, loco) if key in base}}
-            bursts = [_burst(arms[loco][s], base[plain][s]) for s in sorted(set(arms[loco]) & set(base.get(plain, {})))]
+            seeds = [(s, _burst(arms[loco][s], base[plain][s]),
+                      arms[loco][s]["final_val_loss"] - base[plain][s]["final_val_loss"])
+                     for s in sorted(set(arms[loco]) & set(base.get(plain, {})))]
             rows.append({"tag": tag, "base": match["base"], "change": _change(match["change"]), "arm": loco,
                          "minus_plain": paired(merged, "changed", plain), "minus_loco": paired(merged, "changed", loco),
                          "minus_full": paired(merged, "changed", "full"),
-                         "burst": statistics.fmean(bursts) if bursts else None})
+                         "burst": statistics.fmean(b for _, b, _ in seeds) if seeds else None, "seeds": seeds})
     return sorted(rows, key=lambda r: r["tag"])
 
 
@@ -233,10 +236,12 @@ def markdown(rows, bursts, repeats, regimes, changed=(), pooled=()) -> str:
         lines += ["", "Changes to LoCo's rule (error feedback from step N, plain qgZ before it; a compensation "
                   "variant), against the base regime's arms, paired by seed:",
                   "", "| base regime | LoCo arm | change | burst | - plain (95% CI) | - LoCo (95% CI) | "
-                  "- full (95% CI) |", "|---|---|---|---|---|---|---|"]
+                  "- full (95% CI) | per seed: burst, - plain |", "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {d['base']} | {d['arm']} | {d['change']} | "
                   f"{'-' if d['burst'] is None else format(d['burst'], '.2f')} | {_diff(d['minus_plain'])} | "
-                  f"{_diff(d['minus_loco'])} | {_diff(d['minus_full'])} |" for d in changed]
+                  f"{_diff(d['minus_loco'])} | {_diff(d['minus_full'])} | "
+                  + "; ".join(f"{seed}: {burst:.2f}, {minus:+.3f}" for seed, burst, minus in d["seeds"]) + " |"
+                  for d in changed]
     for record in repeats:
         original = regimes.get(record["tag"][:-len(REPEAT_SUFFIX)], {}).get(record["key"], {}).get(record["seed"])
         same = original is not None and original["final_val_loss"] == record["final_val_loss"]

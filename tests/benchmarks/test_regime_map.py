@@ -57,3 +57,30 @@ def test_the_pool_is_the_random_effects_pool_of_each_regimes_interval(benchmark_
     table = (tmp_path / "out" / "map.md").read_text()
     assert "W=16 (8x2), mb 4, 100 steps, auto, CPU | 2/2" in table and "W=4 (2x2), mb 16, 100 steps, auto |" in table
     assert "| auto | 2/2 | " in table and (tmp_path / "out" / "map.png").stat().st_size > 0
+
+
+def test_a_changed_rule_is_compared_seed_by_seed_with_its_base_regime_and_not_pooled(benchmark_module, runs_file,
+                                                                                    tmp_path):
+    """``a_w4_bounded`` (a compensation variant) and ``a_w4_ef51`` (error feedback from step 51) hold LoCo runs only:
+    each is paired with ``a_w4``'s arms, shows its per-seed early burst over plain, and is no regime of its own."""
+    changed = {"a_w4_bounded": ([2.00, 2.20, 2.25], [1.8, 2.7, 0.9]), "a_w4_ef51": ([2.03, 2.13, 2.23], [0.9] * 3)}
+    with open(runs_file, "a") as f:
+        for tag, (losses, peaks) in changed.items():
+            for seed, (loss, peak) in enumerate(zip(losses, peaks)):
+                run = _run(tag, "loco2", seed, loss, 2, "NVIDIA H200")
+                run["series"]["grad_rel_errors"] = [0.9, peak] + [0.9] * 8
+                f.write(json.dumps(run) + "\n")
+    regime_map = benchmark_module("regime_map")
+    regime_map.main(["--runs", str(runs_file), "--out", str(tmp_path / "out")])
+    written = json.loads((tmp_path / "out" / "map.json").read_text())
+    assert {row["tag"] for row in written["regimes"]} == set(LOSSES)
+    rows = {row["tag"]: row for row in written["rule_changes"]}
+    assert (rows["a_w4_bounded"]["change"], rows["a_w4_ef51"]["change"]) == ("bounded", "from step 51")
+    bounded = rows["a_w4_bounded"]
+    minus_plain = [a - b for a, b in zip(changed["a_w4_bounded"][0], LOSSES["a_w4"]["plain2"])]
+    assert bounded["minus_plain"][1] == pytest.approx(sum(minus_plain) / 3, abs=1e-12)
+    assert [seed for seed, _, _ in bounded["seeds"]] == [0, 1, 2]
+    assert [burst for _, burst, _ in bounded["seeds"]] == pytest.approx([2.0, 3.0, 1.0])  # peak over plain's 0.9
+    assert [minus for _, _, minus in bounded["seeds"]] == pytest.approx(minus_plain, abs=1e-12)
+    table = (tmp_path / "out" / "map.md").read_text()
+    assert "| a_w4 | loco2 | bounded | 2.00 |" in table and "0: 2.00, -0.050; 1: 3.00, +0.040" in table
