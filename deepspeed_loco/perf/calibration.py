@@ -5,9 +5,9 @@ On one GPU nothing is communicated, and a step takes the longer of two things th
 work (``flops / rate``) and the engine's host-side work (ZeRO-3's parameter hooks, the optimizer step's launches,
 the Python between them), which does not grow with the tokens. So the model's single-GPU step is
 ``max(engine_s, flops / rate)``. From ``benchmarks/gpu_e2e.py`` runs at world size 1: ``engine_s`` is the mean
-measured step of the host-bound points (those whose GPU time is under ``HOST_BOUND_BUSY`` of the step); ``rate`` is the
-median of ``flops / gpu_busy_s`` over the points whose profile measured the GPU's busy time (the GPU's own rate,
-which a drifting host does not move), else the GPU table's sustained rate. The rate grows with the matmuls' size,
+measured step of the host-bound points (those whose GPU time is under ``HOST_BOUND_BUSY`` of the step); ``rate``
+is the median of ``flops / gpu_busy_s`` over the points whose profile measured the GPU's busy time (the GPU's own
+rate, which a drifting host does not move), else the GPU table's sustained rate. The rate grows with the matmuls' size,
 so it carries over between micro-batches of one model, not between models.
 """
 import json

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON written by 'calibrate --out': the engine's host seconds per step, and the GPU's "
                         "measured rate, which stands for --tflops when that is not given")
     commands.add_parser("validate", help="published figures beside the model's predictions")
-    c = commands.add_parser("calibrate", help="the engine's host seconds per step and the GPU's rate from gpu_e2e.py runs on one GPU")
+    c = commands.add_parser("calibrate", help="the engine's host seconds per step and the GPU's rate from gpu_e2e.py "
+                            "runs on one GPU")
     c.add_argument("results", nargs="+", help="JSON files written by benchmarks/gpu_e2e.py --out (world size 1)")
     c.add_argument("--gpu", choices=sorted(GPUS), default="h200", help="the GPU they ran on (its sustained TFLOPS)")
     c.add_argument("--tflops", type=float, default=None, help="sustained TFLOPS (overrides the GPU table)")
