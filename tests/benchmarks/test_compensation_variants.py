@@ -1,5 +1,8 @@
 """benchmarks/compensation_variants.py: the 'bounded' rule against the library's rule and its own contract."""
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -70,3 +73,18 @@ def test_install_replaces_the_rule_and_forces_the_reference_kernels(variants, mo
     assert os.environ["DS_LOCO_KERNELS"] == "reference"
     with pytest.raises(ValueError, match="--variant 'clipped'.*bounded"):
         variants.install("clipped")
+
+
+def test_convergence_sim_runs_a_variant_on_the_reference_kernels_and_records_it(tmp_path):
+    """``convergence_sim.py run --variant bounded`` end to end (tiny model, 2 steps, 2 x 2 virtual ranks on CPU)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "runs.jsonl"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("DS_LOCO_KERNELS", None)
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "convergence_sim.py"), "run", "--device", "cpu",
+                    "--arm", "loco2", "--variant", "bounded", "--size", "tiny", "--steps", "2", "--micro-batch", "2",
+                    "--warmup", "1", "--eval-every", "2", "--eval-windows", "4", "--tag", "t_bounded", "--out",
+                    str(out)], check=True, env=env, cwd=tmp_path, capture_output=True, timeout=300)
+    (record, ) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["setup"]["variant"] == "bounded" and record["setup"]["kernels"] == "loco_reference"
+    assert record["key"] == "loco2" and record["final_val_loss"] > 0
