@@ -7,6 +7,7 @@ import sys
 import pytest
 from torch.distributed.elastic.utils.distributed import get_free_port
 
+from deepspeed_loco import run
 from deepspeed_loco.run import split_argv
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,3 +65,22 @@ def test_deepspeed_launcher_runs_an_unmodified_megatron_style_script(tmp_path, a
         assert seen["env_local_rank"] == rank
         # where the launcher meant it to go: the script's own --local_rank, or nothing with --no_local_rank
         assert seen["local_rank_arg"] == (None if no_local_rank else rank)
+
+
+@pytest.mark.parametrize("ending, code", [("", None), ("import sys; sys.exit(0)", 0), ("import sys; sys.exit(3)", 3)])
+def test_the_collectives_are_drained_after_a_script_that_ends_well(tmp_path, monkeypatch, ending, code):
+    """``drain_collectives`` runs after the script returns or calls ``sys.exit(0)``, not after a failure."""
+    script = tmp_path / "script.py"
+    script.write_text(f"x = 1\n{ending}\n")
+    drained = []
+    monkeypatch.setattr(run, "drain_collectives", lambda: drained.append(True))
+    monkeypatch.setattr(run.deepspeed_loco, "install", lambda: None)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    if code is None:
+        run.main([str(script)])
+    else:
+        with pytest.raises(SystemExit) as stop:
+            run.main([str(script)])
+        assert stop.value.code == code
+    assert drained == ([] if code == 3 else [True])
