@@ -168,9 +168,8 @@ def changed_rows(regimes):
             if loco not in arms:
                 continue
             merged = {"changed": arms[loco], **{key: base[key] for key in ("full", plain, loco) if key in base}}
-            seeds = [(s, _burst(arms[loco][s], base[plain][s]),
-                      arms[loco][s]["final_val_loss"] - base[plain][s]["final_val_loss"])
-                     for s in sorted(set(arms[loco]) & set(base.get(plain, {})))]
+            seeds = [(r["seed"], r["burst"], r["loco_minus_plain"])
+                     for r in burst_rows(tag, {plain: base.get(plain, {}), loco: arms[loco]})]
             rows.append({"tag": tag, "base": match["base"], "change": _change(match["change"]), "arm": loco,
                          "minus_plain": paired(merged, "changed", plain), "minus_loco": paired(merged, "changed", loco),
                          "minus_full": paired(merged, "changed", "full"),
