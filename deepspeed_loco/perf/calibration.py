@@ -107,7 +107,8 @@ def fit(points: Sequence[Point], sustained_flops: float) -> Calibration:
 
 def leave_one_out(points: Sequence[Point], sustained_flops: float) -> List[dict]:
     """For each micro-batch: the calibration fitted on the other micro-batches' points, and each of this
-    micro-batch's arms predicted by it beside the measurement (relative error); None where no other point exists."""
+    micro-batch's arms predicted by it beside the measurement (relative error; None where no other point exists)
+    and its GPU time (``gpu_s``, :meth:`Point.gpu_s`)."""
     rows = []
     for micro_batch in sorted({p.micro_batch for p in points}):
         held = [p for p in points if p.micro_batch == micro_batch]
@@ -115,6 +116,6 @@ def leave_one_out(points: Sequence[Point], sustained_flops: float) -> List[dict]
         calibration = fit(rest, sustained_flops) if rest else None
         for p in held:
             predicted = calibration.step_s(p.flops, sustained_flops) if calibration else None
-            rows.append(dict(asdict(p), predicted_s=predicted,
+            rows.append(dict(asdict(p), gpu_s=p.gpu_s(sustained_flops), predicted_s=predicted,
                              error=predicted / p.step_s - 1 if predicted is not None else None))
     return rows

@@ -128,8 +128,7 @@ def run_calibrate(args, parser) -> str:
         predicted = f"{row['predicted_s'] * 1e3:12.1f} {row['error']:+8.1%}" if row["predicted_s"] is not None \
             else f"{'n/a':>12s} {'n/a':>8s}"
         moved = f"{row['round_spread']:12.1%}" if row["round_spread"] is not None else f"{'-':>12s}"
-        gpu_ms = (row["gpu_busy_s"] if row["gpu_busy_s"] is not None else row["flops"] / rate) * 1e3
-        lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {gpu_ms:10.1f} "
+        lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {row['gpu_s'] * 1e3:10.1f} "
                      f"{row['step_s'] * 1e3:11.1f} {predicted} {moved}")
     return "\n".join(lines)
 
