@@ -2,7 +2,7 @@
 
 The regime map (``docs/config.md``, "When LoCo pays") measured three settings on the default grid: 2 bits on
 every hop (plain qgZ lost loss and LoCo won part of it back), 4/4 and 8/2 + Hadamard (LoCo did not lower the
-loss: pooled over four regimes each, +0.0005 and -0.0012 nats, both within noise). A run whose hops
+loss: pooled over four and five regimes, +0.0005 and -0.0009 nats, both within noise). A run whose hops
 all send 2 bits without error feedback, or that keeps error buffers where the map found them useless, gets a note
 naming the key to change; every other run gets none (the map says nothing about it).
 """
