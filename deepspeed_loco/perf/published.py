@@ -10,7 +10,8 @@ from deepspeed_loco.perf.model import GPUS, METHODS, Cluster, Workload, predict
 ZEROPP_SOURCE = ("Wang et al. 2023, ZeRO++, arXiv 2306.10209, and the DeepSpeed ZeRO++ blog "
                  "(github.com/microsoft/DeepSpeed blogs/zeropp): 384 V100 SXM3 (24 DGX-2, 16 per node), fp16")
 ZEROPP_SETTINGS = ("18B: 40 layers, hidden 6144, seq 512, activation checkpointing (DeepSpeed ZeRO++ tutorial, "
-                   "zeropp.md in the DeepSpeed repository); 138B: 43 layers, hidden 16384 (assumed: 12*L*h^2 = 138B), seq 512, "
+                   "zeropp.md in the DeepSpeed repository); 138B: 43 layers, hidden 16384 "
+                   "(assumed: 12*L*h^2 = 138B), seq 512, "
                    "checkpointing; NVSwitch 150 GB/s per GPU per direction (1200 Gbit/s)")
 ZEROPP_MODELS = ((18e9, 40, 6144), (138e9, 43, 16384))
 MODEL_NAMES = ("18B", "138B")
