@@ -259,14 +259,16 @@ def train_step(engine, batch) -> None:
 
 @contextlib.contextmanager
 def deterministic_kernels():
-    """Deterministic kernels where torch has them (warnings elsewhere) inside the block, the previous settings after
-    it: two identical steps must give bit-identical gradients (flash attention's backward, for one, accumulates
-    with atomics otherwise). New tensors stay uninitialized, as in the timed steps."""
+    """Deterministic kernels inside the block, the previous settings after it: two identical steps must give
+    bit-identical gradients. Strict (``warn_only=False``): attention's backward (flash, cuDNN) accumulates with
+    atomics unless determinism is required outright, and cuDNN's then picks a deterministic algorithm; with
+    ``warn_only=True`` the 1b model (sequence 1024) gave zero3 two different gradients in two runs on the H200. An op
+    with no deterministic kernel raises, naming itself. New tensors stay uninitialized, as in the timed steps."""
     from torch.utils import deterministic
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     fill = deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(True)
     deterministic.fill_uninitialized_memory = False
     try:
         yield

@@ -73,7 +73,8 @@ def run_predict(args, parser) -> dict:
     except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         parser.error(f"--kernels: {exc}")
     method = METHODS[args.method]
-    result = asdict(predict(workload, cluster, method, kernels, args.overlap, calibration.engine_s))
+    gpu_fixed_s = calibration.gpu_fixed_s_per_param * args.params / args.gpus  # ZeRO-3: this GPU's partition
+    result = asdict(predict(workload, cluster, method, kernels, args.overlap, calibration.engine_s, gpu_fixed_s))
     result.update(result.pop("collectives"))
     if method.grad_bits:
         group = method.grad_group or args.hidden
@@ -116,19 +117,23 @@ def run_calibrate(args, parser) -> str:
     if args.out:
         with open(args.out, "w") as f:
             f.write(calibration.to_json() + "\n")
-    gpu = (f"the GPU at {calibration.gpu_flops / 1e12:.1f} TFLOPS while busy (median of {calibration.gpu_points} "
+    fixed = (f" plus {calibration.gpu_fixed_s_per_param * 1e12:.1f} ps per parameter that does not grow with the "
+             f"tokens" if calibration.gpu_fixed_s_per_param else "")
+    gpu = (f"the GPU at {calibration.gpu_flops / 1e12:.1f} TFLOPS{fixed} (fitted on {calibration.gpu_points} "
            f"profiled arms)" if calibration.gpu_flops else f"the GPU at the table's {rate / 1e12:.0f} TFLOPS (no "
            f"profiled arm)")
     lines = [f"engine host time {calibration.engine_s * 1e3:.1f} ms per step: the mean of {calibration.points} "
              f"host-bound arms (spread {calibration.spread:.0%}); {gpu}", "",
-             "each micro-batch predicted from the others (leave one out), step = max(engine, flops / GPU rate):",
-             f"{'arm':8s} {'micro-batch':>11s} {'gpu ms':>10s} {'measured ms':>11s} {'predicted ms':>12s} "
-             f"{'rel.err':>8s} {'rounds moved':>12s}"]
+             "each micro-batch predicted from the others (leave one out), "
+             "step = max(engine, fixed * parameters + flops / GPU rate):",
+             f"{'arm':8s} {'micro-batch':>11s} {'gpu ms':>10s} {'pred. gpu ms':>12s} {'measured ms':>11s} "
+             f"{'predicted ms':>12s} {'rel.err':>8s} {'rounds moved':>12s}"]
     for row in leave_one_out(points, rate):
-        predicted = f"{row['predicted_s'] * 1e3:12.1f} {row['error']:+8.1%}" if row["predicted_s"] is not None \
-            else f"{'n/a':>12s} {'n/a':>8s}"
+        held_out = row["predicted_s"] is not None
+        gpu = f"{row['predicted_gpu_s'] * 1e3:12.1f}" if held_out else f"{'n/a':>12s}"
+        predicted = f"{row['predicted_s'] * 1e3:12.1f} {row['error']:+8.1%}" if held_out else f"{'n/a':>12s} {'n/a':>8s}"
         moved = f"{row['round_spread']:12.1%}" if row["round_spread"] is not None else f"{'-':>12s}"
-        lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {row['gpu_s'] * 1e3:10.1f} "
+        lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {row['gpu_s'] * 1e3:10.1f} {gpu} "
                      f"{row['step_s'] * 1e3:11.1f} {predicted} {moved}")
     return "\n".join(lines)
 

@@ -104,3 +104,45 @@ def test_predict_takes_the_calibrated_gpu_rate_unless_tflops_is_given(tmp_path, 
     assert json.loads(capsys.readouterr().out)["compute_s"] == pytest.approx(_flops(512) / 50e12)
     main(flags + ["--tflops", "200"])
     assert json.loads(capsys.readouterr().out)["compute_s"] == pytest.approx(_flops(512) / 200e12)
+
+
+def test_gpu_time_that_does_not_grow_with_the_tokens_is_fitted_per_parameter_and_predicts_held_out_steps(tmp_path):
+    """GPU busy = 60 ps per parameter + FLOPs at 300 TFLOPS (the shape measured on the H200 for the 1b model), each
+    step 2% longer than its GPU time: the fit recovers both terms, and each held-out micro-batch's GPU time exactly."""
+    rate, fixed = 300e12, 60e-12
+    busy = {mb: fixed * MODEL["parameters"] + _flops(mb) / rate for mb in (64, 128, 256)}
+    points = load_e2e_points([_e2e(tmp_path, mb, (busy[mb] * 1.02,) * 2, gpu_busy=busy[mb]) for mb in busy])
+    calibration = fit(points, RATE)
+    assert calibration.gpu_flops == pytest.approx(rate) and calibration.gpu_fixed_s_per_param == pytest.approx(fixed)
+    assert calibration.engine_s == 0 and calibration.gpu_points == 6
+    rows = leave_one_out(points, RATE)
+    assert [row["predicted_gpu_s"] for row in rows] == pytest.approx([busy[mb] for mb in (64, 64, 128, 128, 256, 256)])
+    assert [row["error"] for row in rows] == pytest.approx([1 / 1.02 - 1] * 6)
+
+
+def test_a_fit_without_a_positive_fixed_term_keeps_the_median_rate(tmp_path):
+    """GPU time growing faster than the FLOPs (a negative intercept) is not a per-parameter cost: no fixed term, and
+    the rate is the median of FLOPs over busy seconds; one micro-batch alone cannot separate the terms either."""
+    busy = {mb: _flops(mb) / 100e12 * (1 + mb / 1024) for mb in (64, 128, 256)}
+    points = load_e2e_points([_e2e(tmp_path, mb, (1.0, 1.0), gpu_busy=busy[mb]) for mb in busy])
+    calibration = fit(points, RATE)
+    assert calibration.gpu_fixed_s_per_param == 0
+    assert calibration.gpu_flops == pytest.approx(_flops(128) / busy[128])
+    single = fit(points[:2], RATE)
+    assert single.gpu_fixed_s_per_param == 0 and single.gpu_flops == pytest.approx(_flops(64) / busy[64])
+
+
+def test_predict_adds_the_per_parameter_gpu_time_of_this_gpus_partition(tmp_path, capsys):
+    out = tmp_path / "calibration.json"
+    out.write_text(json.dumps({"engine_s": 0.0, "points": 0, "gpu_flops": 300e12, "gpu_points": 3,
+                               "gpu_fixed_s_per_param": 60e-12}))
+    flags = ["predict", "--params", "8e9", "--layers", "32", "--hidden", "4096", "--seq", "2048",
+             "--tokens-per-gpu", "4096", "--gpus-per-node", "1", "--gpu", "h200", "--intra-gbps", "3600",
+             "--inter-gbps", "400", "--method", "zero3", "--calibration", str(out)]
+    for gpus in (1, 4):
+        main(flags + ["--gpus", str(gpus)])
+        predicted = json.loads(capsys.readouterr().out)
+        assert predicted["gpu_fixed_s"] == pytest.approx(60e-12 * 8e9 / gpus)
+        assert predicted["step_s"] >= predicted["compute_s"] + predicted["gpu_fixed_s"]
+    assert predicted["step_s"] == pytest.approx(predicted["compute_s"] + predicted["gpu_fixed_s"]
+                                                + predicted["exposed_s"])
