@@ -15,8 +15,10 @@ setup(
     include_package_data=True,
     python_requires=">=3.9",
     # what the library imports (ninja: the op builder's JIT build of the CUDA kernels; hjson: HJSON DeepSpeed configs;
-    # scipy: the Student t quantile of deepspeed_loco.utils.stats.t_interval)
-    install_requires=["torch>=2.4", "deepspeed>=0.19.8", "pydantic>=2", "packaging", "hjson", "ninja", "scipy"],
+    # numpy: the least-squares fit of deepspeed_loco.perf.calibration; scipy: the Student t quantile of
+    # deepspeed_loco.utils.stats.t_interval)
+    install_requires=["torch>=2.4", "deepspeed>=0.19.8", "pydantic>=2", "packaging", "hjson", "ninja", "numpy",
+                      "scipy"],
     entry_points={"console_scripts": ["deepspeed-loco-report=deepspeed_loco.simulation.report:main"]},
     extras_require={
         "report": ["tqdm", "matplotlib"],  # deepspeed_loco.simulation.report: the progress bar and the PNG

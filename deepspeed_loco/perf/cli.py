@@ -131,7 +131,8 @@ def run_calibrate(args, parser) -> str:
     for row in leave_one_out(points, rate):
         held_out = row["predicted_s"] is not None
         gpu = f"{row['predicted_gpu_s'] * 1e3:12.1f}" if held_out else f"{'n/a':>12s}"
-        predicted = f"{row['predicted_s'] * 1e3:12.1f} {row['error']:+8.1%}" if held_out else f"{'n/a':>12s} {'n/a':>8s}"
+        predicted = (f"{row['predicted_s'] * 1e3:12.1f} {row['error']:+8.1%}" if held_out
+                     else f"{'n/a':>12s} {'n/a':>8s}")
         moved = f"{row['round_spread']:12.1%}" if row["round_spread"] is not None else f"{'-':>12s}"
         lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {row['gpu_s'] * 1e3:10.1f} {gpu} "
                      f"{row['step_s'] * 1e3:11.1f} {predicted} {moved}")

@@ -193,8 +193,9 @@ def load_kernel_costs(path: str) -> KernelCosts:
 class Prediction:
     """One step: ``compute_s`` (matmuls), ``gpu_fixed_s`` (the GPU's work per step that does not grow with the tokens:
     the optimizer step and ZeRO's copies of this GPU's partition; from a calibration, else 0), ``engine_s`` (the
-    engine's host time per step, overlapping the GPU's work; from a calibration, else 0), ``kernel_s`` (gradient codec), ``collectives`` (seconds per kind), ``comm_s`` (their sum),
-    ``exposed_s`` (communication not hidden behind compute), ``step_s``; rates per second and per GPU."""
+    engine's host time per step, overlapping the GPU's work; from a calibration, else 0), ``kernel_s`` (gradient
+    codec), ``collectives`` (seconds per kind), ``comm_s`` (their sum), ``exposed_s`` (communication not hidden
+    behind compute), ``step_s``; rates per second and per GPU."""
     method: str
     overlap: bool
     compute_s: float
@@ -248,8 +249,9 @@ def predict(workload: Workload, cluster: Cluster, method: Method, kernels: Kerne
     """Step time: the longer of the GPU's work (compute plus ``gpu_fixed_s``, the per-step work that does not grow
     with the tokens) and ``engine_s`` (the engine's host time per step, which overlaps the GPU's work; both
     calibrated by :mod:`deepspeed_loco.perf.calibration`, else 0), plus the codec kernels, plus the exposed
-    communication (hidden only behind the compute: the optimizer step comes after the last reduction). The kernels are never hidden: they share the SMs with the compute, and each sits in the dependency
-    chain of the hop it feeds; on one GPU nothing is reduced, so they do not run."""
+    communication (hidden only behind the compute: the optimizer step comes after the last reduction). The kernels
+    are never hidden: they share the SMs with the compute, and each sits in the dependency chain of the hop it
+    feeds; on one GPU nothing is reduced, so they do not run."""
     flops = workload.flops_per_gpu()
     compute = flops / cluster.sustained_flops
     kernel = kernels.seconds(method.kernels, workload.params, cluster.gpu) if method.kernels and cluster.gpus > 1 \
@@ -257,5 +259,5 @@ def predict(workload: Workload, cluster: Cluster, method: Method, kernels: Kerne
     collectives = collective_seconds(workload, cluster, method)
     exposed = exposed_seconds(collectives, compute, workload.layers, overlap)
     step = max(compute + gpu_fixed_s, engine_s) + kernel + exposed
-    return Prediction(method.name, overlap, compute, gpu_fixed_s, engine_s, kernel, collectives, sum(collectives.values()),
-                      exposed, step, workload.tokens_per_gpu * cluster.gpus / step, flops / step / 1e12)
+    return Prediction(method.name, overlap, compute, gpu_fixed_s, engine_s, kernel, collectives,
+                      sum(collectives.values()), exposed, step, workload.tokens_per_gpu * cluster.gpus / step, flops / step / 1e12)
