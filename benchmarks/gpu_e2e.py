@@ -595,6 +595,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     with the rounds finished so far (a run stopped by a timeout keeps them), and at the end prints the report.
     Returns 0, or 1 when a gradient check failed."""
     args = parse_args(argv)
+    # cuBLAS's deterministic workspace setting, which strict deterministic mode (the gradient check's step,
+    # deterministic_kernels) requires on CUDA; read when the first cuBLAS handle is made, so set before any matmul
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     device = init_world()
     check_ds_qgz_runs(args, device)
     per_arm, reference = {arm: [] for arm in args.arms}, None
