@@ -298,9 +298,10 @@ def plot(rows, bursts, path) -> None:
 
 
 def _short(row) -> str:
+    """The figure's axis label of a regime: model size, ranks, micro-batch, steps, a grid other than auto, CPU."""
     grid = "" if row["grid"] == "auto" else f" {row['grid'][:3]}"
     cpu = " CPU" if row["device"] == "cpu" else ""
-    return f"{row['params'] / 1e6:.1f}M W={row['world']} mb{row['micro_batch']}{grid}{cpu}"
+    return f"{row['params'] / 1e6:.1f}M W={row['world']} mb{row['micro_batch']} {row['steps']}st{grid}{cpu}"
 
 
 def main(argv=None) -> None:
