@@ -260,4 +260,5 @@ def predict(workload: Workload, cluster: Cluster, method: Method, kernels: Kerne
     exposed = exposed_seconds(collectives, compute, workload.layers, overlap)
     step = max(compute + gpu_fixed_s, engine_s) + kernel + exposed
     return Prediction(method.name, overlap, compute, gpu_fixed_s, engine_s, kernel, collectives,
-                      sum(collectives.values()), exposed, step, workload.tokens_per_gpu * cluster.gpus / step, flops / step / 1e12)
+                      sum(collectives.values()), exposed, step, workload.tokens_per_gpu * cluster.gpus / step,
+                      flops / step / 1e12)
