@@ -5,8 +5,8 @@ setting costs loss is ``rho``, the power of plain qgZ's quantization error in th
 the power of the gradient's own sampling noise at the step's batch. Where ``rho < 1`` (every 4/4 and 8/2 + Hadamard
 point at a global batch of 64) LoCo changed nothing and plain qgZ stayed within noise of full precision, but for one
 (8/2 + Hadamard on the 0.87M model at 16 ranks, where plain lost a little); where ``rho >= 1`` plain qgZ lost loss
-in 9 of 12 regimes (not resolved in 100 steps at 256 ranks), and LoCo recovered part or all of it at 2/2 (about a
-quarter, pooled over the map's regimes of 0.87M-116M parameters; one 32M seed of five diverged with it) but not at
+in 10 of 13 regimes (not resolved in 100 steps at 256 ranks), and LoCo recovered part or all of it at 2/2 (about a
+third, pooled over the map's regimes of 0.87M-116M parameters; one 32M seed of five diverged with it) but not at
 8/2 + Hadamard (a global batch of 512). So
 :func:`advise` first measures ``rho`` of each candidate in a short probe (cheap: a few steps of plain qgZ), then
 spends the rest of the budget on training comparisons (full precision, plain qgZ, qgZ + LoCo over several seeds) of
