@@ -61,10 +61,14 @@ class Calibration:
     gpu_points: int = 0
     gpu_fixed_s_per_param: float = 0.0
 
+    def gpu_fixed_s(self, parameters: float) -> float:
+        """The GPU's seconds per step that do not grow with the tokens, for ``parameters`` held on that GPU."""
+        return self.gpu_fixed_s_per_param * parameters
+
     def gpu_s(self, flops: float, parameters: float, sustained_flops: float) -> float:
-        """The GPU's seconds for a step of ``flops`` on ``parameters``: the per-parameter work plus the matmuls, at
-        ``gpu_flops`` when calibrated, else at ``sustained_flops``."""
-        return self.gpu_fixed_s_per_param * parameters + flops / (self.gpu_flops or sustained_flops)
+        """The GPU's seconds for a step of ``flops`` on ``parameters``: the per-parameter work
+        (:meth:`gpu_fixed_s`) plus the matmuls, at ``gpu_flops`` when calibrated, else at ``sustained_flops``."""
+        return self.gpu_fixed_s(parameters) + flops / (self.gpu_flops or sustained_flops)
 
     def step_s(self, flops: float, parameters: float, sustained_flops: float) -> float:
         """A single-GPU step: host work and GPU work (:meth:`gpu_s`) overlap, the longer one sets the pace."""

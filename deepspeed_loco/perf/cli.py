@@ -73,7 +73,7 @@ def run_predict(args, parser) -> dict:
     except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         parser.error(f"--kernels: {exc}")
     method = METHODS[args.method]
-    gpu_fixed_s = calibration.gpu_fixed_s_per_param * args.params / args.gpus  # ZeRO-3: this GPU's partition
+    gpu_fixed_s = calibration.gpu_fixed_s(args.params / args.gpus)  # ZeRO-3: this GPU's partition
     result = asdict(predict(workload, cluster, method, kernels, args.overlap, calibration.engine_s, gpu_fixed_s))
     result.update(result.pop("collectives"))
     if method.grad_bits:
