@@ -26,7 +26,10 @@ over ``--profile-steps`` further steps the seconds per step of each collective (
 all_gather, all_reduce: the NCCL kernels on CUDA, the host time of the ``c10d::`` calls on CPU) and of each range
 of our reduce (``deepspeed_loco.<hop>.<kernel>``, the kernel entry points of ``deepspeed_loco/ops/library.py``
 and ``loco_reference.py`` and each hop's all-to-all; see ``LocoReducer``). With one rank our reduce has no hop at
-all, so those ranges are absent: the kernels' own times are ``benchmarks/kernels.py``'s.
+all, so those ranges are absent: the kernels' own times are ``benchmarks/kernels.py``'s. The profile also splits
+the host's side of a step (on CUDA): the GPU's busy time, the host's time waiting in CUDA synchronizations and the
+kernel launches per step, beside the profiled steps' wall time, so that a host-bound step's host work (the wall
+time less the waits) can be fitted per arm and per launch.
 
 Gradient check: the first step's gradient partitions of every arm are compared with the ``zero3`` arm's (same
 seed, same batch). Per parameter the bound is the one ``tests/unit/simulation/test_train.py``
@@ -93,6 +96,11 @@ BITS = (2, 3, 4, 8)
 # as SendRecv kernels), c10d calls on CPU
 COLLECTIVES = {"all_to_all": ("alltoall", "sendrecv"), "reduce_scatter": ("reducescatter", ),
                "all_gather": ("allgather", ), "all_reduce": ("allreduce", )}
+# CUDA runtime calls in which the host waits for the GPU to catch up (``.item()`` and D2H copies synchronize), and
+# those that launch a kernel: the host-side split of a step that the cluster model's host term is fitted from
+HOST_WAIT_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+KERNEL_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+PROFILE_SECONDS = ("gpu_busy_s", "host_wait_s", "profiled_step_s")  # a profile's per-step times besides its tables
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -346,14 +354,20 @@ def profile_seconds(prof, steps: int, on_cuda: bool) -> dict:
     kind: NCCL kernels' device time on CUDA, ``c10d::`` calls' host time on CPU) and ``loco`` (per range of our
     reduce, the name after ``deepspeed_loco.``: its kernels' device time on CUDA, its host time on CPU) and
     ``gpu_busy_s``: the device time of every kernel (on CUDA; None on CPU), which beside the step time says whether
-    the step waits for the GPU or for the host (kernels on concurrent streams count each)."""
+    the step waits for the GPU or for the host (kernels on concurrent streams count each); on CUDA also
+    ``host_wait_s``, the host's seconds per step inside :data:`HOST_WAIT_CALLS`, and ``kernel_launches`` per step
+    (None on CPU)."""
     collectives = {kind: {"s": 0.0, "calls": 0} for kind in COLLECTIVES}
     loco = {}
-    busy_micros = 0.0
+    busy_micros = wait_micros = launches = 0.0
     for event in prof.key_averages():
         name = event.key
         if on_cuda and event.device_type != DeviceType.CPU:
             busy_micros += event.self_device_time_total
+        if on_cuda and name in HOST_WAIT_CALLS:
+            wait_micros += event.cpu_time_total
+        if on_cuda and name in KERNEL_LAUNCH_CALLS:
+            launches += event.count
         if name.startswith(RANGE_PREFIX) and event.device_type == DeviceType.CPU:
             micros = event.device_time_total if on_cuda else event.cpu_time_total
             loco[name[len(RANGE_PREFIX):]] = micros * 1e-6 / steps
@@ -368,20 +382,26 @@ def profile_seconds(prof, steps: int, on_cuda: bool) -> dict:
             collectives[kind]["s"] += micros * 1e-6 / steps
             collectives[kind]["calls"] += event.count
     return {"collectives": collectives, "loco": dict(sorted(loco.items())),
-            "gpu_busy_s": busy_micros * 1e-6 / steps if on_cuda else None}
+            "gpu_busy_s": busy_micros * 1e-6 / steps if on_cuda else None,
+            "host_wait_s": wait_micros * 1e-6 / steps if on_cuda else None,
+            "kernel_launches": launches / steps if on_cuda else None}
 
 
 def profile_steps(engine, args: argparse.Namespace, first_step: int, device: torch.device) -> dict:
-    """Runs ``--profile-steps`` steps under ``torch.profiler``; :func:`profile_seconds` of them ({} for none)."""
+    """Runs ``--profile-steps`` steps under ``torch.profiler``; :func:`profile_seconds` of them ({} for none),
+    with ``profiled_step_s``: their wall seconds per step, the profiler's own host overhead included."""
     if args.profile_steps == 0:
         return {}
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
+        synchronize(device)
+        start = time.perf_counter()
         for step in range(first_step, first_step + args.profile_steps):
             train_step(engine, random_batch(args, step, device))
         synchronize(device)
-    return profile_seconds(prof, args.profile_steps, device.type == "cuda")
+        profiled_step_s = (time.perf_counter() - start) / args.profile_steps
+    return {**profile_seconds(prof, args.profile_steps, device.type == "cuda"), "profiled_step_s": profiled_step_s}
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -400,7 +420,7 @@ def max_over_ranks(values: List[float]) -> List[float]:
 
 
 def merge_profiles(profile: dict) -> dict:
-    """The maximum over ranks of every time in a :func:`profile_seconds` result (calls: rank 0's)."""
+    """The maximum over ranks of every time in a :func:`profile_steps` result (calls and launches: rank 0's)."""
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, profile)
     if not profile:
@@ -411,6 +431,9 @@ def merge_profiles(profile: dict) -> dict:
             merged["collectives"][kind]["s"] = max(merged["collectives"][kind]["s"], entry["s"])
         for name, seconds in other["loco"].items():
             merged["loco"][name] = max(merged["loco"].get(name, 0.0), seconds)
+        for key in PROFILE_SECONDS:
+            if other[key] is not None:
+                merged[key] = max(merged[key], other[key])
     return merged
 
 
@@ -555,6 +578,9 @@ def format_report(report: dict) -> str:
         parts += [f"{name} {seconds * 1e3:.3f}" for name, seconds in r["profile"]["loco"].items()]
         if r["profile"].get("gpu_busy_s") is not None:
             parts.append(f"GPU busy {r['profile']['gpu_busy_s'] * 1e3:.1f} of {r['step_s'] * 1e3:.1f}")
+        if r["profile"].get("host_wait_s") is not None:
+            parts.append(f"host waits {r['profile']['host_wait_s'] * 1e3:.1f} of the profiled "
+                         f"{r['profile']['profiled_step_s'] * 1e3:.1f}, {r['profile']['kernel_launches']:.0f} launches")
         lines.append(f"  {r['arm']:<6} " + ", ".join(parts))
     for r in report["arms"]:
         if "ds_path" in r:

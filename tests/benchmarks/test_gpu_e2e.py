@@ -56,6 +56,8 @@ def test_one_process_starts_a_world_of_one_and_every_arm_is_bit_identical(tmp_pa
         assert arms[arm]["gradient_check"]["max_abs_diff"] == 0
         assert arms[arm]["profile"]["loco"] == {}  # one rank: the reduce has no hop, so no kernel runs
         assert arms[arm]["profile"]["gpu_busy_s"] is None  # no device kernels on the CPU
+        assert arms[arm]["profile"]["host_wait_s"] is None and arms[arm]["profile"]["kernel_launches"] is None
+        assert arms[arm]["profile"]["profiled_step_s"] > 0
     import deepspeed
     import torch
     assert f"world 1 (gloo), torch {torch.__version__}, DeepSpeed {deepspeed.__version__}" in printed
@@ -130,6 +132,30 @@ def test_collectives_are_grouped_by_event_name(benchmark_module):
     assert kind("c10d::allgather_into_tensor_coalesced_") == "all_gather"
     assert kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL") == "all_reduce"
     assert kind("aten::mm") is None
+
+
+def test_the_profile_splits_the_host_side_of_a_cuda_step(benchmark_module):
+    """Per step: the kernels' device time, the host's time in synchronizing CUDA calls, the kernel launches; the
+    collectives' kernels by kind, the host-side "nccl:" records around them left out."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    gpu_e2e = benchmark_module("gpu_e2e")
+
+    def event(key, device_type=DeviceType.CPU, device_us=0.0, cpu_us=0.0, count=1):
+        return SimpleNamespace(key=key, device_type=device_type, self_device_time_total=device_us,
+                               device_time_total=device_us, cpu_time_total=cpu_us, count=count)
+
+    events = [event("ampere_bf16_gemm", DeviceType.CUDA, device_us=300.0, count=4),
+              event("ncclDevKernel_SendRecv(x)", DeviceType.CUDA, device_us=100.0, count=2),
+              event("nccl:all_to_all", cpu_us=500.0), event("cudaStreamSynchronize", cpu_us=60.0, count=2),
+              event("cudaMemcpy", cpu_us=40.0), event("cudaMemcpyAsync", cpu_us=1000.0),
+              event("cudaLaunchKernel", cpu_us=90.0, count=40), event("aten::mm", cpu_us=700.0, count=4)]
+    profile = gpu_e2e.profile_seconds(SimpleNamespace(key_averages=lambda: events), 2, on_cuda=True)
+    assert profile["gpu_busy_s"] == pytest.approx(200e-6)  # (300 + 100) us over 2 steps
+    assert profile["host_wait_s"] == pytest.approx(50e-6)  # (60 + 40) us: the asynchronous copy does not wait
+    assert profile["kernel_launches"] == 20
+    assert profile["collectives"]["all_to_all"] == {"s": pytest.approx(50e-6), "calls": 2}
 
 
 def test_the_report_holds_the_rounds_every_arm_finished(benchmark_module, monkeypatch):
