@@ -32,6 +32,7 @@ RHO_THRESHOLD = 1.0  # quantization error power equal to the sampling noise powe
 PROBE_STEPS = 20
 MIN_STEPS = 50  # a comparison shorter than this says nothing about a real run
 MIN_SEEDS = 3  # a 95% interval needs at least 2; 3 is the least that resolved anything in the map
+LOCO_GAIN_STEPS = 1000  # at 2/2 on 16 ranks the map resolved LoCo's gain over this many steps; 300 showed a fifth
 
 
 @dataclass
@@ -246,9 +247,12 @@ def judge(probe: Probe, comparison: Optional[Comparison]) -> Verdict:
         if _above_zero(comparison.loco_minus_plain):
             return Verdict(True, False, f"{reason}, and LoCo cost loss (LoCo - plain "
                            f"{_diff(comparison.loco_minus_plain)} lies above 0).")
+        short = (arm.intra_bits == arm.inter_bits == 2 and comparison.steps < LOCO_GAIN_STEPS)
         open_question = [] if loco_pays else [
             f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: whether LoCo helps was "
-            f"not resolved in {comparison.steps}-step runs; plain qgZ is recommended (no error buffers)."]
+            f"not resolved in {comparison.steps}-step runs; plain qgZ is recommended (no error buffers)."
+            + (f" The regime map resolved LoCo's 2/2 gain on 16 ranks only over {LOCO_GAIN_STEPS} steps (300 "
+               f"showed a fifth of it): a larger budget may resolve it here." if short else "")]
         return Verdict(True, False, reason + ".", open_question)
     return Verdict(False, False, f"{arm.variant}: rho {_fmt(probe.rho)}; plain - full "
                    f"{_diff(comparison.plain_minus_full)}, LoCo - full {_diff(comparison.loco_minus_full)}: "

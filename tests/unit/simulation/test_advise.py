@@ -27,6 +27,11 @@ def test_plain_is_recommended_where_it_matches_full_and_the_loco_question_stays_
                                                                       (-0.012, 0.017)))
     assert verdict.accepted and not verdict.error_feedback
     assert len(verdict.unresolved) == 1 and "includes 0" in verdict.unresolved[0]
+    # a 300-step comparison at 2/2 is shorter than the map needed to resolve LoCo's gain, and says so
+    assert "only over 1000 steps" in verdict.unresolved[0]
+    four = judge(Probe("plain4", 0.08, 0.17, 38.0, 0.1), Comparison("plain4", 300, {}, *[
+        (3, 0.0, -0.01, 0.01)] * 3))
+    assert four.accepted and "only over" not in four.unresolved[0]  # no such caveat at 4/4
 
 
 def test_loco_within_noise_of_full_where_plain_departs_is_recommended_with_a_caveat():
