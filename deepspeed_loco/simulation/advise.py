@@ -12,7 +12,9 @@ third, pooled over the map's regimes of 0.87M-116M parameters; one 32M seed of f
 :func:`advise` first measures ``rho`` of each candidate in a short probe (cheap: a few steps of plain qgZ), then
 spends the rest of the budget on training comparisons (full precision, plain qgZ, qgZ + LoCo over several seeds) of
 the candidates with ``rho >= 1``, and recommends the setting with the fewest inter-node bits whose best arm is within
-noise of full precision, with LoCo on only where it measurably beat plain qgZ.
+noise of full precision, with LoCo on where it measurably beat plain qgZ, or where the comparison leaves LoCo -
+plain open at 2/2 on the mid-rise grid, the one setting where the map's pooled LoCo - plain lies below 0
+(:func:`map_favours_loco`; the verdict then says that the map, not this comparison, decided).
 """
 import math
 import statistics
@@ -173,6 +175,7 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
     if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or max_seeds < seeds:
         raise ValueError(f"advise: max_seeds = {max_seeds!r}; it must be an integer >= seeds ({seeds})")
     budget_s, started = budget_minutes * 60.0, time.monotonic()
+    quant_grid = (loco or {}).get("quant_grid", "auto")
     task = Task(model_fn, data_fn, nodes, local, loco or {}, eval_fn, simulate_kwargs)
     with SideBySide(task, parallel) as runner:
         probes = _probe(runner, [a.key for a in arms], probe_steps, max(1, parallel // len(arms)), on_progress)
@@ -186,13 +189,13 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
                 comparison = _compare(runner, probe.candidate, affordable, range(seeds), on_progress)
                 comparisons.append(comparison)
                 round_s = (time.monotonic() - compare_started) / math.ceil(3 * seeds / parallel)  # side by side
-                _add_seeds(runner, probe, comparison, max_seeds, parallel, round_s,
+                _add_seeds(runner, probe, comparison, quant_grid, max_seeds, parallel, round_s,
                            lambda: budget_s - (time.monotonic() - started), on_progress)
             elif probe.rho is None or probe.rho >= RHO_THRESHOLD:
                 unresolved.append(f"{parse_arm(probe.candidate).variant} (rho {_fmt(probe.rho)}) was not trained: "
                                   f"{left / 60:.1f} minutes left buy {max(affordable, 0)} steps per run, fewer "
                                   f"than {MIN_STEPS}.")
-            verdict = judge(probe, comparison)
+            verdict = judge(probe, comparison, quant_grid)
             reasons.append(verdict.reason)
             unresolved += verdict.unresolved
             if verdict.accepted:
@@ -218,11 +221,13 @@ class Verdict:
     unresolved: List[str] = field(default_factory=list)
 
 
-def judge(probe: Probe, comparison: Optional[Comparison]) -> Verdict:
+def judge(probe: Probe, comparison: Optional[Comparison], quant_grid: str = "auto") -> Verdict:
     """The decision rule. With a comparison: acceptable with LoCo if LoCo - full contains 0 or lies below it and
-    either LoCo - plain lies below 0 or plain - full lies above 0; else with plain qgZ if plain - full contains 0 or
-    lies below (the question whether LoCo helps stays open unless LoCo - plain excludes 0); else not. Without one:
-    acceptable with plain qgZ by the regime map's prediction if ``rho < 1``; else not."""
+    either LoCo - plain lies below 0 or plain - full lies above 0; else, if plain - full contains 0 or lies below,
+    acceptable with plain qgZ where LoCo - plain lies above 0, with LoCo where the regime map's prior holds
+    (:func:`map_favours_loco` for ``quant_grid``, the block's ``quant_grid``) and LoCo - full contains 0 or lies
+    below, else with plain qgZ (the question whether LoCo helps stays open unless LoCo - plain excludes 0); else
+    not. Without one: acceptable with plain qgZ by the regime map's prediction if ``rho < 1``; else not."""
     arm = parse_arm(probe.candidate)
     if comparison is None:
         if probe.rho is not None and probe.rho < RHO_THRESHOLD:
@@ -247,16 +252,30 @@ def judge(probe: Probe, comparison: Optional[Comparison]) -> Verdict:
         if _above_zero(comparison.loco_minus_plain):
             return Verdict(True, False, f"{reason}, and LoCo cost loss (LoCo - plain "
                            f"{_diff(comparison.loco_minus_plain)} lies above 0).")
-        short = (arm.intra_bits == arm.inter_bits == 2 and comparison.steps < LOCO_GAIN_STEPS)
-        open_question = [] if loco_pays else [
-            f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: whether LoCo helps was "
-            f"not resolved in {comparison.steps}-step runs; plain qgZ is recommended (no error buffers)."
-            + (f" The regime map resolved LoCo's 2/2 gain on 16 ranks only over {LOCO_GAIN_STEPS} steps (300 "
-               f"showed a fifth of it): a larger budget may resolve it here." if short else "")]
-        return Verdict(True, False, reason + ".", open_question)
+        if loco_pays:
+            return Verdict(True, False, reason + ".")
+        short = (f" The regime map resolved LoCo's 2/2 gain on 16 ranks only over {LOCO_GAIN_STEPS} steps (300 "
+                 f"showed a fifth of it): a larger budget may resolve it here."
+                 if arm.intra_bits == arm.inter_bits == 2 and comparison.steps < LOCO_GAIN_STEPS else "")
+        unresolved = (f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: whether LoCo "
+                      f"helps was not resolved in {comparison.steps}-step runs; ")
+        if map_favours_loco(arm, quant_grid) and _within_noise(comparison.loco_minus_full):
+            return Verdict(True, True, f"{reason}; LoCo is on by the regime map's prior: at 2/2 on the mid-rise "
+                           f"grid LoCo - plain pooled over its ten regimes lies below 0 (docs/config.md).",
+                           [unresolved + "LoCo is recommended by the regime map, not by a gain measured here."
+                            + short])
+        return Verdict(True, False, reason + ".", [unresolved + "plain qgZ is recommended (no error buffers)."
+                                                   + short])
     return Verdict(False, False, f"{arm.variant}: rho {_fmt(probe.rho)}; plain - full "
                    f"{_diff(comparison.plain_minus_full)}, LoCo - full {_diff(comparison.loco_minus_full)}: "
                    f"neither within noise of full precision in {comparison.steps}-step runs.")
+
+
+def map_favours_loco(arm, quant_grid: str) -> bool:
+    """Whether the regime map's pooled LoCo - plain lies below 0 for this plain ``arm`` on ``quant_grid``
+    (``zeropp_loco_param.quant_grid``): 2/2 without Hadamard on the mid-rise grid ("auto" is mid-rise at 2 bits);
+    at 4/4 and 8/2 + Hadamard the pool is 0 within noise, on the symmetric grid at 2/2 it is unresolved."""
+    return arm.intra_bits == arm.inter_bits == 2 and not arm.hadamard and quant_grid in ("auto", "midrise")
 
 
 def _probe(runner: SideBySide, candidates: Sequence[str], steps: int, seeds: int, on_progress) -> List[Probe]:
@@ -316,11 +335,11 @@ def _compare(runner: SideBySide, candidate: str, steps: int, seeds: Iterable[int
     return comparison
 
 
-def _add_seeds(runner: SideBySide, probe: Probe, comparison: Comparison, max_seeds: int, parallel: int,
-               round_s: float, seconds_left: Callable[[], float], on_progress) -> None:
+def _add_seeds(runner: SideBySide, probe: Probe, comparison: Comparison, quant_grid: str, max_seeds: int,
+               parallel: int, round_s: float, seconds_left: Callable[[], float], on_progress) -> None:
     """More seeds for ``comparison`` while its verdict leaves a question open, fewer than ``max_seeds`` ran and the
     budget buys their rounds (``round_s``: the measured seconds of one round of ``parallel`` runs side by side)."""
-    while judge(probe, comparison).unresolved:
+    while judge(probe, comparison, quant_grid).unresolved:
         have = len(comparison.losses["full"])
         extra = min(max(1, parallel // 3), max_seeds - have)
         if extra < 1 or seconds_left() < math.ceil(3 * extra / parallel) * round_s:

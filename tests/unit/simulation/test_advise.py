@@ -22,16 +22,28 @@ def test_loco_is_recommended_where_it_measurably_beats_plain_and_matches_full():
     assert verdict.accepted and verdict.error_feedback and verdict.unresolved == []
 
 
-def test_plain_is_recommended_where_it_matches_full_and_the_loco_question_stays_open():
-    verdict = judge(Probe("plain2", 2.9, 1.0, 38.0, 0.1), _comparison((-0.012, 0.025), (-0.022, 0.015),
-                                                                      (-0.012, 0.017)))
-    assert verdict.accepted and not verdict.error_feedback
-    assert len(verdict.unresolved) == 1 and "includes 0" in verdict.unresolved[0]
-    # a 300-step comparison at 2/2 is shorter than the map needed to resolve LoCo's gain, and says so
-    assert "only over 1000 steps" in verdict.unresolved[0]
-    four = judge(Probe("plain4", 0.08, 0.17, 38.0, 0.1), Comparison("plain4", 300, {}, *[
-        (3, 0.0, -0.01, 0.01)] * 3))
-    assert four.accepted and "only over" not in four.unresolved[0]  # no such caveat at 4/4
+def test_an_open_loco_question_at_mid_rise_2_2_turns_loco_on_by_the_map_and_says_so():
+    evidence = _comparison((-0.012, 0.025), (-0.022, 0.015), (-0.012, 0.017))
+    probe = Probe("plain2", 2.9, 1.0, 38.0, 0.1)
+    for grid in ("auto", "midrise"):
+        verdict = judge(probe, evidence, grid)
+        assert verdict.accepted and verdict.error_feedback and "regime map's prior" in verdict.reason
+        assert len(verdict.unresolved) == 1 and "not by a gain measured here" in verdict.unresolved[0]
+        # a 300-step comparison at 2/2 is shorter than the map needed to resolve LoCo's gain, and says so
+        assert "only over 1000 steps" in verdict.unresolved[0]
+    symmetric = judge(probe, evidence, "symmetric")  # the map's 2/2 pool on this grid is unresolved: plain qgZ
+    assert symmetric.accepted and not symmetric.error_feedback and "no error buffers" in symmetric.unresolved[0]
+    worse_than_full = judge(probe, _comparison((-0.012, 0.025), (-0.022, 0.015), (0.001, 0.030)))
+    assert worse_than_full.accepted and not worse_than_full.error_feedback  # LoCo - full above 0: plain qgZ
+
+
+def test_plain_is_recommended_where_it_matches_full_and_the_map_has_no_loco_prior():
+    for candidate in ("plain4", "plain8-2h"):
+        verdict = judge(Probe(candidate, 0.08, 0.17, 38.0, 0.1), Comparison(candidate, 300, {}, *[
+            (3, 0.0, -0.01, 0.01)] * 3))
+        assert verdict.accepted and not verdict.error_feedback
+        assert len(verdict.unresolved) == 1 and "includes 0" in verdict.unresolved[0]
+        assert "only over" not in verdict.unresolved[0]  # the schedule caveat is for 2/2 only
 
 
 def test_loco_within_noise_of_full_where_plain_departs_is_recommended_with_a_caveat():

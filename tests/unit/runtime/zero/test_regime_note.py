@@ -35,6 +35,8 @@ def test_error_feedback_where_the_map_found_no_effect_says_what_it_costs(keys, s
     (8, 4, dict(intra_node_bits=3, inter_node_bits=3, error_feedback=True)),  # 3 bits: not measured
     (8, 4, dict(intra_node_bits=4, inter_node_bits=2, error_feedback=False)),  # one 2-bit hop: not measured
     (1, 1, dict(intra_node_bits=2, inter_node_bits=2, error_feedback=False)),  # one rank: no hop
+    # 2/2 on the symmetric grid: LoCo's sign flipped with the model size there
+    (8, 4, dict(intra_node_bits=2, inter_node_bits=2, error_feedback=False, quant_grid="symmetric")),
 ])
 def test_no_note_where_the_map_agrees_or_did_not_measure(world, local, keys):
     assert _note(world, local, **keys) is None
