@@ -72,6 +72,7 @@ import resource
 import statistics
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -101,6 +102,7 @@ COLLECTIVES = {"all_to_all": ("alltoall", "sendrecv"), "reduce_scatter": ("reduc
 HOST_WAIT_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 KERNEL_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 PROFILE_SECONDS = ("gpu_busy_s", "host_wait_s", "profiled_step_s")  # a profile's per-step times besides its tables
+ENGINES = weakref.WeakSet()  # every engine built here: an arm starts with none of the earlier arms' still alive
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -251,7 +253,30 @@ def build_engine(arm: str, args: argparse.Namespace) -> tuple:
     engine, _, _, _ = initialize(model=model, model_parameters=model.parameters(), config=ds_config(arm, args))
     if arm in ("plain", "loco") and deepspeed_loco.loco_hook(engine) is None:
         raise RuntimeError(f"arm {arm}: deepspeed_loco.initialize returned an engine without a LoCo hook")
+    ENGINES.add(engine)
     return engine, parameters
+
+
+def release_engine(engine) -> None:
+    """Lets ``engine`` (parameters, optimizer states, hooks) be freed once the caller drops it. DeepSpeed's
+    ZeRO-3 (0.19.8) keeps two references that ``destroy()`` leaves: each engine's module in
+    ``parameter_offload.FWD_MODULE_STACK``, a module-level list, and, from the second step on, its parameter
+    coordinator and modules as keys of the class-level ``functools.lru_cache`` of
+    ``PartitionedParameterCoordinator.__params_to_release``. Without clearing both, every engine stayed alive for
+    the rest of the process, so later arms ran beside earlier arms' memory (a second round at 1b ran out of an
+    H100's) and a larger heap for the garbage collector to walk."""
+    from deepspeed.runtime.zero import parameter_offload, partitioned_param_coordinator
+    module = engine.module
+    if hasattr(engine, "destroy"):
+        engine.destroy()
+    stack = getattr(parameter_offload, "FWD_MODULE_STACK", [])
+    stack[:] = [m for m in stack if m is not module]
+    method = getattr(partitioned_param_coordinator.PartitionedParameterCoordinator,
+                     "_PartitionedParameterCoordinator__params_to_release", None)
+    # the cache itself, or the function DeepSpeed's nvtx wrapper closes over
+    for candidate in [method] + [cell.cell_contents for cell in getattr(method, "__closure__", None) or ()]:
+        if hasattr(candidate, "cache_clear"):
+            candidate.cache_clear()
 
 
 def synchronize(device: torch.device) -> None:
@@ -441,6 +466,7 @@ def run_arm(arm: str, args: argparse.Namespace, device: torch.device, reference:
     """Trains ``arm``; returns ``(result, gradients)``: the arm's measurements (complete on every rank) and its
     first-step ``(partitions, absmax)`` (:func:`first_step_gradients`), zero3's being the check's reference."""
     from deepspeed_loco.ops import kernels_for
+    engines_alive = len(ENGINES)  # earlier arms' engines not freed (expected 0: release_engine)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -470,6 +496,7 @@ def run_arm(arm: str, args: argparse.Namespace, device: torch.device, reference:
         "peak_memory_bytes": int(peak),
         "communication_dtype": str(engine.communication_data_type).replace("torch.", ""),
         "profile": profile,
+        "engines_alive_at_start": engines_alive,
     }
     if arm in ("plain", "loco"):
         result["loco_kernels"] = kernels_for(device).name
@@ -479,8 +506,7 @@ def run_arm(arm: str, args: argparse.Namespace, device: torch.device, reference:
         quantized = world > 1 and "qgz" in (result["ds_path"]["ran"], result["ds_path"]["expected"])
     if reference is not None:
         result["gradient_check"] = compare_gradients(arm, gradients[0], reference[0], gradients[1], args, quantized)
-    if hasattr(engine, "destroy"):
-        engine.destroy()
+    release_engine(engine)
     del engine
     gc.collect()  # the next arm's peak memory starts from what this one leaves
     return result, gradients
@@ -494,15 +520,17 @@ def rotated(arms: List[str], round_index: int) -> List[str]:
 
 def merge_rounds(rounds: List[dict]) -> dict:
     """One arm's :func:`run_arm` results of every round as one: all timed steps and their median, each round's
-    median (``round_step_s``: how far the machine drifted between rounds), the largest peak memory, the first
-    round's profile, and the first failing gradient check (else the first; zero3's later rounds are checked
-    against its first, so zero3 has one from the second round on)."""
+    median (``round_step_s``: how far the machine drifted between rounds), the largest peak memory and count of
+    earlier engines alive at an arm's start, the first round's profile, and the first failing gradient check
+    (else the first; zero3's later rounds are checked against its first, so zero3 has one from the second round
+    on)."""
     merged = dict(rounds[0])
     times = [t for r in rounds for t in r["step_times_s"]]
     step_s = statistics.median(times)
     merged.update(step_times_s=times, step_s=step_s, round_step_s=[r["step_s"] for r in rounds],
                   tokens_per_s=rounds[0]["tokens_per_s"] * rounds[0]["step_s"] / step_s,
-                  peak_memory_bytes=max(r["peak_memory_bytes"] for r in rounds))
+                  peak_memory_bytes=max(r["peak_memory_bytes"] for r in rounds),
+                  engines_alive_at_start=max(r.get("engines_alive_at_start", 0) for r in rounds))
     checks = [r["gradient_check"] for r in rounds if "gradient_check" in r]
     if checks:
         merged["gradient_check"] = next((c for c in checks if not c["passed"]), checks[0])
@@ -586,6 +614,10 @@ def format_report(report: dict) -> str:
         if "ds_path" in r:
             lines.append(f"dsqgz: DeepSpeed's rule predicts {r['ds_path']['expected']}, the profile shows "
                          f"{r['ds_path']['ran']} (qgZ needs world_size // device_count() > 1)")
+    leaked = [r["arm"] for r in report["arms"] if r.get("engines_alive_at_start")]
+    if leaked:
+        lines.append(f"WARNING: {', '.join(leaked)} started beside earlier arms' engines still alive (memory and "
+                     f"host time not those of a fresh process; see release_engine)")
     if env["world_size"] == 1:
         lines.append("one rank: nothing is quantized or communicated; every arm's gradients must equal zero3's "
                      "bit for bit, and LoCo's reduce runs no kernel")

@@ -50,6 +50,8 @@ def test_one_process_starts_a_world_of_one_and_every_arm_is_bit_identical(tmp_pa
     arms = _check_every_arm(report, rounds=2)
     # zero3's second round is checked against its first: the same first step, bit for bit
     assert arms["zero3"]["gradient_check"]["max_abs_diff"] == 0
+    # every arm of both rounds started with no earlier arm's engine alive (DeepSpeed keeps them unless released)
+    assert all(r["engines_alive_at_start"] == 0 for r in report["arms"])
     assert "median step of each of 2 rounds (arm order rotated each round), ms:" in printed
     assert report["environment"]["world_size"] == 1 and report["environment"]["backend"] == "gloo"
     for arm in ("plain", "loco"):
