@@ -5,10 +5,10 @@ setting costs loss is ``rho``, the power of plain qgZ's quantization error in th
 the power of the gradient's own sampling noise at the step's batch. Where ``rho < 1`` (every 4/4 and 8/2 + Hadamard
 point at a global batch of 64) LoCo changed nothing and plain qgZ stayed within noise of full precision, but for one
 (8/2 + Hadamard on the 0.87M model at 16 ranks, where plain lost a little); where ``rho >= 1`` plain qgZ lost loss
-in 11 of 14 regimes (not resolved in 100 steps at 256 ranks), and LoCo recovered part or all of it at 2/2 (about a
+in 11 of 15 regimes (not resolved in 100 steps at 256 ranks, nor for 10.8M at 16), and LoCo recovered part or all of it at 2/2 (about a
 third, pooled over the map's regimes of 0.87M-116M parameters; one 32M seed of five diverged with it) but not at
 8/2 + Hadamard (a global batch of 512). A comparison of a few hundred steps can under-read LoCo's gain (at 16 ranks
-300 steps measured a fifth of what 1000 did), so an unresolved LoCo - plain at 2/2 is no evidence against LoCo. So
+300 steps measured a quarter of what 1000 did at 0.87M, a third at 10.8M), so an unresolved LoCo - plain at 2/2 is no evidence against LoCo. So
 :func:`advise` first measures ``rho`` of each candidate in a short probe (cheap: a few steps of plain qgZ), then
 spends the rest of the budget on training comparisons (full precision, plain qgZ, qgZ + LoCo over several seeds) of
 the candidates with ``rho >= 1``, and recommends the setting with the fewest inter-node bits whose best arm is within
@@ -34,7 +34,7 @@ RHO_THRESHOLD = 1.0  # quantization error power equal to the sampling noise powe
 PROBE_STEPS = 20
 MIN_STEPS = 50  # a comparison shorter than this says nothing about a real run
 MIN_SEEDS = 3  # a 95% interval needs at least 2; 3 is the least that resolved anything in the map
-LOCO_GAIN_STEPS = 1000  # at 2/2 on 16 ranks the map resolved LoCo's gain over this many steps; 300 showed a fifth
+LOCO_GAIN_STEPS = 1000  # at 2/2 on 16 ranks the map resolved LoCo's gain over this many steps; 300 showed a quarter
 
 
 @dataclass
@@ -255,13 +255,13 @@ def judge(probe: Probe, comparison: Optional[Comparison], quant_grid: str = "aut
         if loco_pays:
             return Verdict(True, False, reason + ".")
         short = (f" The regime map resolved LoCo's 2/2 gain on 16 ranks only over {LOCO_GAIN_STEPS} steps (300 "
-                 f"showed a fifth of it): a larger budget may resolve it here."
+                 f"showed a quarter of it): a larger budget may resolve it here."
                  if arm.intra_bits == arm.inter_bits == 2 and comparison.steps < LOCO_GAIN_STEPS else "")
         unresolved = (f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: whether LoCo "
                       f"helps was not resolved in {comparison.steps}-step runs; ")
         if map_favours_loco(arm, quant_grid) and _within_noise(comparison.loco_minus_full):
             return Verdict(True, True, f"{reason}; LoCo is on by the regime map's prior: at 2/2 on the mid-rise "
-                           f"grid LoCo - plain pooled over its ten regimes lies below 0 (docs/config.md).",
+                           f"grid LoCo - plain pooled over its regimes lies below 0 (docs/config.md).",
                            [unresolved + "LoCo is recommended by the regime map, not by a gain measured here."
                             + short])
         return Verdict(True, False, reason + ".", [unresolved + "plain qgZ is recommended (no error buffers)."
