@@ -2,10 +2,10 @@
 
 The regime map (``docs/config.md``, "When LoCo pays") measured three settings on the default grid: 2 bits on
 every hop (mid-rise: plain qgZ lost loss and LoCo won part of it back; on the symmetric grid LoCo's sign flipped
-with the model), 4/4 and 8/2 + Hadamard (LoCo did not lower the
-loss: pooled over four and five regimes, +0.0005 and -0.0009 nats, both within noise). A run whose hops
-all send 2 bits without error feedback, or that keeps error buffers where the map found them useless, gets a note
-naming the key to change; every other run gets none (the map says nothing about it).
+with the model), 4/4 and 8/2 + Hadamard (LoCo did not lower the loss: pooled, +0.0005 and -0.0009 nats, both within
+noise). A run whose hops all send 2 bits on the mid-rise grid without error feedback, or that keeps error buffers
+where the map found them useless, gets a note naming the key to change; every other run gets none (the map says
+nothing about it).
 """
 from typing import Optional
 
