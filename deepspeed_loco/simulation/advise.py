@@ -8,7 +8,7 @@ point at a global batch of 64) LoCo changed nothing and plain qgZ stayed within 
 in 11 of 15 regimes (not resolved in 100 steps at 256 ranks, nor for 10.8M at 16), and LoCo recovered part or all
 of it at 2/2 (about a third, pooled over the map's regimes of 0.87M-116M parameters; one 32M seed of five diverged
 with it) but not at 8/2 + Hadamard (a global batch of 512). A comparison of a few hundred steps can under-read
-LoCo's gain (at 16 ranks 300 steps measured a quarter of what 1000 did at 0.87M, a third at 10.8M), so an
+LoCo's gain (at 16 ranks 300 steps measured a quarter of what 1000 did at 0.87M, two fifths at 10.8M), so an
 unresolved LoCo - plain at 2/2 is no evidence against LoCo. So
 :func:`advise` first measures ``rho`` of each candidate in a short probe (cheap: a few steps of plain qgZ), then
 spends the rest of the budget on training comparisons (full precision, plain qgZ, qgZ + LoCo over several seeds) of
