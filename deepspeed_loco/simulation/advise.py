@@ -7,17 +7,17 @@ point at a global batch of 64) LoCo changed nothing and plain qgZ stayed within 
 hundred steps, but for one (8/2 + Hadamard on the 0.87M model at 16 ranks, where plain lost a little); over 1000
 steps at 4/4 the 0.87M model lost 0.007 with plain qgZ and LoCo won back half (its running-sum error, which ``rho``
 does not see), too small for this function's budgets to resolve, so 4/4 is judged by ``rho`` alone; where
-``rho >= 1`` plain qgZ lost loss in 11 of 15 regimes (not resolved in 100 steps at 256 ranks, nor for 10.8M at
-16), and LoCo recovered part or all of it at 2/2 (about a third, pooled over the map's regimes of 0.87M-116M parameters; one 32M seed of five diverged
-with it) but not at 8/2 + Hadamard (a global batch of 512). A comparison of a few hundred steps can under-read
-LoCo's gain (at 16 ranks 300 steps measured a quarter of what 1000 did at 0.87M, two fifths at 10.8M), so an
-unresolved LoCo - plain at 2/2 is no evidence against LoCo. So
-:func:`advise` first measures ``rho`` of each candidate in a short probe (cheap: a few steps of plain qgZ), then
-spends the rest of the budget on training comparisons (full precision, plain qgZ, qgZ + LoCo over several seeds) of
-the candidates with ``rho >= 1``, and recommends the setting with the fewest inter-node bits whose best arm is within
-noise of full precision, with LoCo on where it measurably beat plain qgZ, or where the comparison leaves LoCo -
-plain open at 2/2 on the mid-rise grid, the one setting where the map's pooled LoCo - plain lies below 0
-(:func:`map_favours_loco`; the verdict then says that the map, not this comparison, decided).
+``rho >= 1`` plain qgZ lost loss in 11 of 15 regimes (not resolved in 100 steps at 256 ranks, nor for 10.8M at 16),
+and LoCo recovered part or all of it at 2/2 (about a third, pooled over the map's regimes of 0.87M-116M parameters;
+one 32M seed of five diverged with it) but not at 8/2 + Hadamard (a global batch of 512). A comparison of a few
+hundred steps can under-read LoCo's gain (at 16 ranks 300 steps measured a quarter of what 1000 did at 0.87M, two
+fifths at 10.8M), so an unresolved LoCo - plain at 2/2 is no evidence against LoCo. So :func:`advise` first measures
+``rho`` of each candidate in a short probe (cheap: a few steps of plain qgZ), then spends the rest of the budget on
+training comparisons (full precision, plain qgZ, qgZ + LoCo over several seeds) of the candidates with ``rho >= 1``,
+and recommends the setting with the fewest inter-node bits whose best arm is within noise of full precision, with
+LoCo on where it measurably beat plain qgZ, or where the comparison leaves LoCo - plain open at 2/2 on the mid-rise
+grid, the one setting where the map's pooled LoCo - plain lies below 0 (:func:`map_favours_loco`; the verdict then
+says that the map, not this comparison, decided).
 """
 import math
 import statistics
