@@ -5,8 +5,8 @@ setting costs loss is ``rho``, the power of plain qgZ's quantization error in th
 the power of the gradient's own sampling noise at the step's batch. Where ``rho < 1`` (every 4/4 and 8/2 + Hadamard
 point at a global batch of 64) LoCo changed nothing and plain qgZ stayed within noise of full precision over a few
 hundred steps, but for one (8/2 + Hadamard on the 0.87M model at 16 ranks, where plain lost a little); over 1000
-steps at 4/4 the 0.87M model lost 0.007 with plain qgZ and LoCo's gain was not resolved (-0.001 over 7 seeds),
-too small for this function's budgets to resolve, so 4/4 is judged by ``rho`` alone; where
+steps at 4/4 the 0.87M model lost 0.007 with plain qgZ and LoCo did not measurably win it back (-0.001 over 7
+seeds); a loss that small is beyond this function's budgets, so 4/4 is judged by ``rho`` alone; where
 ``rho >= 1`` plain qgZ lost loss in 11 of 15 regimes (not resolved in 100 steps at 256 ranks, nor for 10.8M at 16),
 and LoCo recovered part or all of it at 2/2 (about a third, pooled over the map's regimes of 0.87M-116M parameters;
 one 32M seed of five diverged with it) but not at 8/2 + Hadamard (a global batch of 512). A comparison of a few
