@@ -18,7 +18,7 @@ algorithm's settings (``err_beta``, error feedback on or off, the error buffers'
 :meth:`HopPlan.args` when a hop's kernel arguments are built.
 """
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Iterable, Mapping, Optional, Protocol, Sequence, Tuple
 
 import torch
 
@@ -129,12 +129,12 @@ class HopPlan:
         return replace(self, hops=tuple(replace(hop, exchange=exchanges[hop.name]) for hop in self.hops))
 
 
-def resolve_grid(quant_grid: str, hops: Sequence[Hop]) -> str:
-    """The grid every hop of ``hops`` uses for ``zeropp_loco_param.quant_grid``: "auto" is "midrise" when a hop
-    sends 2 bits and "symmetric" otherwise; "symmetric" and "midrise" are themselves."""
+def resolve_grid(quant_grid: str, bits: Iterable[int]) -> str:
+    """The grid every hop uses for ``zeropp_loco_param.quant_grid``, given the hops' ``bits``: "auto" is "midrise"
+    when a hop sends 2 bits and "symmetric" otherwise; "symmetric" and "midrise" are themselves."""
     if quant_grid != "auto":
         return quant_grid
-    return "midrise" if any(hop.bits <= 2 for hop in hops) else "symmetric"
+    return "midrise" if any(b <= 2 for b in bits) else "symmetric"
 
 
 def plan_hops(world_size: int, local_size: int, config) -> HopPlan:
@@ -147,5 +147,5 @@ def plan_hops(world_size: int, local_size: int, config) -> HopPlan:
         hops.append(Hop(INTRA_NODE, config.intra_node_bits, rows=world_size, peers=local_size))
     if world_size > 1 and nodes > 1:
         hops.append(Hop(INTER_NODE, config.inter_node_bits, rows=nodes, peers=nodes))
-    return HopPlan(world_size, local_size, config.group_size, config.hadamard, resolve_grid(config.quant_grid, hops),
-                   tuple(hops))
+    grid = resolve_grid(config.quant_grid, [hop.bits for hop in hops])
+    return HopPlan(world_size, local_size, config.group_size, config.hadamard, grid, tuple(hops))

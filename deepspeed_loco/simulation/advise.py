@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.layout.wire import wire_bytes_per_element
+from deepspeed_loco.layout import resolve_grid, wire_bytes_per_element
+from deepspeed_loco.runtime.zero.regime_note import LOCO_PAYS, map_reading
 from deepspeed_loco.simulation.arms import parse_arm, zeropp_loco_param
 from deepspeed_loco.simulation.side_by_side import Job, SideBySide, Task
 from deepspeed_loco.simulation.train import ArmResult, gradient_noise_scale
@@ -276,9 +277,10 @@ def judge(probe: Probe, comparison: Optional[Comparison], quant_grid: str = "aut
 
 def map_favours_loco(arm, quant_grid: str) -> bool:
     """Whether the regime map's pooled LoCo - plain lies below 0 for this plain ``arm`` on ``quant_grid``
-    (``zeropp_loco_param.quant_grid``): 2/2 without Hadamard on the mid-rise grid ("auto" is mid-rise at 2 bits);
-    at 4/4 and 8/2 + Hadamard the pool is 0 within noise, on the symmetric grid at 2/2 it is unresolved."""
-    return arm.intra_bits == arm.inter_bits == 2 and not arm.hadamard and quant_grid in ("auto", "midrise")
+    (``zeropp_loco_param.quant_grid``): :func:`~deepspeed_loco.runtime.zero.regime_note.map_reading`, the rule of
+    the start-up note, on the arm's two hops."""
+    bits = (arm.intra_bits, arm.inter_bits)
+    return map_reading(bits, arm.hadamard, resolve_grid(quant_grid, bits)) == LOCO_PAYS
 
 
 def _probe(runner: SideBySide, candidates: Sequence[str], steps: int, seeds: int, on_progress) -> List[Probe]:

@@ -4,7 +4,7 @@ import pytest
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import plan_hops
-from deepspeed_loco.runtime.zero.regime_note import regime_note
+from deepspeed_loco.runtime.zero.regime_note import LOCO_IDLE, LOCO_PAYS, map_reading, regime_note
 
 
 def _note(world, local, **keys):
@@ -37,6 +37,18 @@ def test_error_feedback_where_the_map_found_no_effect_says_what_it_costs(keys, s
     (1, 1, dict(intra_node_bits=2, inter_node_bits=2, error_feedback=False)),  # one rank: no hop
     # 2/2 on the symmetric grid: LoCo's sign flipped with the model size there
     (8, 4, dict(intra_node_bits=2, inter_node_bits=2, error_feedback=False, quant_grid="symmetric")),
+    (8, 4, dict(intra_node_bits=2, inter_node_bits=2, error_feedback=False, hadamard=True)),  # not measured
 ])
 def test_no_note_where_the_map_agrees_or_did_not_measure(world, local, keys):
     assert _note(world, local, **keys) is None
+
+
+@pytest.mark.parametrize("bits,hadamard,grid,reading", [
+    ([2, 2], False, "midrise", LOCO_PAYS), ([2], False, "midrise", LOCO_PAYS),
+    ([4, 4], False, "symmetric", LOCO_IDLE), ([8, 4], False, "symmetric", LOCO_IDLE),
+    ([8, 2], True, "midrise", LOCO_IDLE),
+    ([2, 2], False, "symmetric", None), ([2, 2], True, "midrise", None), ([8, 2], False, "midrise", None),
+    ([4, 2], False, "midrise", None), ([3, 3], False, "symmetric", None), ([], False, "symmetric", None),
+])
+def test_map_reading_is_the_one_rule_of_the_note_and_of_advise(bits, hadamard, grid, reading):
+    assert map_reading(bits, hadamard, grid) == reading
