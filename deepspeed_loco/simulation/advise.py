@@ -17,7 +17,9 @@ training comparisons (full precision, plain qgZ, qgZ + LoCo over several seeds) 
 and recommends the setting with the fewest inter-node bits whose best arm is within noise of full precision, with
 LoCo on where it measurably beat plain qgZ, or where the comparison leaves LoCo - plain open at 2/2 on the mid-rise
 grid, the one setting where the map's pooled LoCo - plain lies below 0 (:func:`map_favours_loco`; the verdict then
-says that the map, not this comparison, decided).
+says that the map, not this comparison, decided), unless the comparison's mean LoCo - plain lies above 0: the
+116M model on 64 ranks lost to plain qgZ with LoCo from step 1 on 2 of 3 seeds (an early burst), inside an
+interval too wide to resolve.
 """
 import math
 import statistics
@@ -229,8 +231,9 @@ def judge(probe: Probe, comparison: Optional[Comparison], quant_grid: str = "aut
     """The decision rule. With a comparison: acceptable with LoCo if LoCo - full contains 0 or lies below it and
     either LoCo - plain lies below 0 or plain - full lies above 0; else, if plain - full contains 0 or lies below,
     acceptable with plain qgZ where LoCo - plain lies above 0, with LoCo where the regime map's prior holds
-    (:func:`map_favours_loco` for ``quant_grid``, the block's ``quant_grid``) and LoCo - full contains 0 or lies
-    below, else with plain qgZ (the question whether LoCo helps stays open unless LoCo - plain excludes 0); else
+    (:func:`map_favours_loco` for ``quant_grid``, the block's ``quant_grid``), LoCo - full contains 0 or lies
+    below and LoCo - plain's mean is not above 0 (the comparison does not lean against the prior), else with plain
+    qgZ (the question whether LoCo helps stays open unless LoCo - plain excludes 0); else
     not. Without one: acceptable with plain qgZ by the regime map's prediction if ``rho < 1``; else not."""
     arm = parse_arm(probe.candidate)
     if comparison is None:
@@ -263,13 +266,17 @@ def judge(probe: Probe, comparison: Optional[Comparison], quant_grid: str = "aut
                  if arm.intra_bits == arm.inter_bits == 2 and comparison.steps < LOCO_GAIN_STEPS else "")
         unresolved = (f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: whether LoCo "
                       f"helps was not resolved in {comparison.steps}-step runs; ")
-        if map_favours_loco(arm, quant_grid) and _within_noise(comparison.loco_minus_full):
+        if (map_favours_loco(arm, quant_grid) and _within_noise(comparison.loco_minus_full)
+                and comparison.loco_minus_plain[1] <= 0):
             return Verdict(True, True, f"{reason}; LoCo is on by the regime map's prior: at 2/2 on the mid-rise "
                            f"grid LoCo - plain pooled over its regimes lies below 0 (docs/config.md).",
                            [unresolved + "LoCo is recommended by the regime map, not by a gain measured here."
                             + short])
+        against = (" Its mean lies above 0, against the map's prior (at 116M parameters on 64 ranks LoCo from "
+                   "step 1 lost to plain qgZ through an early burst)."
+                   if map_favours_loco(arm, quant_grid) and comparison.loco_minus_plain[1] > 0 else "")
         return Verdict(True, False, reason + ".", [unresolved + "plain qgZ is recommended (no error buffers)."
-                                                   + short])
+                                                   + against + short])
     return Verdict(False, False, f"{arm.variant}: rho {_fmt(probe.rho)}; plain - full "
                    f"{_diff(comparison.plain_minus_full)}, LoCo - full {_diff(comparison.loco_minus_full)}: "
                    f"neither within noise of full precision in {comparison.steps}-step runs.")

@@ -35,6 +35,10 @@ def test_an_open_loco_question_at_mid_rise_2_2_turns_loco_on_by_the_map_and_says
     assert symmetric.accepted and not symmetric.error_feedback and "no error buffers" in symmetric.unresolved[0]
     worse_than_full = judge(probe, _comparison((-0.012, 0.025), (-0.022, 0.015), (0.001, 0.030)))
     assert worse_than_full.accepted and not worse_than_full.error_feedback  # LoCo - full above 0: plain qgZ
+    # an open interval whose mean lies above 0 leans against the prior (116M at 64 ranks: +0.13 [-0.18, +0.44])
+    leaning_against = judge(probe, _comparison((-0.008, 0.078), (-0.180, 0.440), (-0.185, 0.515)))
+    assert leaning_against.accepted and not leaning_against.error_feedback
+    assert "against the map's prior" in leaning_against.unresolved[0]
 
 
 def test_plain_is_recommended_where_it_matches_full_and_the_map_has_no_loco_prior():
