@@ -144,13 +144,14 @@ def _has_width(cell) -> bool:
 
 def burst_rows(tag, arms):
     """Per LoCo arm and seed: LoCo's early burst, the largest 10-step mean of its per-step error in the first
-    ``BURST_WINDOWS`` windows over plain qgZ's at the same bits and seed, beside LoCo - plain of the final loss."""
+    ``BURST_WINDOWS`` windows over plain qgZ's at the same bits and seed, its update burst (:func:`_update_burst`),
+    beside LoCo - plain of the final loss."""
     rows = []
     for _, plain, loco in BITS:
         for seed in sorted(set(arms.get(plain, {})) & set(arms.get(loco, {}))):
             p, q = arms[plain][seed], arms[loco][seed]
             rows.append({"tag": tag, "arm": loco, "seed": seed, "burst": _burst(q, p),
-                         "loco_minus_plain": q["final_val_loss"] - p["final_val_loss"]})
+                         "update_burst": _update_burst(q, p), "loco_minus_plain": q["final_val_loss"] - p["final_val_loss"]})
     return rows
 
 
@@ -187,6 +188,13 @@ def _burst(loco_run, plain_run) -> float:
     over plain qgZ's, the two runs' records at the same seed."""
     return (max(loco_run["series"]["grad_rel_errors"][:BURST_WINDOWS]) /
             max(plain_run["series"]["grad_rel_errors"][:BURST_WINDOWS]))
+
+
+def _update_burst(loco_run, plain_run) -> float:
+    """LoCo's update burst: the largest ratio, window by window over the first ``BURST_WINDOWS`` 10-step windows, of
+    its update RMS (per learning rate) over plain qgZ's at the same seed: how much larger AdamW's steps were."""
+    return max(loco / plain for loco, plain in zip(loco_run["series"]["update_rms"][:BURST_WINDOWS],
+                                                   plain_run["series"]["update_rms"][:BURST_WINDOWS]))
 
 
 def _diff(cell):
@@ -227,9 +235,11 @@ def markdown(rows, bursts, repeats, regimes, changed=(), pooled=()) -> str:
         lines += [f"| {p['grid']} | {p['bits']} | " + " | ".join(_pooled_cell(p[key]) for key, _ in DIFFERENCES) + " |"
                   for p in pooled]
     lines += ["", "LoCo's early burst (largest 10-step mean of the per-step error in steps 1-100, LoCo over plain "
-              "at the same bits and seed) beside that seed's LoCo - plain:", "",
-              "| regime | arm | seed | burst | LoCo - plain |", "|---|---|---|---|---|"]
-    lines += [f"| {b['tag']} | {b['arm']} | {b['seed']} | {b['burst']:.2f} | {b['loco_minus_plain']:+.4f} |"
+              "at the same bits and seed; update burst: the largest 10-step window's update RMS in steps 1-100, LoCo "
+              "over plain) beside that seed's LoCo - plain:", "",
+              "| regime | arm | seed | burst | update burst | LoCo - plain |", "|---|---|---|---|---|---|"]
+    lines += [f"| {b['tag']} | {b['arm']} | {b['seed']} | {b['burst']:.2f} | {b['update_burst']:.2f} | "
+              f"{b['loco_minus_plain']:+.4f} |"
               for b in sorted(bursts, key=lambda b: -b["burst"])]
     if changed:
         lines += ["", "Changes to LoCo's rule (error feedback from step N, plain qgZ before it; a compensation "

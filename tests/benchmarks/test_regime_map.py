@@ -18,7 +18,7 @@ def _run(tag, key, seed, loss, nodes, device):
              "device": device}
     return {"tag": tag, "key": key, "seed": seed, "setup": setup, "final_val_loss": loss, "noise_scale": 40.0,
             "grad_rel_error_mean": 0.9 if key != "full" else 0.0, "sum_rel_error_final": 0.5,
-            "series": {"grad_rel_errors": [0.9] * 10}}
+            "series": {"grad_rel_errors": [0.9] * 10, "update_rms": [0.5] + [0.2] * 9}}
 
 
 @pytest.fixture
@@ -84,3 +84,13 @@ def test_a_changed_rule_is_compared_seed_by_seed_with_its_base_regime_and_not_po
     assert [minus for _, _, minus in bounded["seeds"]] == pytest.approx(minus_plain, abs=1e-12)
     table = (tmp_path / "out" / "map.md").read_text()
     assert "| a_w4 | loco2 | bounded | 2.00 |" in table and "0: 2.00, -0.050; 1: 3.00, +0.040" in table
+
+
+def test_the_update_burst_is_the_largest_window_by_window_ratio_of_update_rms(benchmark_module):
+    """Window by window, not the ratio of the two maxima: plain's largest update (the first window) does not hide
+    LoCo's larger steps later; windows past the first 100 steps do not count."""
+    regime_map = benchmark_module("regime_map")
+    plain = {"series": {"update_rms": [0.5, 0.20, 0.16, 0.15] + [0.15] * 6 + [0.01]}}
+    loco = {"series": {"update_rms": [0.5, 0.37, 0.24, 0.15] + [0.15] * 6 + [0.05]}}
+    assert regime_map._update_burst(loco, plain) == pytest.approx(0.37 / 0.20)
+    assert regime_map._update_burst(plain, plain) == pytest.approx(1.0)
