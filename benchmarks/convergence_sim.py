@@ -44,6 +44,7 @@ sys.path.insert(0, ROOT)  # run from a checkout without installing
 
 from deepspeed_loco.layout.wire import wire_bytes_per_element  # noqa: E402
 from deepspeed_loco.simulation.arms import parse_arm  # noqa: E402
+from deepspeed_loco.simulation.burst import window_means  # noqa: E402
 from deepspeed_loco.utils.stats import ema, format_mean_sd, mean_sd, t_interval  # noqa: E402
 
 ARMS_17 = ("full,plain4,loco4,plain4h,loco4h,plain3,loco3,plain3h,loco3h,plain2,loco2,plain2h,loco2h,"
@@ -230,8 +231,7 @@ def run_one(args) -> dict:
 
 def _windowed(values):
     """Means over consecutive windows of ``SERIES_WINDOW`` steps (4 significant digits); [] for no values."""
-    return [float(f"{statistics.fmean(values[i:i + SERIES_WINDOW]):.4g}")
-            for i in range(0, len(values), SERIES_WINDOW)]
+    return [float(f"{mean:.4g}") for mean in window_means(values, SERIES_WINDOW)]
 
 
 # ------------------------------------------------------------------------------------------------ many runs

@@ -34,11 +34,11 @@ from collections import defaultdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
 
+from deepspeed_loco.simulation.burst import BURST_WINDOWS, update_burst  # noqa: E402
 from deepspeed_loco.utils.stats import noise_ratio, pool_intervals, t_interval  # noqa: E402
 
 BITS = (("4/4", "plain4", "loco4"), ("2/2", "plain2", "loco2"), ("8/2+H", "plain8-2h", "loco8-2h"))
 REPEAT_SUFFIX = "rep"
-BURST_WINDOWS = 10  # the first 100 steps: the per-step error series is stored as 10-step means
 CHANGED = re.compile(r"^(?P<base>.+)_(?P<change>ef\d+|bounded)$")  # a tag of runs with a change to LoCo's rule
 DIFFERENCES = (("plain_minus_full", "plain - full"), ("loco_minus_plain", "LoCo - plain"),
                ("loco_minus_full", "LoCo - full"))
@@ -151,7 +151,8 @@ def burst_rows(tag, arms):
         for seed in sorted(set(arms.get(plain, {})) & set(arms.get(loco, {}))):
             p, q = arms[plain][seed], arms[loco][seed]
             rows.append({"tag": tag, "arm": loco, "seed": seed, "burst": _burst(q, p),
-                         "update_burst": _update_burst(q, p), "loco_minus_plain": q["final_val_loss"] - p["final_val_loss"]})
+                         "update_burst": _update_burst(q, p),
+                         "loco_minus_plain": q["final_val_loss"] - p["final_val_loss"]})
     return rows
 
 
@@ -191,10 +192,8 @@ def _burst(loco_run, plain_run) -> float:
 
 
 def _update_burst(loco_run, plain_run) -> float:
-    """LoCo's update burst: the largest ratio, window by window over the first ``BURST_WINDOWS`` 10-step windows, of
-    its update RMS (per learning rate) over plain qgZ's at the same seed: how much larger AdamW's steps were."""
-    return max(loco / plain for loco, plain in zip(loco_run["series"]["update_rms"][:BURST_WINDOWS],
-                                                   plain_run["series"]["update_rms"][:BURST_WINDOWS]))
+    """LoCo's update burst (``deepspeed_loco.simulation.burst``) from the two runs' stored 10-step update RMS."""
+    return update_burst(loco_run["series"]["update_rms"], plain_run["series"]["update_rms"], BURST_WINDOWS)
 
 
 def _diff(cell):

@@ -31,6 +31,7 @@ from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import resolve_grid, wire_bytes_per_element
 from deepspeed_loco.runtime.zero.regime_note import LOCO_PAYS, map_reading
 from deepspeed_loco.simulation.arms import parse_arm, zeropp_loco_param
+from deepspeed_loco.simulation.burst import UPDATE_BURST_WARNING, update_burst, window_means
 from deepspeed_loco.simulation.side_by_side import Job, SideBySide, Task
 from deepspeed_loco.simulation.train import ArmResult, gradient_noise_scale
 from deepspeed_loco.utils.stats import noise_ratio, t_interval
@@ -59,14 +60,16 @@ class Probe:
 
 @dataclass
 class Comparison:
-    """Training comparison of one candidate: final losses per arm key and seed, and the paired differences
-    ``(n, mean, low, high)`` of plain - full, LoCo - plain and LoCo - full (intervals None below two seeds)."""
+    """Training comparison of one candidate: final losses per arm key and seed, the paired differences
+    ``(n, mean, low, high)`` of plain - full, LoCo - plain and LoCo - full (intervals None below two seeds) and
+    LoCo's early update burst over plain per seed (``simulation.burst.update_burst``)."""
     candidate: str
     steps: int
     losses: Dict[str, Dict[int, float]] = field(default_factory=dict)
     plain_minus_full: Optional[tuple] = None
     loco_minus_plain: Optional[tuple] = None
     loco_minus_full: Optional[tuple] = None
+    update_bursts: Dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,20 +94,24 @@ class Advice:
         """A markdown table, one row per candidate, every column explained below it."""
         compared = {c.candidate: c for c in self.comparisons}
         lines = ["| setting | wire B/elem intra / inter | rho | plain step err | plain - full | LoCo - plain | "
-                 "LoCo - full |", "|---|---|---|---|---|---|---|"]
+                 "LoCo - full | LoCo update burst |", "|---|---|---|---|---|---|---|---|"]
         for probe in self.probes:
             arm, c = parse_arm(probe.candidate), compared.get(probe.candidate)
             cells = [_diff(getattr(c, name) if c else None)
                      for name in ("plain_minus_full", "loco_minus_plain", "loco_minus_full")]
             rho = f"{probe.rho:.2f}" if probe.rho is not None else "-"
+            burst = f"{max(c.update_bursts.values()):.2f}" if c and c.update_bursts else "-"
             lines.append(f"| {arm.variant} | {_bytes(arm, self.group_size)} | {rho} | {probe.step_error:.3f} | "
-                         + " | ".join(cells) + " |")
+                         + " | ".join(cells) + f" | {burst} |")
         lines += [
             "", "rho: power of plain qgZ's quantization error in the communicated mean gradient over the power of the "
             "gradient's sampling noise at the step's batch (from the probe); below 1 the quantization hides in the "
             "noise SGD already has. plain step err: ||g_sent - g_exact|| / ||g_exact||, mean over the probe's steps. "
             "Differences: final loss (validation if given, else the mean training loss of the last tenth of the "
-            "steps), paired over seeds, mean [95% t-interval]; '-': not compared (rho below 1, or no budget left)."
+            "steps), paired over seeds, mean [95% t-interval]; '-': not compared (rho below 1, or no budget left). "
+            "LoCo update burst: the largest over seeds and over 10-step windows of the first 100 steps of LoCo's "
+            "update RMS over plain qgZ's; above 1.3 the regime map's LoCo runs sometimes lost (all that lost more "
+            "than 0.03 nats were above it)."
         ]
         return "\n".join(lines)
 
@@ -202,7 +209,7 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
                                   f"{left / 60:.1f} minutes left buy {max(affordable, 0)} steps per run, fewer "
                                   f"than {MIN_STEPS}.")
             verdict = judge(probe, comparison, quant_grid)
-            reasons.append(verdict.reason)
+            reasons.append(verdict.reason + (_burst_warning(comparison) if verdict.error_feedback else ""))
             unresolved += verdict.unresolved
             if verdict.accepted:
                 arm = parse_arm(probe.candidate)
@@ -338,9 +345,13 @@ def _compare(runner: SideBySide, candidate: str, steps: int, seeds: Iterable[int
     stage = f"compare {plain.variant}"
     if on_progress:
         on_progress(stage, 0, len(jobs))
+    update_rms = {}
     for done in runner.run(jobs, (lambda d, total: on_progress(stage, d, total)) if on_progress else None):
         comparison.losses[done.job.arm][done.job.seed] = _final_loss(done.result)
+        update_rms[done.job.arm, done.job.seed] = window_means(done.result.update_rms)
     full, plain_key, loco_key = keys
+    for seed in seeds:
+        comparison.update_bursts[seed] = update_burst(update_rms[loco_key, seed], update_rms[plain_key, seed])
     comparison.plain_minus_full = _paired(comparison.losses, plain_key, full)
     comparison.loco_minus_plain = _paired(comparison.losses, loco_key, plain_key)
     comparison.loco_minus_full = _paired(comparison.losses, loco_key, full)
@@ -357,6 +368,19 @@ def _add_seeds(runner: SideBySide, probe: Probe, comparison: Comparison, quant_g
         if extra < 1 or seconds_left() < math.ceil(3 * extra / parallel) * round_s:
             return
         _compare(runner, comparison.candidate, comparison.steps, range(have, have + extra), on_progress, comparison)
+
+
+def _burst_warning(comparison: Optional[Comparison]) -> str:
+    """A sentence for a verdict that turns LoCo on where a seed's update burst exceeds ``UPDATE_BURST_WARNING``;
+    else ""."""
+    bursts = comparison.update_bursts if comparison else {}
+    high = {seed: burst for seed, burst in bursts.items() if burst > UPDATE_BURST_WARNING}
+    if not high:
+        return ""
+    seeds = ", ".join(f"{seed} ({burst:.2f}x)" for seed, burst in sorted(high.items()))
+    return (f" Warning: LoCo's updates in the first 100 steps were larger than plain qgZ's by more than "
+            f"{UPDATE_BURST_WARNING}x on seed {seeds}; in the regime map every LoCo run that lost more than 0.03 "
+            f"nats to plain had such a burst (and some that gained): watch LoCo's first steps in a real run.")
 
 
 def _final_loss(result: ArmResult) -> float:

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.simulation.advise import Comparison, Probe, advise, judge
+from deepspeed_loco.simulation.advise import Comparison, Probe, _burst_warning, advise, judge
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
 WORLD, MICRO = 4, 4
@@ -119,6 +119,11 @@ def test_runs_side_by_side_give_the_same_evidence_as_runs_one_at_a_time():
     side_by_side = advise(_model, _data, 2, 2, parallel=2, **args)
     assert side_by_side.parallel == 2 and len(side_by_side.probes) == 1
     assert side_by_side.comparisons[0].losses == alone.comparisons[0].losses  # bit-identical final losses
+    assert side_by_side.comparisons[0].update_bursts == alone.comparisons[0].update_bursts
+    assert set(alone.comparisons[0].update_bursts) == {0, 1} and all(
+        b > 0 for b in alone.comparisons[0].update_bursts.values())
+    row = next(line for line in alone.table().splitlines() if line.startswith("| 2-bit"))
+    assert row.split("|")[-2].strip() == f"{max(alone.comparisons[0].update_bursts.values()):.2f}"
     assert set(alone.comparisons[0].losses["loco2"]) == {0, 1}
 
 
@@ -143,3 +148,10 @@ def test_an_open_question_gets_more_seeds_while_the_budget_lasts():
     assert seeds == {0, 1, 2, 3} and not more.unresolved  # seeds were added until LoCo - plain excluded 0
     assert more.comparisons[0].losses["loco2"][0] == two.comparisons[0].losses["loco2"][0]  # the same first runs
     assert "LoCo cost loss" in more.reasons[0]
+
+
+def test_a_verdict_turning_loco_on_warns_of_an_update_burst_above_the_maps_line():
+    calm = Comparison("plain2", 300, {}, update_bursts={0: 1.05, 1: 1.3})
+    assert _burst_warning(calm) == "" and _burst_warning(None) == ""
+    warned = _burst_warning(Comparison("plain2", 300, {}, update_bursts={0: 1.05, 1: 1.89, 2: 1.97}))
+    assert "seed 1 (1.89x), 2 (1.97x)" in warned and "more than 1.3x" in warned and "0 (1.05x)" not in warned
