@@ -530,7 +530,7 @@ def merge_rounds(rounds: List[dict]) -> dict:
     merged.update(step_times_s=times, step_s=step_s, round_step_s=[r["step_s"] for r in rounds],
                   tokens_per_s=rounds[0]["tokens_per_s"] * rounds[0]["step_s"] / step_s,
                   peak_memory_bytes=max(r["peak_memory_bytes"] for r in rounds),
-                  engines_alive_at_start=max(r.get("engines_alive_at_start", 0) for r in rounds))
+                  engines_alive_at_start=max(r["engines_alive_at_start"] for r in rounds))
     checks = [r["gradient_check"] for r in rounds if "gradient_check" in r]
     if checks:
         merged["gradient_check"] = next((c for c in checks if not c["passed"]), checks[0])
@@ -614,7 +614,7 @@ def format_report(report: dict) -> str:
         if "ds_path" in r:
             lines.append(f"dsqgz: DeepSpeed's rule predicts {r['ds_path']['expected']}, the profile shows "
                          f"{r['ds_path']['ran']} (qgZ needs world_size // device_count() > 1)")
-    leaked = [r["arm"] for r in report["arms"] if r.get("engines_alive_at_start")]
+    leaked = [r["arm"] for r in report["arms"] if r["engines_alive_at_start"]]
     if leaked:
         lines.append(f"WARNING: {', '.join(leaked)} started beside earlier arms' engines still alive (memory and "
                      f"host time not those of a fresh process; see release_engine)")

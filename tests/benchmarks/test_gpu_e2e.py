@@ -115,14 +115,15 @@ def test_rounds_rotate_the_arms_and_merge_into_one_result(benchmark_module):
     assert [gpu_e2e.rotated(arms, r) for r in (0, 1, 5)] == [arms, arms[1:] + arms[:1], arms[1:] + arms[:1]]
     passed, failed = {"passed": True, "max_abs_diff": 0.0}, {"passed": False, "max_abs_diff": 1.0}
     rounds = [dict(arm="loco", step_s=2.0, step_times_s=[1.0, 3.0], tokens_per_s=50.0, peak_memory_bytes=7,
-                   profile={"first": 1}, gradient_check=passed),
+                   profile={"first": 1}, gradient_check=passed, engines_alive_at_start=0),
               dict(arm="loco", step_s=6.0, step_times_s=[5.0, 7.0], tokens_per_s=1e9, peak_memory_bytes=9,
-                   profile={"second": 2}, gradient_check=failed)]
+                   profile={"second": 2}, gradient_check=failed, engines_alive_at_start=1)]
     merged = gpu_e2e.merge_rounds(rounds)
     assert merged["step_times_s"] == [1.0, 3.0, 5.0, 7.0] and merged["step_s"] == 4.0  # the median of all four
     assert merged["round_step_s"] == [2.0, 6.0] and merged["peak_memory_bytes"] == 9
     assert merged["tokens_per_s"] == 25.0  # the same tokens per step as round 0's 50 per s at 2 s: 100 / 4 s
     assert merged["profile"] == {"first": 1} and merged["gradient_check"] is failed
+    assert merged["engines_alive_at_start"] == 1  # the worst round: a leak in any round shows
 
 
 def test_collectives_are_grouped_by_event_name(benchmark_module):
