@@ -169,7 +169,7 @@ def test_the_report_holds_the_rounds_every_arm_finished(benchmark_module, monkey
 
     def result(arm, step_s):
         return dict(arm=arm, step_s=step_s, step_times_s=[step_s], tokens_per_s=10 / step_s, peak_memory_bytes=1,
-                    profile={}, parameters=123, gradient_check={"passed": True})
+                    profile={}, parameters=123, gradient_check={"passed": True}, engines_alive_at_start=0)
 
     per_arm = {"zero3": [result("zero3", 1.0), result("zero3", 3.0)], "loco": [result("loco", 2.0)]}
     report = gpu_e2e.build_report(args, None, per_arm)
