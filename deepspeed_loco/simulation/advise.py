@@ -18,8 +18,8 @@ and recommends the setting with the fewest inter-node bits whose best arm is wit
 LoCo on where it measurably beat plain qgZ, or where the comparison leaves LoCo - plain open at 2/2 on the mid-rise
 grid, the one setting where the map's pooled LoCo - plain lies below 0 (:func:`map_favours_loco`; the verdict then
 says that the map, not this comparison, decided), unless the comparison's mean LoCo - plain lies above 0: the
-116M model on 64 ranks lost to plain qgZ with LoCo from step 1 on 2 of 3 seeds (an early burst), inside an
-interval too wide to resolve.
+116M model on 64 ranks lost to plain qgZ with LoCo from step 1 on every seed (by 0.09 and 0.27 on two; an early
+burst), inside an interval too wide to resolve.
 """
 import math
 import statistics
@@ -110,8 +110,8 @@ class Advice:
             "Differences: final loss (validation if given, else the mean training loss of the last tenth of the "
             "steps), paired over seeds, mean [95% t-interval]; '-': not compared (rho below 1, or no budget left). "
             "LoCo update burst: the largest over seeds and over 10-step windows of the first 100 steps of LoCo's "
-            "update RMS over plain qgZ's; above 1.3 the regime map's LoCo runs sometimes lost (all that lost more "
-            "than 0.03 nats were above it)."
+            f"update RMS over plain qgZ's; above {UPDATE_BURST_WARNING} the regime map's LoCo runs sometimes lost "
+            "(all that lost more than 0.03 nats were above it)."
         ]
         return "\n".join(lines)
 
