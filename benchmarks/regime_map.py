@@ -34,7 +34,7 @@ from collections import defaultdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
 
-from deepspeed_loco.simulation.burst import BURST_WINDOWS, update_burst  # noqa: E402
+from deepspeed_loco.simulation.burst import BURST_WINDOWS, UPDATE_BURST_WARNING, update_burst  # noqa: E402
 from deepspeed_loco.utils.stats import noise_ratio, pool_intervals, t_interval  # noqa: E402
 
 BITS = (("4/4", "plain4", "loco4"), ("2/2", "plain2", "loco2"), ("8/2+H", "plain8-2h", "loco8-2h"))
@@ -260,13 +260,13 @@ def markdown(rows, bursts, repeats, regimes, changed=(), pooled=()) -> str:
 
 def plot(rows, bursts, path) -> None:
     """Left: plain - full; second: LoCo - plain, per regime and bits, with 95% intervals; third: LoCo - plain
-    against rho (plain's quantization error power over the sampling noise power); right: each seed's LoCo - plain
-    against LoCo's early burst."""
+    against rho (plain's quantization error power over the sampling noise power); fourth and right: each seed's
+    LoCo - plain against LoCo's early error burst and its update burst."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(23, 5.8))
+    fig = Figure(figsize=(28, 5.8))
     FigureCanvasAgg(fig)
-    axes = [fig.add_subplot(1, 4, i) for i in (1, 2, 3, 4)]
+    axes = [fig.add_subplot(1, 5, i) for i in range(1, 6)]
     regimes = list(dict.fromkeys(r["tag"] for r in rows))
     colors = {"4/4": "tab:blue", "2/2": "tab:red", "8/2+H": "tab:purple"}
     offsets = {"4/4": -0.2, "2/2": 0.0, "8/2+H": 0.2}
@@ -290,12 +290,16 @@ def plot(rows, bursts, path) -> None:
     axes[2].set_xscale("log")
     axes[2].set_xlabel("rho = plain's quantization error power / gradient sampling noise power")
     axes[2].set_title("LoCo - plain against rho", fontsize=10)
-    for b in bursts:
-        axes[3].plot([b["burst"]], [b["loco_minus_plain"]], "o", alpha=0.7,
-                     color=colors[next(bits for bits, _, loco in BITS if loco == b["arm"])])
-    axes[3].set_xscale("log")
-    axes[3].set_xlabel("LoCo's early burst: max 10-step error in steps 1-100, over plain's")
-    axes[3].set_title("LoCo - plain per seed against LoCo's early burst", fontsize=10)
+    for ax, key, label in ((axes[3], "burst", "early error burst: max 10-step error in steps 1-100, over plain's"),
+                           (axes[4], "update_burst", "update burst: max over 10-step windows in steps 1-100 of the "
+                                                     "update RMS over plain's")):
+        for b in bursts:
+            ax.plot([b[key]], [b["loco_minus_plain"]], "o", alpha=0.7,
+                    color=colors[next(bits for bits, _, loco in BITS if loco == b["arm"])])
+        ax.set_xscale("log")
+        ax.set_xlabel("LoCo's " + label, fontsize=8)
+        ax.set_title(f"LoCo - plain per seed against LoCo's {key.replace('_', ' ')}", fontsize=10)
+    axes[4].axvline(UPDATE_BURST_WARNING, color="grey", linestyle="--", linewidth=0.8)
     for ax in axes:
         ax.axhline(0, color="black", linewidth=0.8)
         ax.grid(alpha=0.3)
