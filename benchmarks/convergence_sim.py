@@ -44,7 +44,7 @@ sys.path.insert(0, ROOT)  # run from a checkout without installing
 
 from deepspeed_loco.layout.wire import wire_bytes_per_element  # noqa: E402
 from deepspeed_loco.simulation.arms import parse_arm  # noqa: E402
-from deepspeed_loco.simulation.burst import window_means  # noqa: E402
+from deepspeed_loco.simulation.burst import BURST_WINDOW, window_means  # noqa: E402
 from deepspeed_loco.utils.stats import ema, format_mean_sd, mean_sd, t_interval  # noqa: E402
 
 ARMS_17 = ("full,plain4,loco4,plain4h,loco4h,plain3,loco3,plain3h,loco3h,plain2,loco2,plain2h,loco2h,"
@@ -53,7 +53,8 @@ GAP_REFERENCE = "plain2"  # every arm is placed on the way from plain 2/2-bit qg
 REFERENCE_ARMS = ("full", GAP_REFERENCE)  # what a tag may borrow from its reference tag (summarize --reference)
 REFERENCE_MATCH = ("steps", "size", "params", "model", "text", "nodes", "local", "micro_batch", "lr", "warmup",
                    "dtype", "eval_windows")  # setup keys a reference tag's runs must share with the tag's
-SERIES_WINDOW = 10  # per-step diagnostics are stored as means over windows of this many steps
+SERIES_WINDOW = BURST_WINDOW  # per-step diagnostics are stored as means over windows of this many steps; regime_map
+# reads the first BURST_WINDOWS of them as the first 100 steps
 TRAIN_EMA_BETA = 0.95  # the plotted training loss: this EMA of the per-step seed mean
 SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "size": str, "micro_batch": int, "lr": float, "warmup": int, "group_size": int, "err_beta": float,

@@ -273,15 +273,16 @@ def judge(probe: Probe, comparison: Optional[Comparison], quant_grid: str = "aut
                  if arm.intra_bits == arm.inter_bits == 2 and comparison.steps < LOCO_GAIN_STEPS else "")
         unresolved = (f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: whether LoCo "
                       f"helps was not resolved in {comparison.steps}-step runs; ")
-        if (map_favours_loco(arm, quant_grid) and _within_noise(comparison.loco_minus_full)
-                and comparison.loco_minus_plain[1] <= 0):
+        prior = map_favours_loco(arm, quant_grid)
+        leans_against = comparison.loco_minus_plain[1] > 0  # the mean, whatever the interval says
+        if prior and not leans_against and _within_noise(comparison.loco_minus_full):
             return Verdict(True, True, f"{reason}; LoCo is on by the regime map's prior: at 2/2 on the mid-rise "
                            f"grid LoCo - plain pooled over its regimes lies below 0 (docs/config.md).",
                            [unresolved + "LoCo is recommended by the regime map, not by a gain measured here."
                             + short])
         against = (" Its mean lies above 0, against the map's prior (at 116M parameters on 64 ranks LoCo from "
                    "step 1 lost to plain qgZ through an early burst)."
-                   if map_favours_loco(arm, quant_grid) and comparison.loco_minus_plain[1] > 0 else "")
+                   if prior and leans_against else "")
         return Verdict(True, False, reason + ".", [unresolved + "plain qgZ is recommended (no error buffers)."
                                                    + against + short])
     return Verdict(False, False, f"{arm.variant}: rho {_fmt(probe.rho)}; plain - full "
@@ -338,7 +339,7 @@ def _compare(runner: SideBySide, candidate: str, steps: int, seeds: Iterable[int
              comparison: Optional[Comparison] = None) -> Comparison:
     """Full precision, plain qgZ and qgZ + LoCo of ``candidate`` for ``seeds``, side by side, added to
     ``comparison`` (a new one if None); the paired differences are taken over every seed it then holds."""
-    plain = parse_arm(candidate)
+    plain, seeds = parse_arm(candidate), list(seeds)  # iterated twice: the jobs, then the bursts
     keys = ["full", plain.key, plain.key.replace("plain", "loco", 1)]
     comparison = comparison or Comparison(candidate, steps, {key: {} for key in keys})
     jobs = [Job(key, steps, seed, True) for seed in seeds for key in keys]
