@@ -116,19 +116,23 @@ def regime_rows(tag, arms):
     return rows
 
 
-def pooled_rows(rows):
-    """Per (grid, bits), the default grid first and the bits in ``BITS`` order: each of ``DIFFERENCES`` pooled over
-    the rows whose interval it has (:class:`~deepspeed_loco.utils.stats.Pooled` as a dict, None without any), and
-    the seeds behind it. A regime whose seeds all differ by the same amount has an interval of zero width, which
-    cannot be weighted; it is left out of that pool. The pool treats the regimes as independent; regimes of one
-    model that differ only in ``W`` share each seed's initial weights and batches."""
+def pooled_rows(rows, by_model: bool = False):
+    """Per (grid, bits), and per model size (``params``) if ``by_model``, the default grid first, the bits in
+    ``BITS`` order, then the smaller model: each of ``DIFFERENCES`` pooled over the rows whose interval it has
+    (:class:`~deepspeed_loco.utils.stats.Pooled` as a dict, None without any), and the seeds behind it. A regime
+    whose seeds all differ by the same amount has an interval of zero width, which cannot be weighted; it is left out
+    of that pool. The pool treats the regimes as independent; regimes of one model that differ only in ``W`` share
+    each seed's initial weights and batches."""
     groups = {}
     for r in rows:
-        groups.setdefault((r["grid"], r["bits"]), []).append(r)
+        groups.setdefault((r["grid"], r["bits"], r["params"] if by_model else 0), []).append(r)
     pooled = []
     order = [bits for bits, _, _ in BITS]
-    for (grid, bits), members in sorted(groups.items(), key=lambda g: (g[0][0] != "auto", order.index(g[0][1]))):
+    for (grid, bits, params), members in sorted(groups.items(),
+                                                key=lambda g: (g[0][0] != "auto", order.index(g[0][1]), g[0][2])):
         entry = {"grid": grid, "bits": bits, "regimes": [m["tag"] for m in members]}
+        if by_model:
+            entry["params"] = params
         for key, _ in DIFFERENCES:
             cells = [m[key] for m in members if _has_width(m[key])]
             result = pool_intervals([cell[1:] for cell in cells])
@@ -210,11 +214,12 @@ def _pooled_cell(cell):
     if cell is None:
         return "-"
     mark = " **yes**" if cell["low"] > 0 or cell["high"] < 0 else ""
-    return (f"{cell['mean']:+.4f} [{cell['low']:+.4f}, {cell['high']:+.4f}]{mark} ({cell['k']} regimes, "
+    return (f"{cell['mean']:+.4f} [{cell['low']:+.4f}, {cell['high']:+.4f}]{mark} ({cell['k']} "
+            f"regime{'s' if cell['k'] > 1 else ''}, "
             f"{cell['seeds']} seeds; heterogeneity p = {cell['p_heterogeneity']:.2g})")
 
 
-def markdown(rows, bursts, repeats, regimes, changed=(), pooled=()) -> str:
+def markdown(rows, bursts, repeats, regimes, changed=(), pooled=(), pooled_by_model=()) -> str:
     head = ["regime", "bits", "B_noise (seq) / B", "plain step err", "rho", "sum err plain / LoCo",
             "plain - full (95% CI)", "LoCo - plain (95% CI)", "LoCo - full (95% CI)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -233,6 +238,12 @@ def markdown(rows, bursts, repeats, regimes, changed=(), pooled=()) -> str:
                   "| grid | bits | " + " | ".join(label for _, label in DIFFERENCES) + " |", "|---|---|---|---|---|"]
         lines += [f"| {p['grid']} | {p['bits']} | " + " | ".join(_pooled_cell(p[key]) for key, _ in DIFFERENCES) + " |"
                   for p in pooled]
+    if pooled_by_model:
+        lines += ["", "Pooled per model size (its regimes differ in W, batch and steps):", "",
+                  "| grid | bits | model | " + " | ".join(label for _, label in DIFFERENCES) + " |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {p['grid']} | {p['bits']} | {p['params'] / 1e6:.1f}M | "
+                  + " | ".join(_pooled_cell(p[key]) for key, _ in DIFFERENCES) + " |" for p in pooled_by_model]
     lines += ["", "LoCo's early burst (largest 10-step mean of the per-step error in steps 1-100, LoCo over plain "
               "at the same bits and seed; update burst: the largest 10-step window's update RMS in steps 1-100, LoCo "
               "over plain) beside that seed's LoCo - plain:", "",
@@ -328,14 +339,14 @@ def main(argv=None) -> None:
     rows = [row for tag in order for row in regime_rows(tag, regimes[tag])]
     bursts = [row for tag in order for row in burst_rows(tag, regimes[tag])]
     changed = changed_rows(regimes)
-    pooled = pooled_rows(rows)
+    pooled, pooled_by_model = pooled_rows(rows), pooled_rows(rows, by_model=True)
     os.makedirs(args.out, exist_ok=True)
-    text = markdown(rows, bursts, repeats, regimes, changed, pooled)
+    text = markdown(rows, bursts, repeats, regimes, changed, pooled, pooled_by_model)
     with open(os.path.join(args.out, "map.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "map.json"), "w") as f:
-        json.dump({"regimes": rows, "pooled": pooled, "bursts": bursts, "rule_changes": changed}, f,
-                  indent=1)
+        json.dump({"regimes": rows, "pooled": pooled, "pooled_by_model": pooled_by_model, "bursts": bursts,
+                   "rule_changes": changed}, f, indent=1)
     plot(rows, bursts, os.path.join(args.out, "map.png"))
     print(text)
 

@@ -6,20 +6,20 @@ the power of the gradient's own sampling noise at the step's batch. Where ``rho 
 point at a global batch of 64) LoCo changed nothing and plain qgZ stayed within noise of full precision over a few
 hundred steps, but for one (8/2 + Hadamard on the 0.87M model at 16 ranks, where plain lost a little); over 1000
 steps at 4/4 the 0.87M model lost 0.007 with plain qgZ and LoCo did not measurably win it back (-0.001 over 7
-seeds); a loss that small is beyond this function's budgets, so 4/4 is judged by ``rho`` alone; where
-``rho >= 1`` plain qgZ lost loss in 11 of 15 regimes (not resolved in 100 steps at 256 ranks, nor for 10.8M at 16),
-and LoCo recovered part or all of it at 2/2 (about a third, pooled over the map's regimes of 0.87M-116M parameters;
-one 32M seed of five diverged with it) but not at 8/2 + Hadamard (a global batch of 512). A comparison of a few
-hundred steps can under-read LoCo's gain (at 16 ranks 300 steps measured a quarter of what 1000 did at 0.87M, two
-fifths at 10.8M), so an unresolved LoCo - plain at 2/2 is no evidence against LoCo. So :func:`advise` first measures
-``rho`` of each candidate in a short probe (cheap: a few steps of plain qgZ), then spends the rest of the budget on
-training comparisons (full precision, plain qgZ, qgZ + LoCo over several seeds) of the candidates with ``rho >= 1``,
-and recommends the setting with the fewest inter-node bits whose best arm is within noise of full precision, with
-LoCo on where it measurably beat plain qgZ, or where the comparison leaves LoCo - plain open at 2/2 on the mid-rise
-grid, the one setting where the map's pooled LoCo - plain lies below 0 (:func:`map_favours_loco`; the verdict then
-says that the map, not this comparison, decided), unless the comparison's mean LoCo - plain lies above 0: the
-116M model on 64 ranks lost to plain qgZ with LoCo from step 1 on every seed (by 0.09 and 0.27 on two; an early
-burst), inside an interval too wide to resolve.
+seeds); a loss that small is beyond this function's budgets, so 4/4 is judged by ``rho`` alone; where ``rho >= 1``
+plain qgZ lost loss in 13 of 17 regimes (not resolved in 100 steps at 256 ranks or for 116M at 64, nor over 300
+steps for 10.8M at 16), and LoCo recovered part or all of it at 2/2 for the 0.87M and 10.8M models (resolved) but
+not at 8/2 + Hadamard (a global batch of 512). For the 116M model LoCo from step 1 started behind plain qgZ at 2/2
+and at 4/4 (an early burst of larger updates; at 16 ranks resolved after 100 steps) and was catching up, so above
+10.8M parameters the map has no prior for LoCo. A comparison of a few hundred steps can under-read LoCo's gain at
+small models (at 16 ranks 300 steps measured a quarter of what 1000 did at 0.87M, two fifths at 10.8M). So
+:func:`advise` first measures ``rho`` of each candidate in a short probe (cheap: a few steps of plain qgZ), then
+spends the rest of the budget on training comparisons (full precision, plain qgZ, qgZ + LoCo over several seeds) of
+the candidates with ``rho >= 1``, and recommends the setting with the fewest inter-node bits whose best arm is
+within noise of full precision, with LoCo on where it measurably beat plain qgZ, or where the comparison leaves
+LoCo - plain open at 2/2 on the mid-rise grid for a model of at most 10.8M parameters, where the map resolved
+LoCo's gain (:func:`map_favours_loco`; the verdict then says that the map, not this comparison, decided), unless the
+comparison's mean LoCo - plain lies above 0 (its own runs lean against the prior).
 """
 import math
 import statistics
@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import resolve_grid, wire_bytes_per_element
-from deepspeed_loco.runtime.zero.regime_note import LOCO_PAYS, map_reading
+from deepspeed_loco.runtime.zero.regime_note import LOCO_PAYS, LOCO_UNPROVEN, map_reading
 from deepspeed_loco.simulation.arms import parse_arm, zeropp_loco_param
 from deepspeed_loco.simulation.burst import UPDATE_BURST_WARNING, update_burst, window_means
 from deepspeed_loco.simulation.side_by_side import Job, SideBySide, Task
@@ -169,7 +169,8 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
     seeds are added, a round of ``max(1, parallel // 3)`` at a time, up to ``max_seeds``, and the candidate is judged
     again. Other keyword arguments go to ``simulate``
     (``loss_fn``, ``optimizer_fn``, ``scheduler_fn``, ``device``, ``autocast_dtype``, ``grad_clip``,
-    ``rank_chunk``, ...).
+    ``rank_chunk``, ...). ``model_fn`` is also called once here, to count the model's parameters (the map's prior
+    depends on them).
 
     Raises ValueError for a bad candidate, ``seeds < 2``, a non-positive budget, ``probe_steps < 2``, a bad
     ``parallel`` or, with ``parallel > 1``, a callable that does not pickle.
@@ -189,6 +190,7 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
         raise ValueError(f"advise: max_seeds = {max_seeds!r}; it must be an integer >= seeds ({seeds})")
     budget_s, started = budget_minutes * 60.0, time.monotonic()
     quant_grid = (loco or {}).get("quant_grid", "auto")
+    params = sum(p.numel() for p in model_fn().parameters())  # the map's prior depends on the model's size
     task = Task(model_fn, data_fn, nodes, local, loco or {}, eval_fn, simulate_kwargs)
     with SideBySide(task, parallel) as runner:
         probes = _probe(runner, [a.key for a in arms], probe_steps, max(1, parallel // len(arms)), on_progress)
@@ -202,13 +204,13 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
                 comparison = _compare(runner, probe.candidate, affordable, range(seeds), on_progress)
                 comparisons.append(comparison)
                 round_s = (time.monotonic() - compare_started) / math.ceil(3 * seeds / parallel)  # side by side
-                _add_seeds(runner, probe, comparison, quant_grid, max_seeds, parallel, round_s,
+                _add_seeds(runner, probe, comparison, params, quant_grid, max_seeds, parallel, round_s,
                            lambda: budget_s - (time.monotonic() - started), on_progress)
             elif probe.rho is None or probe.rho >= RHO_THRESHOLD:
                 unresolved.append(f"{parse_arm(probe.candidate).variant} (rho {_fmt(probe.rho)}) was not trained: "
                                   f"{left / 60:.1f} minutes left buy {max(affordable, 0)} steps per run, fewer "
                                   f"than {MIN_STEPS}.")
-            verdict = judge(probe, comparison, quant_grid)
+            verdict = judge(probe, comparison, params, quant_grid)
             reasons.append(verdict.reason + (_burst_warning(comparison) if verdict.error_feedback else ""))
             unresolved += verdict.unresolved
             if verdict.accepted:
@@ -234,11 +236,12 @@ class Verdict:
     unresolved: List[str] = field(default_factory=list)
 
 
-def judge(probe: Probe, comparison: Optional[Comparison], quant_grid: str = "auto") -> Verdict:
+def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_grid: str = "auto") -> Verdict:
     """The decision rule. With a comparison: acceptable with LoCo if LoCo - full contains 0 or lies below it and
     either LoCo - plain lies below 0 or plain - full lies above 0; else, if plain - full contains 0 or lies below,
     acceptable with plain qgZ where LoCo - plain lies above 0, with LoCo where the regime map's prior holds
-    (:func:`map_favours_loco` for ``quant_grid``, the block's ``quant_grid``), LoCo - full contains 0 or lies
+    (:func:`map_favours_loco` for ``quant_grid``, the block's ``quant_grid``, and a model of ``params``
+    parameters), LoCo - full contains 0 or lies
     below and LoCo - plain's mean is not above 0 (the comparison does not lean against the prior), else with plain
     qgZ (the question whether LoCo helps stays open unless LoCo - plain excludes 0); else
     not. Without one: acceptable with plain qgZ by the regime map's prediction if ``rho < 1``; else not."""
@@ -273,29 +276,36 @@ def judge(probe: Probe, comparison: Optional[Comparison], quant_grid: str = "aut
                  if arm.intra_bits == arm.inter_bits == 2 and comparison.steps < LOCO_GAIN_STEPS else "")
         unresolved = (f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: whether LoCo "
                       f"helps was not resolved in {comparison.steps}-step runs; ")
-        prior = map_favours_loco(arm, quant_grid)
+        prior = map_favours_loco(arm, quant_grid, params)
         leans_against = comparison.loco_minus_plain[1] > 0  # the mean, whatever the interval says
         if prior and not leans_against and _within_noise(comparison.loco_minus_full):
             return Verdict(True, True, f"{reason}; LoCo is on by the regime map's prior: at 2/2 on the mid-rise "
-                           f"grid LoCo - plain pooled over its regimes lies below 0 (docs/config.md).",
+                           f"grid LoCo's gain over plain qgZ was resolved for models of up to 10.8M parameters "
+                           f"(docs/config.md).",
                            [unresolved + "LoCo is recommended by the regime map, not by a gain measured here."
                             + short])
-        against = (" Its mean lies above 0, against the map's prior (at 116M parameters on 64 ranks LoCo from "
-                   "step 1 lost to plain qgZ through an early burst)."
-                   if prior and leans_against else "")
+        against = " Its mean lies above 0, against the map's prior." if prior and leans_against else ""
+        unproven = (f" The map resolved LoCo's gain at 2/2 only for models of up to 10.8M parameters (this one: "
+                    f"{params / 1e6:.1f}M); at 116M LoCo from step 1 started behind plain qgZ."
+                    if _reading(arm, quant_grid, params) == LOCO_UNPROVEN else "")
         return Verdict(True, False, reason + ".", [unresolved + "plain qgZ is recommended (no error buffers)."
-                                                   + against + short])
+                                                   + against + unproven + short])
     return Verdict(False, False, f"{arm.variant}: rho {_fmt(probe.rho)}; plain - full "
                    f"{_diff(comparison.plain_minus_full)}, LoCo - full {_diff(comparison.loco_minus_full)}: "
                    f"neither within noise of full precision in {comparison.steps}-step runs.")
 
 
-def map_favours_loco(arm, quant_grid: str) -> bool:
-    """Whether the regime map's pooled LoCo - plain lies below 0 for this plain ``arm`` on ``quant_grid``
-    (``zeropp_loco_param.quant_grid``): :func:`~deepspeed_loco.runtime.zero.regime_note.map_reading`, the rule of
-    the start-up note, on the arm's two hops."""
+def map_favours_loco(arm, quant_grid: str, params: int) -> bool:
+    """Whether the regime map found LoCo paying for this plain ``arm`` on ``quant_grid``
+    (``zeropp_loco_param.quant_grid``) at a model of ``params`` parameters: the reading of
+    :func:`~deepspeed_loco.runtime.zero.regime_note.map_reading`, the rule of the start-up note, is LOCO_PAYS."""
+    return _reading(arm, quant_grid, params) == LOCO_PAYS
+
+
+def _reading(arm, quant_grid: str, params: int):
+    """The map's reading for the plain ``arm``'s two hops on ``quant_grid`` at ``params`` parameters."""
     bits = (arm.intra_bits, arm.inter_bits)
-    return map_reading(bits, arm.hadamard, resolve_grid(quant_grid, bits)) == LOCO_PAYS
+    return map_reading(bits, arm.hadamard, resolve_grid(quant_grid, bits), params)
 
 
 def _probe(runner: SideBySide, candidates: Sequence[str], steps: int, seeds: int, on_progress) -> List[Probe]:
@@ -359,11 +369,12 @@ def _compare(runner: SideBySide, candidate: str, steps: int, seeds: Iterable[int
     return comparison
 
 
-def _add_seeds(runner: SideBySide, probe: Probe, comparison: Comparison, quant_grid: str, max_seeds: int,
-               parallel: int, round_s: float, seconds_left: Callable[[], float], on_progress) -> None:
+def _add_seeds(runner: SideBySide, probe: Probe, comparison: Comparison, params: int, quant_grid: str,
+               max_seeds: int, parallel: int, round_s: float, seconds_left: Callable[[], float],
+               on_progress) -> None:
     """More seeds for ``comparison`` while its verdict leaves a question open, fewer than ``max_seeds`` ran and the
     budget buys their rounds (``round_s``: the measured seconds of one round of ``parallel`` runs side by side)."""
-    while judge(probe, comparison, quant_grid).unresolved:
+    while judge(probe, comparison, params, quant_grid).unresolved:
         have = len(comparison.losses["full"])
         extra = min(max(1, parallel // 3), max_seeds - have)
         if extra < 1 or seconds_left() < math.ceil(3 * extra / parallel) * round_s:

@@ -59,6 +59,26 @@ def test_the_pool_is_the_random_effects_pool_of_each_regimes_interval(benchmark_
     assert "| auto | 2/2 | " in table and (tmp_path / "out" / "map.png").stat().st_size > 0
 
 
+def test_the_pool_per_model_size_keeps_each_model_s_regimes_apart(benchmark_module, runs_file, tmp_path):
+    records = [json.loads(line) for line in runs_file.read_text().splitlines()]
+    for record in records:  # b_w16 becomes a regime of a 10.8M model
+        if record["tag"] == "b_w16":
+            record["setup"]["params"] = 10_820_000
+    runs_file.write_text("".join(json.dumps(record) + "\n" for record in records))
+    benchmark_module("regime_map").main(["--runs", str(runs_file), "--out", str(tmp_path / "out")])
+    written = json.loads((tmp_path / "out" / "map.json").read_text())
+    assert written["pooled"][0]["regimes"] == ["a_w4", "b_w16"]  # the pool over sizes still has both
+    by_model = written["pooled_by_model"]
+    assert [(p["bits"], p["params"], p["regimes"]) for p in by_model] == [
+        ("2/2", 870_000, ["a_w4"]), ("2/2", 10_820_000, ["b_w16"])]  # the smaller model first
+    for entry, tag in zip(by_model, ("a_w4", "b_w16")):  # a pool of one regime is that regime's interval
+        cell = entry["loco_minus_plain"]
+        assert (cell["mean"], cell["low"], cell["high"]) == pytest.approx(_paired(tag, "loco2", "plain2"), rel=1e-9)
+        assert cell["k"] == 1 and cell["seeds"] == 3
+    table = (tmp_path / "out" / "map.md").read_text()
+    assert "| auto | 2/2 | 0.9M | " in table and "| auto | 2/2 | 10.8M | " in table and "(1 regime, 3 seeds" in table
+
+
 def test_a_changed_rule_is_compared_seed_by_seed_with_its_base_regime_and_not_pooled(benchmark_module, runs_file,
                                                                                     tmp_path):
     """``a_w4_bounded`` (a compensation variant) and ``a_w4_ef51`` (error feedback from step 51) hold LoCo runs only:

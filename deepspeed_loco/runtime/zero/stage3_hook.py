@@ -170,7 +170,7 @@ def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
                   "communicated, so LoCo does nothing in this run", logging.WARNING)
     else:
         log_rank0(hook.describe(params))
-        note = regime_note(hook.plan, config.error_feedback)
+        note = regime_note(hook.plan, config.error_feedback, sum(deepspeed_seam.param_numel(p) for p in params))
         if note:
             log_rank0(note)
     hook.telemetry = telemetry.for_engine(engine, hook)

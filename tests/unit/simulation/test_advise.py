@@ -8,6 +8,7 @@ from deepspeed_loco.simulation.advise import Comparison, Probe, _burst_warning, 
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
 WORLD, MICRO = 4, 4
+SMALL, LARGE = 10_820_000, 116_430_720  # parameters of the regime map's 10.8M and 116M models
 
 
 def _comparison(plain_full, loco_plain, loco_full):
@@ -18,7 +19,7 @@ def _comparison(plain_full, loco_plain, loco_full):
 
 def test_loco_is_recommended_where_it_measurably_beats_plain_and_matches_full():
     verdict = judge(Probe("plain2", 2.5, 1.0, 38.0, 0.1), _comparison((0.004, 0.038), (-0.038, -0.003),
-                                                                      (-0.002, 0.002)))
+                                                                      (-0.002, 0.002)), LARGE)
     assert verdict.accepted and verdict.error_feedback and verdict.unresolved == []
 
 
@@ -26,25 +27,35 @@ def test_an_open_loco_question_at_mid_rise_2_2_turns_loco_on_by_the_map_and_says
     evidence = _comparison((-0.012, 0.025), (-0.022, 0.015), (-0.012, 0.017))
     probe = Probe("plain2", 2.9, 1.0, 38.0, 0.1)
     for grid in ("auto", "midrise"):
-        verdict = judge(probe, evidence, grid)
+        verdict = judge(probe, evidence, SMALL, grid)
         assert verdict.accepted and verdict.error_feedback and "regime map's prior" in verdict.reason
         assert len(verdict.unresolved) == 1 and "not by a gain measured here" in verdict.unresolved[0]
         # a 300-step comparison at 2/2 is shorter than the map needed to resolve LoCo's gain, and says so
         assert "only over 1000 steps" in verdict.unresolved[0]
-    symmetric = judge(probe, evidence, "symmetric")  # the map's 2/2 pool on this grid is unresolved: plain qgZ
+    symmetric = judge(probe, evidence, SMALL, "symmetric")  # the map's 2/2 on this grid is unresolved: plain qgZ
     assert symmetric.accepted and not symmetric.error_feedback and "no error buffers" in symmetric.unresolved[0]
-    worse_than_full = judge(probe, _comparison((-0.012, 0.025), (-0.022, 0.015), (0.001, 0.030)))
+    worse_than_full = judge(probe, _comparison((-0.012, 0.025), (-0.022, 0.015), (0.001, 0.030)), SMALL)
     assert worse_than_full.accepted and not worse_than_full.error_feedback  # LoCo - full above 0: plain qgZ
     # an open interval whose mean lies above 0 leans against the prior (116M at 64 ranks: +0.13 [-0.18, +0.44])
-    leaning_against = judge(probe, _comparison((-0.008, 0.078), (-0.180, 0.440), (-0.185, 0.515)))
+    leaning_against = judge(probe, _comparison((-0.008, 0.078), (-0.180, 0.440), (-0.185, 0.515)), SMALL)
     assert leaning_against.accepted and not leaning_against.error_feedback
     assert "against the map's prior" in leaning_against.unresolved[0]
+
+
+def test_an_open_loco_question_above_the_map_s_resolved_sizes_keeps_plain_qgz_and_says_why():
+    evidence = _comparison((-0.012, 0.025), (-0.022, 0.015), (-0.012, 0.017))  # leans towards LoCo
+    verdict = judge(Probe("plain2", 2.9, 1.0, 38.0, 0.1), evidence, LARGE)
+    assert verdict.accepted and not verdict.error_feedback and "regime map's prior" not in verdict.reason
+    assert len(verdict.unresolved) == 1 and "plain qgZ is recommended" in verdict.unresolved[0]
+    assert "up to 10.8M parameters (this one: 116.4M)" in verdict.unresolved[0]
+    small = judge(Probe("plain2", 2.9, 1.0, 38.0, 0.1), evidence, SMALL)
+    assert small.error_feedback and "10.8M parameters (this one" not in small.unresolved[0]
 
 
 def test_plain_is_recommended_where_it_matches_full_and_the_map_has_no_loco_prior():
     for candidate in ("plain4", "plain8-2h"):
         verdict = judge(Probe(candidate, 0.08, 0.17, 38.0, 0.1), Comparison(candidate, 300, {}, *[
-            (3, 0.0, -0.01, 0.01)] * 3))
+            (3, 0.0, -0.01, 0.01)] * 3), SMALL)
         assert verdict.accepted and not verdict.error_feedback
         assert len(verdict.unresolved) == 1 and "includes 0" in verdict.unresolved[0]
         assert "only over" not in verdict.unresolved[0]  # the schedule caveat is for 2/2 only
@@ -52,20 +63,20 @@ def test_plain_is_recommended_where_it_matches_full_and_the_map_has_no_loco_prio
 
 def test_loco_within_noise_of_full_where_plain_departs_is_recommended_with_a_caveat():
     verdict = judge(Probe("plain2", 2.8, 1.0, 38.0, 0.1), _comparison((0.006, 0.045), (-0.037, 0.005),
-                                                                      (-0.002, 0.021)))
+                                                                      (-0.002, 0.021)), LARGE)
     assert verdict.accepted and verdict.error_feedback and "not by a resolved gain" in verdict.unresolved[0]
 
 
 def test_a_setting_that_costs_loss_either_way_is_rejected():
     verdict = judge(Probe("plain2", 3.1, 1.0, 30.0, 0.1), _comparison((0.001, 0.029), (-0.033, 0.027),
-                                                                      (0.010, 0.090)))
+                                                                      (0.010, 0.090)), SMALL)
     assert not verdict.accepted
 
 
 def test_without_a_comparison_only_rho_below_one_is_accepted():
-    assert judge(Probe("plain4", 0.08, 0.17, 38.0, 0.1), None).accepted
-    assert not judge(Probe("plain2", 2.5, 1.0, 38.0, 0.1), None).accepted
-    assert not judge(Probe("plain2", None, 1.0, None, 0.1), None).accepted
+    assert judge(Probe("plain4", 0.08, 0.17, 38.0, 0.1), None, SMALL).accepted
+    assert not judge(Probe("plain2", 2.5, 1.0, 38.0, 0.1), None, SMALL).accepted
+    assert not judge(Probe("plain2", None, 1.0, None, 0.1), None, SMALL).accepted
 
 
 _loss = toy_loss
@@ -133,7 +144,8 @@ def test_side_by_side_needs_callables_that_pickle():
 
 
 def test_a_measurable_loss_from_loco_closes_the_question_with_plain_qgz():
-    verdict = judge(Probe("plain2", 2.5, 1.0, 38.0, 0.1), _comparison((-0.010, 0.020), (0.001, 0.003), (-0.005, 0.030)))
+    verdict = judge(Probe("plain2", 2.5, 1.0, 38.0, 0.1), _comparison((-0.010, 0.020), (0.001, 0.003),
+                                                                      (-0.005, 0.030)), SMALL)
     assert verdict.accepted and not verdict.error_feedback and not verdict.unresolved
     assert "LoCo cost loss" in verdict.reason
 
