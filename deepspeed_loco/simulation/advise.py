@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import resolve_grid, wire_bytes_per_element
-from deepspeed_loco.runtime.zero.regime_note import LOCO_PAYS, LOCO_UNPROVEN, map_reading
+from deepspeed_loco.runtime.zero.regime_note import GAIN_RESOLVED_UP_TO, LOCO_PAYS, LOCO_UNPROVEN, map_reading
 from deepspeed_loco.simulation.arms import parse_arm, zeropp_loco_param
 from deepspeed_loco.simulation.burst import UPDATE_BURST_WARNING, update_burst, window_means
 from deepspeed_loco.simulation.side_by_side import Job, SideBySide, Task
@@ -241,10 +241,10 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
     either LoCo - plain lies below 0 or plain - full lies above 0; else, if plain - full contains 0 or lies below,
     acceptable with plain qgZ where LoCo - plain lies above 0, with LoCo where the regime map's prior holds
     (:func:`map_favours_loco` for ``quant_grid``, the block's ``quant_grid``, and a model of ``params``
-    parameters), LoCo - full contains 0 or lies
-    below and LoCo - plain's mean is not above 0 (the comparison does not lean against the prior), else with plain
-    qgZ (the question whether LoCo helps stays open unless LoCo - plain excludes 0); else
-    not. Without one: acceptable with plain qgZ by the regime map's prediction if ``rho < 1``; else not."""
+    parameters), LoCo - full contains 0 or lies below and LoCo - plain's mean is not above 0 (the comparison does
+    not lean against the prior), else with plain qgZ (the question whether LoCo helps stays open unless LoCo - plain
+    excludes 0); else not. Without one: acceptable with plain qgZ by the regime map's prediction if ``rho < 1``;
+    else not."""
     arm = parse_arm(probe.candidate)
     if comparison is None:
         if probe.rho is not None and probe.rho < RHO_THRESHOLD:
@@ -280,13 +280,13 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
         leans_against = comparison.loco_minus_plain[1] > 0  # the mean, whatever the interval says
         if prior and not leans_against and _within_noise(comparison.loco_minus_full):
             return Verdict(True, True, f"{reason}; LoCo is on by the regime map's prior: at 2/2 on the mid-rise "
-                           f"grid LoCo's gain over plain qgZ was resolved for models of up to 10.8M parameters "
-                           f"(docs/config.md).",
+                           f"grid LoCo's gain over plain qgZ was resolved for models of up to "
+                           f"{GAIN_RESOLVED_UP_TO} (docs/config.md).",
                            [unresolved + "LoCo is recommended by the regime map, not by a gain measured here."
                             + short])
         against = " Its mean lies above 0, against the map's prior." if prior and leans_against else ""
-        unproven = (f" The map resolved LoCo's gain at 2/2 only for models of up to 10.8M parameters (this one: "
-                    f"{params / 1e6:.1f}M); at 116M LoCo from step 1 started behind plain qgZ."
+        unproven = (f" The map resolved LoCo's gain at 2/2 only for models of up to {GAIN_RESOLVED_UP_TO} (this "
+                    f"one: {params / 1e6:.1f}M); at 116M LoCo from step 1 started behind plain qgZ."
                     if _reading(arm, quant_grid, params) == LOCO_UNPROVEN else "")
         return Verdict(True, False, reason + ".", [unresolved + "plain qgZ is recommended (no error buffers)."
                                                    + against + unproven + short])

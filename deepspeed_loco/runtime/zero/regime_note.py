@@ -18,8 +18,9 @@ from deepspeed_loco.layout import HopPlan
 MAP = 'docs/config.md, "When LoCo pays"'
 LOCO_PAYS = "pays"  # 2/2 mid-rise up to LOCO_GAIN_MAX_PARAMS: LoCo - plain below 0
 LOCO_UNPROVEN = "unproven"  # 2/2 mid-rise above LOCO_GAIN_MAX_PARAMS: no gain resolved; 116M started behind
-LOCO_IDLE = "idle"  # >= 4 bits or 8/2 + Hadamard: LoCo - plain 0 within noise, pooled
-LOCO_GAIN_MAX_PARAMS = 11_000_000  # the largest model whose 2/2 gain the map resolved has 10.8M parameters
+LOCO_IDLE = "idle"  # >= 4 bits or 8/2 + Hadamard: LoCo - plain 0 within noise, pooled (a cost at 4/4 at 116M)
+LOCO_GAIN_MAX_PARAMS = 11_000_000  # LoCo's 2/2 gain resolved up to the map's 10.8M model: GAIN_RESOLVED_UP_TO
+GAIN_RESOLVED_UP_TO = "10.8M parameters"
 
 
 def map_reading(bits: Sequence[int], hadamard: bool, grid: str, params: int) -> Optional[str]:
@@ -45,14 +46,14 @@ def regime_note(plan: HopPlan, error_feedback: bool, params: int) -> Optional[st
     reading = map_reading(bits, plan.hadamard, plan.grid, params)
     if reading == LOCO_PAYS and not error_feedback:
         return (f"deepspeed-loco: every hop sends 2 bits without error feedback; in the regime map ({MAP}) plain "
-                f"qgZ lost loss at 2 bits and LoCo won part of it back at models of up to 10.8M parameters: "
+                f"qgZ lost loss at 2 bits and LoCo won part of it back at models of up to {GAIN_RESOLVED_UP_TO}: "
                 f"consider zeropp_loco_param.error_feedback: true")
     if reading == LOCO_UNPROVEN and error_feedback:
         return (f"deepspeed-loco: LoCo error feedback at 2 bits on every hop for {params / 1e6:.0f}M parameters: "
-                f"in the regime map ({MAP}) LoCo's gain at 2 bits was resolved only up to 10.8M parameters, and for "
-                f"the 116M model LoCo from step 1 started behind plain qgZ (an early burst of larger updates) and "
-                f"was still behind after 100 steps on 16 and 64 ranks; measure it on your model before a long run "
-                f"(deepspeed_loco.simulation.advise)")
+                f"in the regime map ({MAP}) LoCo's gain at 2 bits was resolved only up to {GAIN_RESOLVED_UP_TO}, "
+                f"and for the 116M model LoCo from step 1 started behind plain qgZ (an early burst of larger "
+                f"updates) and was still behind after 100 steps on 16 and 64 ranks; measure it on your model before "
+                f"a long run (deepspeed_loco.simulation.advise)")
     if reading == LOCO_IDLE and error_feedback:
         return (f"deepspeed-loco: LoCo error feedback at {'/'.join(map(str, bits))} bits"
                 f"{' + Hadamard' if plan.hadamard else ''}: in the regime map ({MAP}) LoCo did not lower the "
