@@ -104,6 +104,7 @@ def regime_rows(tag, arms):
         rows.append({
             "tag": tag, "params": setup["params"], "nodes": setup["nodes"], "local": setup["local"], "world": world,
             "micro_batch": setup["micro_batch"], "global_batch": batch, "steps": setup["steps"],
+            "warmup": setup["warmup"],
             "grid": setup["quant_grid"], "bits": bits, "noise_scale": noise, "device": setup["device"],
             "plain_step_error": error, "rho": noise_ratio(error, noise, batch) if noise else None,
             "plain_sum_error": statistics.fmean(r["sum_rel_error_final"] for r in arms[plain].values()),
@@ -225,7 +226,8 @@ def markdown(rows, bursts, repeats, regimes, changed=(), pooled=(), pooled_by_mo
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         regime = (f"{r['params'] / 1e6:.1f}M, W={r['world']} ({r['nodes']}x{r['local']}), mb {r['micro_batch']}, "
-                  f"{r['steps']} steps, {r['grid']}" + (", CPU" if r["device"] == "cpu" else ""))
+                  f"{r['steps']} steps (warm-up {r['warmup']}), {r['grid']}"
+                  + (", CPU" if r["device"] == "cpu" else ""))
         noise = f"{r['noise_scale']:.0f} / {r['global_batch']}" if r["noise_scale"] else f"- / {r['global_batch']}"
         loco_sum = f"{r['loco_sum_error']:.3f}" if r["loco_sum_error"] is not None else "-"
         lines.append("| " + " | ".join([
