@@ -55,7 +55,8 @@ def test_the_pool_is_the_random_effects_pool_of_each_regimes_interval(benchmark_
     rows = {row["tag"]: row for row in written["regimes"]}
     assert rows["a_w4"]["loco_minus_plain"][1] == pytest.approx(-0.03, abs=1e-12)  # (-0.03, -0.04, -0.02) / 3
     table = (tmp_path / "out" / "map.md").read_text()
-    assert "W=16 (8x2), mb 4, 100 steps, auto, CPU | 2/2" in table and "W=4 (2x2), mb 16, 100 steps, auto |" in table
+    assert "W=16 (8x2), mb 4, 100 steps (warm-up 10), auto, CPU | 2/2" in table
+    assert "W=4 (2x2), mb 16, 100 steps (warm-up 10), auto |" in table
     assert "| auto | 2/2 | " in table and (tmp_path / "out" / "map.png").stat().st_size > 0
 
 
