@@ -220,6 +220,18 @@ def _pooled_cell(cell):
             f"{cell['seeds']} seeds; heterogeneity p = {cell['p_heterogeneity']:.2g})")
 
 
+def _pooled_table(title: str, pooled) -> list:
+    """Markdown lines of a :func:`pooled_rows` table under ``title``, with a model column where its entries have
+    ``params`` (``by_model``)."""
+    by_model = "params" in pooled[0]
+    head = ["grid", "bits"] + (["model"] if by_model else []) + [label for _, label in DIFFERENCES]
+    lines = ["", title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in pooled:
+        cells = [p["grid"], p["bits"]] + ([f"{p['params'] / 1e6:.1f}M"] if by_model else [])
+        lines.append("| " + " | ".join(cells + [_pooled_cell(p[key]) for key, _ in DIFFERENCES]) + " |")
+    return lines
+
+
 def markdown(rows, bursts, repeats, regimes, changed=(), pooled=(), pooled_by_model=()) -> str:
     head = ["regime", "bits", "B_noise (seq) / B", "plain step err", "rho", "sum err plain / LoCo",
             "plain - full (95% CI)", "LoCo - plain (95% CI)", "LoCo - full (95% CI)"]
@@ -235,17 +247,10 @@ def markdown(rows, bursts, repeats, regimes, changed=(), pooled=(), pooled_by_mo
             f"{r['plain_sum_error']:.3f} / {loco_sum}", _diff(r["plain_minus_full"]), _diff(r["loco_minus_plain"]),
             _diff(r["loco_minus_full"])]) + " |")
     if pooled:
-        lines += ["", "Pooled over the regimes above (random effects over each regime's 95% interval; 'yes': the "
-                  "pooled interval excludes 0):", "",
-                  "| grid | bits | " + " | ".join(label for _, label in DIFFERENCES) + " |", "|---|---|---|---|---|"]
-        lines += [f"| {p['grid']} | {p['bits']} | " + " | ".join(_pooled_cell(p[key]) for key, _ in DIFFERENCES) + " |"
-                  for p in pooled]
+        lines += _pooled_table("Pooled over the regimes above (random effects over each regime's 95% interval; "
+                               "'yes': the pooled interval excludes 0):", pooled)
     if pooled_by_model:
-        lines += ["", "Pooled per model size (its regimes differ in W, batch and steps):", "",
-                  "| grid | bits | model | " + " | ".join(label for _, label in DIFFERENCES) + " |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {p['grid']} | {p['bits']} | {p['params'] / 1e6:.1f}M | "
-                  + " | ".join(_pooled_cell(p[key]) for key, _ in DIFFERENCES) + " |" for p in pooled_by_model]
+        lines += _pooled_table("Pooled per model size (its regimes differ in W, batch and steps):", pooled_by_model)
     lines += ["", "LoCo's early burst (largest 10-step mean of the per-step error in steps 1-100, LoCo over plain "
               "at the same bits and seed; update burst: the largest 10-step window's update RMS in steps 1-100, LoCo "
               "over plain) beside that seed's LoCo - plain:", "",

@@ -18,7 +18,7 @@ spends the rest of the budget on training comparisons (full precision, plain qgZ
 the candidates with ``rho >= 1``, and recommends the setting with the fewest inter-node bits whose best arm is
 within noise of full precision, with LoCo on where it measurably beat plain qgZ, or where the comparison leaves
 LoCo - plain open at 2/2 on the mid-rise grid for a model of at most 10.8M parameters, where the map resolved
-LoCo's gain (:func:`map_favours_loco`; the verdict then says that the map, not this comparison, decided), unless the
+LoCo's gain (:func:`arm_map_reading`; the verdict then says that the map, not this comparison, decided), unless the
 comparison's mean LoCo - plain lies above 0 (its own runs lean against the prior).
 """
 import math
@@ -240,11 +240,11 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
     """The decision rule. With a comparison: acceptable with LoCo if LoCo - full contains 0 or lies below it and
     either LoCo - plain lies below 0 or plain - full lies above 0; else, if plain - full contains 0 or lies below,
     acceptable with plain qgZ where LoCo - plain lies above 0, with LoCo where the regime map's prior holds
-    (:func:`map_favours_loco` for ``quant_grid``, the block's ``quant_grid``, and a model of ``params``
-    parameters), LoCo - full contains 0 or lies below and LoCo - plain's mean is not above 0 (the comparison does
-    not lean against the prior), else with plain qgZ (the question whether LoCo helps stays open unless LoCo - plain
-    excludes 0); else not. Without one: acceptable with plain qgZ by the regime map's prediction if ``rho < 1``;
-    else not."""
+    (:func:`arm_map_reading` is ``LOCO_PAYS`` for ``quant_grid``, the block's ``quant_grid``, and a model of
+    ``params`` parameters), LoCo - full contains 0 or lies below and LoCo - plain's mean is not above 0 (the
+    comparison does not lean against the prior), else with plain qgZ (the question whether LoCo helps stays open
+    unless LoCo - plain excludes 0); else not. Without one: acceptable with plain qgZ by the regime map's prediction
+    if ``rho < 1``; else not."""
     arm = parse_arm(probe.candidate)
     if comparison is None:
         if probe.rho is not None and probe.rho < RHO_THRESHOLD:
@@ -276,7 +276,8 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
                  if arm.intra_bits == arm.inter_bits == 2 and comparison.steps < LOCO_GAIN_STEPS else "")
         unresolved = (f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: whether LoCo "
                       f"helps was not resolved in {comparison.steps}-step runs; ")
-        prior = map_favours_loco(arm, quant_grid, params)
+        reading = arm_map_reading(arm, quant_grid, params)
+        prior = reading == LOCO_PAYS
         leans_against = comparison.loco_minus_plain[1] > 0  # the mean, whatever the interval says
         if prior and not leans_against and _within_noise(comparison.loco_minus_full):
             return Verdict(True, True, f"{reason}; LoCo is on by the regime map's prior: at 2/2 on the mid-rise "
@@ -287,7 +288,7 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
         against = " Its mean lies above 0, against the map's prior." if prior and leans_against else ""
         unproven = (f" The map resolved LoCo's gain at 2/2 only for models of up to {GAIN_RESOLVED_UP_TO} (this "
                     f"one: {params / 1e6:.1f}M); at 116M LoCo from step 1 started behind plain qgZ."
-                    if _reading(arm, quant_grid, params) == LOCO_UNPROVEN else "")
+                    if reading == LOCO_UNPROVEN else "")
         return Verdict(True, False, reason + ".", [unresolved + "plain qgZ is recommended (no error buffers)."
                                                    + against + unproven + short])
     return Verdict(False, False, f"{arm.variant}: rho {_fmt(probe.rho)}; plain - full "
@@ -295,15 +296,11 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
                    f"neither within noise of full precision in {comparison.steps}-step runs.")
 
 
-def map_favours_loco(arm, quant_grid: str, params: int) -> bool:
-    """Whether the regime map found LoCo paying for this plain ``arm`` on ``quant_grid``
-    (``zeropp_loco_param.quant_grid``) at a model of ``params`` parameters: the reading of
-    :func:`~deepspeed_loco.runtime.zero.regime_note.map_reading`, the rule of the start-up note, is LOCO_PAYS."""
-    return _reading(arm, quant_grid, params) == LOCO_PAYS
-
-
-def _reading(arm, quant_grid: str, params: int):
-    """The map's reading for the plain ``arm``'s two hops on ``quant_grid`` at ``params`` parameters."""
+def arm_map_reading(arm, quant_grid: str, params: int) -> Optional[str]:
+    """What the regime map says about LoCo for this plain ``arm``'s two hops on ``quant_grid``
+    (``zeropp_loco_param.quant_grid``) at a model of ``params`` parameters:
+    :func:`~deepspeed_loco.runtime.zero.regime_note.map_reading`, the rule of the start-up note (its prior for LoCo
+    holds where the reading is ``LOCO_PAYS``)."""
     bits = (arm.intra_bits, arm.inter_bits)
     return map_reading(bits, arm.hadamard, resolve_grid(quant_grid, bits), params)
 
