@@ -60,7 +60,7 @@ SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "size": str, "micro_batch": int, "lr": float, "warmup": int, "group_size": int, "err_beta": float,
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
     "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float,
-    "ef_from": int, "stream_nodes": int, "variant": str
+    "ef_from": int, "stream_nodes": int, "variant": str, "grad_mode": str
 }
 
 
@@ -95,6 +95,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-nodes", dest="stream_nodes", type=int, default=0,
                    help="1: compute the gradients node by node, each node's through hop 1 before the next's (at "
                         "most one node's fp32 gradients alive; simulate's stream_nodes)")
+    p.add_argument("--grad-mode", dest="grad_mode", choices=("vmap", "loop"), default="vmap",
+                   help="vmap: the ranks' gradients in batched passes; loop: one backward per rank (large "
+                        "micro-batches, where one rank's pass fills the GPU; simulate's grad_mode)")
     p.add_argument("--warmup-frac", dest="warmup_frac", type=float, default=0.0,
                    help="if > 0, the warm-up is this share of the steps (overrides --warmup)")
 
@@ -111,6 +114,12 @@ def parse_args(argv=None):
     run.add_argument("--device", default="cuda")
     run.add_argument("--out", required=True, help="runs.jsonl to append to")
     add_run_flags(run)
+    base = sub.add_parser("baseline", help="the simulator's yardstick: one model's plain training step on the same "
+                                           "global batch (no ranks, no reduce), ms per step, appended to --out")
+    base.add_argument("--steps", type=int, default=6, help="timed steps, after 2 untimed ones")
+    base.add_argument("--device", default="cuda")
+    base.add_argument("--out", required=True)
+    add_run_flags(base)
     launch = sub.add_parser("launch", help="matrices of runs, --parallel processes at a time")
     launch.add_argument("--matrix", action="append", required=True, help="TAG:STEPS:SEEDS:ARMS[:SETTINGS]")
     launch.add_argument("--parallel", type=int, default=14)
@@ -189,7 +198,7 @@ def run_one(args) -> dict:
                           device=device, seed=args.seed, grad_clip=1.0, autocast_dtype=autocast,
                           error_feedback_hops=hops, diagnostics=bool(args.diagnostics),
                           rank_chunk=args.rank_chunk or None, error_feedback_from_step=args.ef_from,
-                          stream_nodes=bool(args.stream_nodes), on_step=progress)
+                          stream_nodes=bool(args.stream_nodes), grad_mode=args.grad_mode, on_step=progress)
     kernels = kernels_for(device).name
     record = {
         "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,
@@ -199,7 +208,7 @@ def run_one(args) -> dict:
                   "lr": args.lr, "warmup": args.warmup, "dtype": args.dtype, "group_size": args.group_size,
                   "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops, "ef_from": args.ef_from,
                   "variant": args.variant,
-                  "quant_grid": args.quant_grid,
+                  "quant_grid": args.quant_grid, "grad_mode": args.grad_mode,
                   "eval_windows": args.eval_windows, "device": torch.cuda.get_device_name(device)
                   if device.type == "cuda" else "cpu", "kernels": kernels},
         "final_val_loss": result.final_val_loss,
@@ -227,6 +236,52 @@ def run_one(args) -> dict:
     print(f"[{args.tag}] {result.key} seed {args.seed}: val {result.final_val_loss:.4f} "
           f"grad err {record['grad_rel_error_mean']:.4f} sum err {record['sum_rel_error_final']:.4f} "
           f"{1000 * result.wall_s / args.steps:.0f} ms/step ({kernels})", flush=True)
+    return record
+
+
+def baseline(args) -> dict:
+    """Times one model's plain training step on the global batch ``micro_batch x nodes x local`` (the gradient
+    accumulated over micro-batches of ``micro_batch`` sequences, one AdamW step); appends ``{"ms_per_step",
+    "tokens_per_s", ...}`` to ``args.out`` and returns it. ``run``'s ``wall_s / steps`` at the same flags over this
+    is the simulator's overhead."""
+    import torch
+
+    from loco_lab.data import load_corpus
+    from loco_lab.model import SIZES, ByteLlama
+
+    cfg, device = SIZES[args.size], torch.device(args.device)
+    world = args.nodes * args.local
+    corpus = load_corpus(args.text, cfg.seq_len)
+    torch.manual_seed(0)
+    model = ByteLlama(cfg).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+    times = []
+    for step in range(args.steps + 2):
+        x, y = (t.to(device) for t in corpus.train_batch(step, 0, args.micro_batch * world, cfg.seq_len, 0, 1))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.monotonic()
+        for chunk_x, chunk_y in zip(x.split(args.micro_batch), y.split(args.micro_batch)):
+            with torch.autocast(**autocast):
+                loss = model(chunk_x, chunk_y) / world
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.monotonic() - started)
+    ms = 1000 * statistics.median(times[2:])
+    record = {"tag": "baseline", "size": args.size, "nodes": args.nodes, "local": args.local,
+              "micro_batch": args.micro_batch, "global_batch": args.micro_batch * world, "ms_per_step": ms,
+              "tokens_per_s": args.micro_batch * world * cfg.seq_len / (ms / 1000),
+              "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    with open(args.out, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(f"[baseline] global batch {record['global_batch']}: {ms:.0f} ms/step, {record['tokens_per_s']:.3g} tokens/s",
+          flush=True)
     return record
 
 
@@ -490,6 +545,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.command == "run":
         run_one(args)
+    elif args.command == "baseline":
+        baseline(args)
     elif args.command == "launch":
         launch(args)
     else:
