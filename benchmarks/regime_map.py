@@ -21,7 +21,10 @@ library runs it and full precision.
 
 The pooled table: per grid and bit setting, each difference pooled over the regimes that measured it with an
 interval (``deepspeed_loco.utils.stats.pool_intervals``: random effects over the regimes' t-intervals, with
-Cochran's heterogeneity test), so that several regimes of three seeds each answer together whether LoCo pays.
+Cochran's heterogeneity test), so that several regimes of three seeds each answer together whether LoCo pays. The
+section "Statistics with seeds as blocks" (``benchmarks/map_statistics.py``) redoes it with each model's shared seeds
+as blocks, corrects the regime table's intervals for multiplicity, tests equivalence against a stated margin and
+judges the update-burst rule on the runs recorded after it was fixed.
 """
 import argparse
 import json
@@ -33,6 +36,9 @@ from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
+sys.path.insert(0, HERE)  # map_statistics, beside this file, also where this file is imported by path
+
+import map_statistics  # noqa: E402
 
 from deepspeed_loco.simulation.burst import BURST_WINDOWS, UPDATE_BURST_WARNING, update_burst  # noqa: E402
 from deepspeed_loco.utils.stats import noise_ratio, pool_intervals, t_interval  # noqa: E402
@@ -348,12 +354,14 @@ def main(argv=None) -> None:
     changed = changed_rows(regimes)
     pooled, pooled_by_model = pooled_rows(rows), pooled_rows(rows, by_model=True)
     os.makedirs(args.out, exist_ok=True)
-    text = markdown(rows, bursts, repeats, regimes, changed, pooled, pooled_by_model)
+    seed_blocks = map_statistics.analyse(regimes, rows, bursts, BITS, DIFFERENCES)
+    text = (markdown(rows, bursts, repeats, regimes, changed, pooled, pooled_by_model)
+            + map_statistics.markdown(seed_blocks, DIFFERENCES))
     with open(os.path.join(args.out, "map.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "map.json"), "w") as f:
         json.dump({"regimes": rows, "pooled": pooled, "pooled_by_model": pooled_by_model, "bursts": bursts,
-                   "rule_changes": changed}, f, indent=1)
+                   "rule_changes": changed, "seed_blocks": seed_blocks}, f, indent=1)
     plot(rows, bursts, os.path.join(args.out, "map.png"))
     print(text)
 

@@ -115,3 +115,30 @@ def test_the_update_burst_is_the_largest_window_by_window_ratio_of_update_rms(be
     loco = {"series": {"update_rms": [0.5, 0.37, 0.24, 0.15] + [0.15] * 6 + [0.05]}}
     assert regime_map._update_burst(loco, plain) == pytest.approx(0.37 / 0.20)
     assert regime_map._update_burst(plain, plain) == pytest.approx(1.0)
+
+
+def test_the_seed_blocked_section_counts_each_interval_and_keeps_a_batch_change_a_regime_of_its_own(
+        benchmark_module, runs_file, tmp_path):
+    """``c_w16_b256`` differs from ``b_w16`` only in its global batch (micro-batch 16, not 4): a regime of its own in
+    the tests and the per-model analysis, and no member of ``a_w4`` and ``b_w16``'s family of regimes alike but in W."""
+    with open(runs_file, "a") as f:
+        for key, losses in {"full": [1.40, 1.44, 1.49], "plain2": [1.45, 1.50, 1.52],
+                            "loco2": [1.44, 1.47, 1.51]}.items():
+            for seed, loss in enumerate(losses):
+                run = _run("c_w16_b256", key, seed, loss, 8, "cpu")
+                run["setup"]["micro_batch"] = 16
+                f.write(json.dumps(run) + "\n")
+    benchmark_module("regime_map").main(["--runs", str(runs_file), "--out", str(tmp_path / "out")])
+    blocks = json.loads((tmp_path / "out" / "map.json").read_text())["seed_blocks"]
+    family = blocks["families"]["loco_minus_plain"]
+    assert family["count"] == 3 and [t["tag"] for t in family["tests"]] == ["a_w4", "b_w16", "c_w16_b256"]
+    assert family["tests"][0]["mean"] == pytest.approx(-0.03, abs=1e-12)
+    (model, ) = blocks["by_model"]
+    assert model["regimes"] == ["a_w4", "b_w16", "c_w16_b256"] and model["loco_minus_plain"]["regimes"] == 3
+    assert model["loco_minus_plain"]["df"] == 2  # three regimes over the same three seeds: 2 degrees of freedom
+    (w_family, ) = blocks["w_families"]
+    assert (w_family["regimes"], w_family["worlds"], w_family["global_batch"]) == (["a_w4", "b_w16"], [4, 16], 64)
+    assert w_family["loco_minus_plain"]["df_regime"] == 1 and w_family["loco_minus_plain"]["df_residual"] == 2
+    assert blocks["burst_rule"]["out_of_sample"]["quiet"] == 9  # made-up runs: none was in the rule's sample
+    table = (tmp_path / "out" / "map.md").read_text()
+    assert "#### Statistics with seeds as blocks" in table and "| LoCo - plain | 3 | " in table
