@@ -7,12 +7,13 @@ once per regime. Here:
 
 - **Seeds as blocks** (:func:`blocked_effect`): per model size, bits and grid, a two-way additive model of the
   per-(regime, seed) paired differences, ``d[r, s] = mu + a[r] + b[s] + e``, fitted by least squares (unbalanced
-  allowed). The regime F-test compares it with the seeds-only model (do regimes differ, within seeds?). The pooled
-  effect is the unweighted mean over regimes, ``mu + mean(a)``: each distinct seed's differences, less the fitted
-  regime effects, are averaged into one value per seed, and the t-interval runs over those values, on
-  ``distinct seeds - 1`` degrees of freedom (for a balanced design this is the exact interval of the grand mean
-  with random seed effects). It differs from the random-effects pool in its unit: a distinct seed, not a regime's
-  interval; equal weight per regime, not per precision; Student's t on the seeds, not the normal quantile.
+  allowed). The regime F-test compares it with the seeds-only model (do regimes differ, within seeds?), its
+  residual variance pooled over the regimes. The pooled effect is the model's least-squares mean ``mu + mean(a)``,
+  the unweighted mean over the regimes, with a cluster-robust interval over the distinct seeds (each seed one
+  independent cluster; Student's t on ``distinct seeds - 1`` degrees of freedom): for a balanced design the
+  t-interval of the seeds' means, for one regime its paired t-interval. It differs from the random-effects pool in
+  its unit (a distinct seed, not a regime's interval), its weights (each regime equal, not by its precision, so a
+  noisy regime weighs as much as a tight one) and its quantile (Student's t on the seeds, not the normal).
 - **Multiplicity** (:func:`benjamini_hochberg`): the paired t-test behind each of the regime table's intervals, one
   family per difference, and which survive a false-discovery rate of :data:`FDR`.
 - **Equivalence** (:func:`tost`): two one-sided t-tests against :data:`MARGIN`, so that "within noise" becomes
@@ -255,9 +256,10 @@ def _effect(cell) -> str:
         return f"{cell['mean']:+.4f} (1 seed)"
     mark = " **yes**" if cell["low"] > 0 or cell["high"] < 0 else ""
     equivalent = f"; equivalent within +-{MARGIN}" if cell["tost_p"] < 0.05 else ""
+    regime = f"; regime effect {_regime_test(cell)}" if cell["p_regime"] is not None else ""
     return (f"{cell['mean']:+.4f} [{cell['low']:+.4f}, {cell['high']:+.4f}]{mark} ({cell['regimes']} "
             f"regime{'s' if cell['regimes'] > 1 else ''}, {cell['n']} pairs, {cell['seeds']} seeds: "
-            f"{cell['df']} df{equivalent})")
+            f"{cell['df']} df{equivalent}{regime})")
 
 
 def _regime_test(cell) -> str:
@@ -275,20 +277,20 @@ def markdown(analysis, differences) -> str:
              "Regimes of one model size reuse the same seeds (initial weights and batches), so the pools above, which "
              "treat each regime's interval as independent, count a seed once per regime. Here, per model size, bits "
              "and grid, the per-(regime, seed) paired differences are fitted by least squares to regime + seed "
-             "effects; the pooled effect is the unweighted mean over the regimes, its 95% t-interval taken over one "
-             "regime-adjusted value per distinct seed (degrees of freedom: distinct seeds - 1). Unlike the "
-             "random-effects pool it weighs each regime equally (not by its precision), counts distinct seeds (not "
-             "regimes' intervals as independent) and uses Student's t on them (not the normal quantile). 'Regime "
+             "effects; the pooled effect is the unweighted mean over the regimes (the fit's least-squares mean), "
+             "its 95% interval cluster-robust over the distinct seeds (Student's t on distinct seeds - 1 degrees of "
+             "freedom). Unlike the random-effects pool it counts distinct seeds, not regimes' intervals, as "
+             "independent, weighs each regime equally (a noisy regime as much as a tight one; the pool weighs by "
+             "precision) and uses Student's t on the seeds (not the normal quantile). 'Regime "
              "effect': the F-test of regime + seed against seed alone (do the regimes differ within seeds?). "
              f"'Equivalent within +-{margin}': two one-sided t-tests at 5% (the 90% interval inside +-{margin} "
              f"nats, a margin fixed in advance: 1% of perplexity, and the size of the smallest gain the docs act "
              f"on).", "",
-             "| grid | bits | model | " + " | ".join(f"{label} (seed-blocked)" for label in labels)
-             + f" | regime effect: {labels[1]} |", "|" + "---|" * (4 + len(labels))]
+             "| grid | bits | model | " + " | ".join(f"{label} (seed-blocked)" for label in labels) + " |",
+             "|" + "---|" * (3 + len(labels))]
     for m in analysis["by_model"]:
         lines.append(f"| {m['grid']} | {m['bits']} | {m['params'] / 1e6:.1f}M | "
-                     + " | ".join(_effect(m[key]) for key, _ in differences)
-                     + f" | {_regime_test(m[differences[1][0]])} |")
+                     + " | ".join(_effect(m[key]) for key, _ in differences) + " |")
     lines += ["", "Regimes that differ only in W (same model, bits, grid, steps, warm-up and global batch), seeds as "
               "blocks: does W change the difference?", "",
               "| model | bits | steps | global batch | W | " + " | ".join(f"{label}: regime effect" for label in labels)
