@@ -12,6 +12,10 @@ What counts as a reference (in inline code and fenced code blocks; nothing is im
   is one of :data:`EXTERNAL_FILES`;
 * ``import X`` / ``from X import Y`` lines in code blocks: X and Y as above for the repository's packages, a
   standard-library module, or a distribution that ``setup.py`` declares.
+
+Beyond references: every relative Markdown link of README.md, docs/ and benchmarks/ resolves to a file; the README's
+first screen holds the install line and a configuration the library accepts; benchmarks/RESULTS.md stays an index
+that links every study file.
 """
 import ast
 import functools
@@ -208,3 +212,64 @@ def test_the_resolver_catches_what_does_not_exist():
     assert _importable("torch") and _importable("json") and not _importable("numpyy")
     blocks, spans = _code("a `x.py` b\n```\nfrom deepspeed_loco import initialize\n```\n")
     assert spans == ["x.py"] and blocks == ["from deepspeed_loco import initialize\n"]
+
+
+# ------------------------------------------------------------------------------ links and the documents' shape
+FIRST_SCREEN_LINES = 40
+RESULTS_INDEX = REPO / "benchmarks" / "RESULTS.md"
+RESULTS_INDEX_MAX_LINES = 300
+_LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
+_UNDEFINED_ON_FIRST_SCREEN = ("rho", "mid-rise", "midrise", "burst", "the map")
+
+
+def _markdown_files() -> List[Path]:
+    return DOCS + sorted((REPO / "benchmarks").rglob("*.md"))
+
+
+def _relative_links(text: str) -> List[str]:
+    """The relative link targets of a Markdown text outside code, without their ``#anchor``."""
+    prose = _SPAN.sub("", _FENCE.sub("", text))
+    targets = [m.split("#")[0] for m in _LINK.findall(prose)]
+    return [t for t in targets if t and not re.match(r"^[a-z]+:", t)]
+
+
+def test_every_relative_link_resolves():
+    broken = [f"{doc.relative_to(REPO)}: {target}" for doc in _markdown_files()
+              for target in _relative_links(doc.read_text()) if not (doc.parent / target).exists()]
+    assert broken == []
+
+
+def test_the_link_checker_finds_links_and_ignores_code():
+    text = "see [a](x/a.md#top) and ![p](p.png), [w](https://e.org)\n`[c](code.md)`\n```\n[d](block.md)\n```\n"
+    assert _relative_links(text) == ["x/a.md", "p.png"]
+
+
+def _first_screen() -> str:
+    return "\n".join((REPO / "README.md").read_text().split("\n")[:FIRST_SCREEN_LINES])
+
+
+def test_readme_first_screen_has_the_install_line_and_an_accepted_configuration():
+    from deepspeed_loco.config import LocoConfig
+    screen = _first_screen()
+    blocks = _FENCE.findall(screen + "\n")
+    assert any(line.startswith("pip install") for block in blocks for line in block.splitlines())
+    configs = [block for block in blocks if "zeropp_loco_param" in block]
+    assert len(configs) == 1, "the first screen shows exactly one configuration"
+    call = next(n for n in ast.walk(ast.parse(configs[0])) if isinstance(n, ast.Call))
+    config = ast.literal_eval(next(k.value for k in call.keywords if k.arg == "config"))
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["zero_quantized_gradients"] is True
+    LocoConfig.from_dict(zero["zeropp_loco_param"])  # raises on a key or value the library rejects
+
+
+def test_readme_first_screen_uses_no_term_it_does_not_define():
+    screen = _first_screen().lower()
+    assert [term for term in _UNDEFINED_ON_FIRST_SCREEN if re.search(r"\b%s\b" % term, screen)] == []
+
+
+def test_results_is_a_short_index_that_links_every_study():
+    text = RESULTS_INDEX.read_text()
+    assert len(text.splitlines()) <= RESULTS_INDEX_MAX_LINES
+    linked = {(RESULTS_INDEX.parent / target).resolve() for target in _relative_links(text)}
+    studies = set((REPO / "benchmarks" / "results").glob("*/README.md")) | {REPO / "benchmarks/results/HISTORY.md"}
+    assert sorted(str(s.relative_to(REPO)) for s in studies if s.resolve() not in linked) == []
