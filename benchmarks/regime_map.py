@@ -40,7 +40,8 @@ sys.path.insert(0, HERE)  # map_statistics, beside this file, also where this fi
 
 import map_statistics  # noqa: E402
 
-from deepspeed_loco.simulation.burst import BURST_WINDOWS, UPDATE_BURST_WARNING, update_burst  # noqa: E402
+from deepspeed_loco.findings import UPDATE_BURST_WARNING  # noqa: E402
+from deepspeed_loco.simulation.burst import BURST_WINDOWS, update_burst  # noqa: E402
 from deepspeed_loco.utils.stats import noise_ratio, pool_intervals, t_interval  # noqa: E402
 
 BITS = (("4/4", "plain4", "loco4"), ("2/2", "plain2", "loco2"), ("8/2+H", "plain8-2h", "loco8-2h"))

@@ -4,6 +4,7 @@ import importlib.util
 import os
 
 import pytest
+import torch
 
 from tests.unit.process_pool import ProcessPool
 
@@ -38,3 +39,14 @@ def benchmark_module():
         return module
 
     return load
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """``gpus(n)`` makes torch report ``n`` CUDA devices (0: CUDA unavailable) for the rest of the test."""
+
+    def simulate(n: int) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+    return simulate

@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.findings import GAIN_RESOLVED_UP_TO, LOCO_PAYS, LOCO_UNPROVEN, UPDATE_BURST_WARNING, read_map
 from deepspeed_loco.layout import resolve_grid, wire_bytes_per_element
-from deepspeed_loco.runtime.zero.regime_note import GAIN_RESOLVED_UP_TO, LOCO_PAYS, LOCO_UNPROVEN, map_reading
 from deepspeed_loco.simulation.arms import parse_arm, zeropp_loco_param
-from deepspeed_loco.simulation.burst import UPDATE_BURST_WARNING, update_burst, window_means
+from deepspeed_loco.simulation.burst import update_burst, window_means
 from deepspeed_loco.simulation.side_by_side import Job, SideBySide, Task
 from deepspeed_loco.simulation.train import ArmResult, gradient_noise_scale
 from deepspeed_loco.utils.stats import noise_ratio, t_interval
@@ -299,10 +299,11 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
 def arm_map_reading(arm, quant_grid: str, params: int) -> Optional[str]:
     """What the regime map says about LoCo for this plain ``arm``'s two hops on ``quant_grid``
     (``zeropp_loco_param.quant_grid``) at a model of ``params`` parameters:
-    :func:`~deepspeed_loco.runtime.zero.regime_note.map_reading`, the rule of the start-up note (its prior for LoCo
-    holds where the reading is ``LOCO_PAYS``)."""
+    the reading of :func:`deepspeed_loco.findings.read_map`'s row, the start-up note's (its prior for LoCo holds
+    where the reading is ``LOCO_PAYS``), or None where the map has no row."""
     bits = (arm.intra_bits, arm.inter_bits)
-    return map_reading(bits, arm.hadamard, resolve_grid(quant_grid, bits), params)
+    finding = read_map(bits, arm.hadamard, resolve_grid(quant_grid, bits), params)
+    return finding.reading if finding else None
 
 
 def _probe(runner: SideBySide, candidates: Sequence[str], steps: int, seeds: int, on_progress) -> List[Probe]:

@@ -1,16 +1,12 @@
 """LoCo's early update burst: how much larger the optimizer's steps were with LoCo than with plain qgZ (same bits,
-seed and batches) in the first 100 steps, window by window.
-
-In the regime map (``benchmarks/RESULTS.md``, "The 116M model at W = 64" and "... at W = 16") every LoCo run that
-lost more than 0.03 nats to plain qgZ had an update burst of 1.37-1.97 (16 of 130 runs), and none of the 98 runs at
-or below :data:`UPDATE_BURST_WARNING` lost more than 0.021; 9 runs above it gained (a warning, not a verdict).
+seed and batches) in the first 100 steps, window by window. The line the regime map drew on it, with its
+provenance, is ``deepspeed_loco.findings.UPDATE_BURST``.
 """
 import statistics
 from typing import List, Sequence
 
 BURST_WINDOW = 10  # steps per window
 BURST_WINDOWS = 10  # windows compared: the first 100 steps
-UPDATE_BURST_WARNING = 1.3
 
 
 def window_means(values: Sequence[float], window: int = BURST_WINDOW) -> List[float]:

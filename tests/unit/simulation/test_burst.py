@@ -1,13 +1,22 @@
 """LoCo's early update burst: window means and the window-by-window ratio, exact on made-up series."""
 import pytest
 
-from deepspeed_loco.simulation.burst import BURST_WINDOW, BURST_WINDOWS, update_burst, window_means
+from deepspeed_loco.simulation.burst import update_burst, window_means
 
 
 def test_window_means_are_the_means_of_consecutive_windows_the_last_one_shorter():
     assert window_means([1.0, 2.0, 3.0, 4.0, 5.0], 2) == [1.5, 3.5, 5.0]
     assert window_means(list(range(25)))[:2] == [4.5, 14.5] and len(window_means(list(range(25)))) == 3
-    assert window_means([]) == [] and BURST_WINDOW * BURST_WINDOWS == 100
+    assert window_means([]) == []
+
+
+@pytest.mark.parametrize("step,counted", [(99, True), (100, True), (101, False)])
+def test_by_default_the_burst_covers_per_step_series_up_to_step_100_and_no_further(step, counted):
+    plain = [0.2] * 120  # per-step update RMS; LoCo's one larger step at ``step`` (1-based)
+    loco = [0.2] * 120
+    loco[step - 1] = 2.2
+    burst = update_burst(window_means(loco), window_means(plain))  # the defaults: 10-step windows, the first 10
+    assert burst == (pytest.approx((0.2 + 2.0 / 10) / 0.2) if counted else 1.0)  # the window mean: 0.4
 
 
 def test_the_burst_is_window_by_window_not_the_ratio_of_the_two_maxima():

@@ -1,14 +1,14 @@
-"""The start-up note from the regime map: 2 bits on every hop without error feedback at a size where LoCo paid,
-error feedback at 2 bits where its gain is unproven, error feedback where the map found it changed nothing, and
-silence for what the map did not measure or agrees with."""
+"""The start-up note from the regime map (``deepspeed_loco.findings``): 2 bits on every hop without error feedback
+at a size where LoCo paid, error feedback at 2 bits where its gain is unproven, error feedback where the map found
+it changed nothing, and silence for what the map did not measure or agrees with."""
 import pytest
 
 from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.findings import GAIN_MAX_PARAMS, MAP_DOC, read_map
 from deepspeed_loco.layout import plan_hops
-from deepspeed_loco.runtime.zero.regime_note import (LOCO_GAIN_MAX_PARAMS, LOCO_IDLE, LOCO_PAYS, LOCO_UNPROVEN,
-                                                     map_reading, regime_note)
+from deepspeed_loco.runtime.zero.regime_note import ACTIONS, regime_note
 
-SMALL, LARGE = 10_820_000, 116_430_720  # the map's 10.8M and 116M models
+SMALL, LARGE = 10_818_432, 116_430_720  # the map's 10.8M and 116M models
 
 
 def _note(world, local, params=SMALL, **keys):
@@ -16,28 +16,40 @@ def _note(world, local, params=SMALL, **keys):
     return regime_note(plan_hops(world, local, config), config.error_feedback, params)
 
 
-def test_two_bits_on_every_hop_without_error_feedback_suggests_it_where_loco_paid():
-    for world, local in ((8, 4), (4, 4), (4, 1)):  # two hops; one intra-node hop; one inter-node hop
-        note = _note(world, local, intra_node_bits=2, inter_node_bits=2, error_feedback=False)
-        assert "every hop sends 2 bits" in note and "error_feedback: true" in note and "When LoCo pays" in note
-        assert "up to 10.8M parameters" in note
+def _expected(bits, error_feedback, params, hadamard=False, grid="midrise"):
+    """The note's parts: the setting it names, the row's summary and the action for (reading, error feedback)."""
+    row = read_map(bits, hadamard, grid, params)
+    setting = f"{'/'.join(map(str, bits))} bits{' + Hadamard' if hadamard else ''} " \
+              f"{'with' if error_feedback else 'without'} LoCo error feedback, {params / 1e6:.1f}M parameters"
+    return setting, row.summary, ACTIONS[row.reading, error_feedback]
+
+
+@pytest.mark.parametrize("world,local,bits", [(8, 4, [2, 2]), (4, 4, [2]), (4, 1, [2])])
+def test_two_bits_on_every_hop_without_error_feedback_suggests_it_where_loco_paid(world, local, bits):
+    note = _note(world, local, params=GAIN_MAX_PARAMS, intra_node_bits=2, inter_node_bits=2, error_feedback=False)
+    for part in _expected(bits, False, GAIN_MAX_PARAMS) + (MAP_DOC,):
+        assert part in note
+    assert "error_feedback: true" in note and "up to 10.8M parameters" in note
 
 
 def test_error_feedback_at_two_bits_on_a_model_larger_than_the_resolved_gain_says_to_measure_it():
-    note = _note(8, 4, params=LARGE, intra_node_bits=2, inter_node_bits=2, error_feedback=True)
-    assert "for 116M parameters" in note and "only up to 10.8M" in note and "started behind" in note
-    assert "advise" in note and "When LoCo pays" in note
+    note = _note(8, 4, params=GAIN_MAX_PARAMS + 1, intra_node_bits=2, inter_node_bits=2, error_feedback=True)
+    for part in _expected([2, 2], True, GAIN_MAX_PARAMS + 1):
+        assert part in note
+    assert "advise" in note and "only up to 10.8M parameters" in note
 
 
-@pytest.mark.parametrize("keys,shown", [
-    (dict(intra_node_bits=4, inter_node_bits=4), "4/4 bits:"),
-    (dict(intra_node_bits=8, inter_node_bits=4), "8/4 bits:"),
-    (dict(intra_node_bits=8, inter_node_bits=2, hadamard=True), "8/2 bits + Hadamard:"),
+@pytest.mark.parametrize("keys,bits", [
+    (dict(intra_node_bits=4, inter_node_bits=4), [4, 4]),
+    (dict(intra_node_bits=8, inter_node_bits=4), [8, 4]),
+    (dict(intra_node_bits=8, inter_node_bits=2, hadamard=True), [8, 2]),
 ])
 @pytest.mark.parametrize("params", [SMALL, LARGE])
-def test_error_feedback_where_the_map_found_no_effect_says_what_it_costs(keys, shown, params):
+def test_error_feedback_where_the_map_found_no_effect_says_what_it_costs(keys, bits, params):
     note = _note(8, 4, params=params, error_feedback=True, **keys)
-    assert shown in note and "LoCo did not lower the loss" in note and "error_feedback: false" in note
+    for part in _expected(bits, True, params, hadamard=keys.get("hadamard", False), grid="symmetric"):
+        assert part in note
+    assert "error_feedback: false" in note
 
 
 @pytest.mark.parametrize("world,local,params,keys", [
@@ -54,17 +66,3 @@ def test_error_feedback_where_the_map_found_no_effect_says_what_it_costs(keys, s
 ])
 def test_no_note_where_the_map_agrees_or_did_not_measure(world, local, params, keys):
     assert _note(world, local, params=params, **keys) is None
-
-
-@pytest.mark.parametrize("bits,hadamard,grid,params,reading", [
-    ([2, 2], False, "midrise", SMALL, LOCO_PAYS), ([2], False, "midrise", SMALL, LOCO_PAYS),
-    ([2, 2], False, "midrise", LOCO_GAIN_MAX_PARAMS, LOCO_PAYS),
-    ([2, 2], False, "midrise", LOCO_GAIN_MAX_PARAMS + 1, LOCO_UNPROVEN), ([2], False, "midrise", LARGE, LOCO_UNPROVEN),
-    ([4, 4], False, "symmetric", SMALL, LOCO_IDLE), ([4, 4], False, "symmetric", LARGE, LOCO_IDLE),
-    ([8, 4], False, "symmetric", SMALL, LOCO_IDLE), ([8, 2], True, "midrise", LARGE, LOCO_IDLE),
-    ([2, 2], False, "symmetric", SMALL, None), ([2, 2], True, "midrise", LARGE, None),
-    ([8, 2], False, "midrise", SMALL, None), ([4, 2], False, "midrise", SMALL, None),
-    ([3, 3], False, "symmetric", SMALL, None), ([], False, "symmetric", SMALL, None),
-])
-def test_map_reading_is_the_one_rule_of_the_note_and_of_advise(bits, hadamard, grid, params, reading):
-    assert map_reading(bits, hadamard, grid, params) == reading

@@ -1,0 +1,65 @@
+"""The regime map as data: the one reader's rule at and around each row's thresholds, rows that never overlap,
+a row bounded in global batch read only where the batch is known, and provenance that names files the checkout
+holds."""
+import dataclasses
+import itertools
+import os
+
+import pytest
+
+from deepspeed_loco.findings import (GAIN_MAX_PARAMS, LOCO_IDLE, LOCO_PAYS, LOCO_UNPROVEN, MAP, READINGS,
+                                     UPDATE_BURST, read_map)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL, LARGE = 10_818_432, 116_430_720  # the map's 10.8M and 116M models
+
+
+def _reading(*args, **kwargs):
+    row = read_map(*args, **kwargs)
+    return row.reading if row else None
+
+
+@pytest.mark.parametrize("bits,hadamard,grid,params,reading", [
+    ([2, 2], False, "midrise", SMALL, LOCO_PAYS), ([2], False, "midrise", SMALL, LOCO_PAYS),
+    ([2, 2], False, "midrise", GAIN_MAX_PARAMS, LOCO_PAYS),
+    ([2, 2], False, "midrise", GAIN_MAX_PARAMS + 1, LOCO_UNPROVEN), ([2], False, "midrise", LARGE, LOCO_UNPROVEN),
+    ([4, 4], False, "symmetric", SMALL, LOCO_IDLE), ([4, 4], False, "symmetric", LARGE, LOCO_IDLE),
+    ([4, 4], True, "symmetric", SMALL, LOCO_IDLE), ([8], False, "symmetric", SMALL, LOCO_IDLE),
+    ([8, 4], False, "symmetric", SMALL, LOCO_IDLE), ([8, 2], True, "midrise", LARGE, LOCO_IDLE),
+    ([2, 2], False, "symmetric", SMALL, None), ([2, 2], True, "midrise", LARGE, None),
+    ([8], True, "midrise", SMALL, LOCO_IDLE),  # every hop at 4 bits or more, Hadamard or not
+    ([8, 2], False, "midrise", SMALL, None), ([2, 8], True, "midrise", SMALL, None),
+    ([4, 2], False, "midrise", SMALL, None), ([3, 3], False, "symmetric", SMALL, None),
+    ([], False, "symmetric", SMALL, None),
+])
+def test_read_map_at_and_around_each_rows_thresholds(bits, hadamard, grid, params, reading):
+    assert _reading(bits, hadamard, grid, params) == reading
+    assert _reading(bits, hadamard, grid, params, tokens_per_step=16384) == reading  # no row is bounded in batch
+
+
+def test_rows_never_overlap_over_every_setting():
+    hops = [[b] for b in (2, 3, 4, 8)] + [list(p) for p in itertools.product((2, 3, 4, 8), repeat=2)]
+    sizes = (1, SMALL, GAIN_MAX_PARAMS, GAIN_MAX_PARAMS + 1, LARGE)
+    settings = itertools.product(hops, (False, True), ("midrise", "symmetric"), sizes)
+    for bits, hadamard, grid, params in settings:
+        read_map(bits, hadamard, grid, params)  # raises where two rows match
+
+
+def test_a_row_bounded_in_global_batch_is_read_only_where_the_batch_is_known_and_wins_there():
+    idle = read_map([4, 4], False, "symmetric", SMALL)
+    large_batch = dataclasses.replace(idle, reading=LOCO_PAYS, tokens_per_step=(1 << 20, None))
+    table = MAP + (large_batch,)
+    assert read_map([4, 4], False, "symmetric", SMALL, table=table) is idle  # batch unknown
+    assert read_map([4, 4], False, "symmetric", SMALL, 1 << 20, table=table) is idle  # bound is exclusive below
+    assert read_map([4, 4], False, "symmetric", SMALL, (1 << 20) + 1, table=table) is large_batch
+    with pytest.raises(ValueError, match="rows overlap"):
+        read_map([4, 4], False, "symmetric", SMALL, table=MAP + (idle,))
+
+
+def test_every_row_and_threshold_names_its_reading_and_raw_runs_the_checkout_holds():
+    for row in MAP:
+        assert row.reading in READINGS and row.provenance and row.summary and row.evidence
+    for provenance in [p for row in MAP for p in row.provenance] + list(UPDATE_BURST.provenance):
+        assert provenance.runs.startswith("benchmarks/results/")
+        assert os.path.isfile(os.path.join(ROOT, provenance.runs))
+        assert len(provenance.date) == 10 and provenance.regime
