@@ -33,7 +33,7 @@ from loco_lab.arms import Arm, RunSpec, parse_arms, record_arm  # noqa: E402
 from loco_lab.launcher import gpu_count, launch  # noqa: E402
 from loco_lab.model import SIZES  # noqa: E402
 from deepspeed_loco.simulation.charts import Panel, Series, line_chart  # noqa: E402
-from deepspeed_loco.simulation.report import arm_color, gap_closed, human_bytes  # noqa: E402
+from deepspeed_loco.simulation.report import arm_color, human_bytes  # noqa: E402
 from loco_lab.run import describe  # noqa: E402
 from deepspeed_loco.layout.wire import wire_bytes_per_element  # noqa: E402
 from deepspeed_loco.utils.stats import ema, mean_sd  # noqa: E402
@@ -196,6 +196,14 @@ def summarize(args) -> str:
                           key_labels=True, panel_size=(640, 480)))
     print(text)
     return text
+
+
+def gap_closed(full, plain, loco):
+    """``(plain - loco) / (plain - full)``: 1 = LoCo matches full precision, 0 = no better than plain qgZ; None where
+    a value is missing or plain equals full."""
+    if None in (full, plain, loco) or plain == full:
+        return None
+    return (plain - loco) / (plain - full)
 
 
 def _same_bits_arm(arm: Arm) -> bool:

@@ -20,7 +20,7 @@ Tags ``<base>_<change>`` hold LoCo runs with one change to LoCo's rule (item 3's
 library runs it and full precision.
 
 The pooled table: per grid and bit setting, each difference pooled over the regimes that measured it with an
-interval (``deepspeed_loco.utils.stats.pool_intervals``: random effects over the regimes' t-intervals, with
+interval (``benchmarks/pooling.py``: random effects over the regimes' t-intervals, with
 Cochran's heterogeneity test), so that several regimes of three seeds each answer together whether LoCo pays. The
 section "Statistics with seeds as blocks" (``benchmarks/map_statistics.py``) redoes it with each model's shared seeds
 as blocks, corrects the regime table's intervals for multiplicity, tests equivalence against a stated margin and
@@ -39,10 +39,11 @@ sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without install
 sys.path.insert(0, HERE)  # map_statistics, beside this file, also where this file is imported by path
 
 import map_statistics  # noqa: E402
+from pooling import pool_intervals  # noqa: E402
 
 from deepspeed_loco.findings import UPDATE_BURST_WARNING  # noqa: E402
 from deepspeed_loco.simulation.burst import BURST_WINDOWS, update_burst  # noqa: E402
-from deepspeed_loco.utils.stats import noise_ratio, pool_intervals, t_interval  # noqa: E402
+from deepspeed_loco.utils.stats import noise_ratio, t_interval  # noqa: E402
 
 BITS = (("4/4", "plain4", "loco4"), ("2/2", "plain2", "loco2"), ("8/2+H", "plain8-2h", "loco8-2h"))
 REPEAT_SUFFIX = "rep"
@@ -127,7 +128,7 @@ def regime_rows(tag, arms):
 def pooled_rows(rows, by_model: bool = False):
     """Per (grid, bits), and per model size (``params``) if ``by_model``, the default grid first, the bits in
     ``BITS`` order, then the smaller model: each of ``DIFFERENCES`` pooled over the rows whose interval it has
-    (:class:`~deepspeed_loco.utils.stats.Pooled` as a dict, None without any), and the seeds behind it. A regime
+    (:class:`pooling.Pooled` as a dict, None without any), and the seeds behind it. A regime
     whose seeds all differ by the same amount has an interval of zero width, which cannot be weighted; it is left out
     of that pool. The pool treats the regimes as independent; regimes of one model that differ only in ``W`` share
     each seed's initial weights and batches."""

@@ -170,13 +170,6 @@ def format_table(rows: List[List[str]], markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
-def gap_closed(full: Optional[float], plain: Optional[float], loco: Optional[float]) -> Optional[float]:
-    """``(plain - loco) / (plain - full)``: 1 = LoCo matches full precision, 0 = no better than plain qgZ."""
-    if None in (full, plain, loco) or plain == full:
-        return None
-    return (plain - loco) / (plain - full)
-
-
 def summary_lines(results: Sequence[dict]) -> List[str]:
     """What the numbers say, per LoCo arm whose plain twin ran: claims only where the 95% interval over the
     seeds both arms share excludes zero; otherwise "no measurable difference"."""

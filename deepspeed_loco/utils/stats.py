@@ -1,5 +1,5 @@
-"""Summary statistics of repeated runs: mean and sd over seeds, the Student-t interval of a mean, the pool of several
-such intervals, the error-to-noise ratio of a communicated gradient, a smoothed curve.
+"""Summary statistics of repeated runs: mean and sd over seeds, the Student-t interval of a mean, the error-to-noise
+ratio of a communicated gradient, a smoothed curve.
 
 One module for the library (the simulation's reports), the demo (``loco_lab``) and the benchmarks.
 
@@ -7,12 +7,11 @@ Missing values: every function takes numbers only; a ``None`` among ``values`` i
 whose records can lack a measurement drops the missing ones itself, visibly (``[v for v in values if v is not
 None]``). NaN and infinity are numbers here: they propagate into the mean and sd, as a diverged run should.
 
-The t quantile is SciPy's (``scipy.stats.t.ppf``, declared in ``setup.py``'s ``install_requires``); SciPy is
-imported on the first :func:`t_interval` call, so importing this module stays cheap.
+The t quantile is computed here, from the closed form of Student's t distribution for a whole number of degrees of
+freedom, to 1e-12 relative (no SciPy).
 """
 import math
 import statistics
-from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 
@@ -45,6 +44,35 @@ def format_mean_sd(values: Sequence[float], digits: int = 4) -> str:
     return f"{mean:.{digits}f}" + (f" +- {sd:.{digits}f}" if n > 1 else "")
 
 
+def _t_central(theta: float, df: int) -> float:
+    """``P(|T| <= sqrt(df) tan(theta))`` for Student's t on ``df`` degrees of freedom, ``theta`` in [0, pi/2]: the
+    finite series for a whole ``df`` (Abramowitz and Stegun 26.7.3 and 26.7.4)."""
+    cos2 = math.cos(theta)**2
+    k, term = (1, math.cos(theta)) if df % 2 else (0, 1.0)
+    total = 0.0
+    while k <= df - 2:
+        total += term
+        term *= cos2 * (k + 1) / (k + 2)
+        k += 2
+    if df % 2:
+        return 2 / math.pi * (theta + math.sin(theta) * total)
+    return math.sin(theta) * total
+
+
+def t_quantile_two_sided(confidence: float, df: int) -> float:
+    """``t`` with ``P(|T| <= t) = confidence`` for Student's t on ``df >= 1`` (whole) degrees of freedom, i.e. the
+    ``(1 + confidence) / 2`` quantile, to 1e-12 relative: bisection on ``theta = atan(t / sqrt(df))``."""
+    if not 0 < confidence < 1 or df < 1 or int(df) != df:
+        raise ValueError(f"t quantile: confidence in (0, 1) and whole df >= 1, got {confidence} and {df}")
+    low, high = 0.0, math.pi / 2
+    for _ in range(200):  # far past double precision; stops early once the interval cannot shrink
+        mid = (low + high) / 2
+        if mid in (low, high):
+            break
+        low, high = (mid, high) if _t_central(mid, int(df)) < confidence else (low, mid)
+    return math.sqrt(df) * math.tan((low + high) / 2)
+
+
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> Optional[Tuple[float, float, float]]:
     """``(mean, low, high)``: the mean of ``values`` (for example paired differences) and its two-sided Student-t
     interval at ``confidence``, ``mean -+ t_{(1 + confidence) / 2, n - 1} * sd / sqrt(n)``; None for fewer than
@@ -54,61 +82,8 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> Optional[Tu
     mean, sd, n = mean_sd(values)
     if n < 2:
         return None
-    from scipy.stats import t as student_t  # imported here: a SciPy import takes a fraction of a second
-
-    half = student_t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
+    half = t_quantile_two_sided(confidence, n - 1) * sd / math.sqrt(n)
     return mean, mean - half, mean + half
-
-
-@dataclass(frozen=True)
-class Pooled:
-    """Several estimates of one effect pooled (:func:`pool_intervals`): ``mean`` and its interval ``[low, high]``;
-    ``k`` estimates; Cochran's ``q`` of their heterogeneity on ``k - 1`` degrees of freedom and its p-value
-    ``p_heterogeneity`` (small: the estimates differ by more than their intervals allow); ``tau``: the spread
-    between the estimates' true values that the pool allowed for (0 when ``q <= k - 1``)."""
-    mean: float
-    low: float
-    high: float
-    k: int
-    q: float
-    p_heterogeneity: float
-    tau: float
-
-
-def pool_intervals(intervals: Sequence[Tuple[float, float, float]], confidence: float = 0.95) -> Optional[Pooled]:
-    """The random-effects pool (DerSimonian and Laird, 1986) of independent estimates, each given as ``(mean, low,
-    high)``, a two-sided interval at ``confidence`` (e.g. :func:`t_interval`'s); None for no estimate.
-
-    Each estimate's standard error is its half-width over the normal quantile ``z`` (for a Student-t interval of a
-    few values that is larger than the sample's own standard error: the pool inherits the t interval's caution).
-    The weights are ``1 / (se^2 + tau^2)``, ``tau^2 = max(0, (q - (k - 1)) / (sum w - sum w^2 / sum w))`` from the
-    fixed-effect weights ``w = 1 / se^2``; the pooled interval is ``mean -+ z / sqrt(sum of the weights)``. Raises
-    ValueError for an interval of zero or negative width or a mean outside it."""
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
-    if not intervals:
-        return None
-    from scipy.stats import chi2, norm  # imported here, as in t_interval
-
-    z = norm.ppf(0.5 + confidence / 2)
-    means, variances = [], []
-    for mean, low, high in intervals:
-        if not low <= mean <= high or not high > low:
-            raise ValueError(f"pool_intervals: ({mean}, {low}, {high}) is not a mean inside an interval of "
-                             f"positive width")
-        means.append(mean)
-        variances.append(((high - low) / (2 * z))**2)
-    weights = [1 / v for v in variances]
-    fixed = sum(w * m for w, m in zip(weights, means)) / sum(weights)
-    q = sum(w * (m - fixed)**2 for w, m in zip(weights, means))
-    k = len(means)
-    spread = sum(weights) - sum(w * w for w in weights) / sum(weights)
-    tau_sq = max(0.0, (q - (k - 1)) / spread) if k > 1 and spread > 0 else 0.0
-    pooled_weights = [1 / (v + tau_sq) for v in variances]
-    mean = sum(w * m for w, m in zip(pooled_weights, means)) / sum(pooled_weights)
-    half = z / math.sqrt(sum(pooled_weights))
-    p_heterogeneity = float(chi2.sf(q, k - 1)) if k > 1 else 1.0
-    return Pooled(mean, mean - half, mean + half, k, q, p_heterogeneity, math.sqrt(tau_sq))
 
 
 def noise_ratio(error: float, noise_scale: float, batch: float) -> float:

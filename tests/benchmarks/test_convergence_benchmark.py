@@ -17,6 +17,12 @@ def convergence(benchmark_module):
     return benchmark_module("convergence")
 
 
+def test_gap_closed(convergence):
+    assert convergence.gap_closed(2.0, 2.2, 2.1) == pytest.approx(0.5)
+    assert convergence.gap_closed(2.0, 2.2, 2.3) == pytest.approx(-0.5)
+    assert convergence.gap_closed(2.0, 2.0, 2.1) is None and convergence.gap_closed(None, 2.2, 2.1) is None
+
+
 def _record(key, seed, val, old_format=False):
     """A runs.jsonl line as the benchmark writes it; ``old_format``: the arm dict of records before issue 8."""
     arm = dataclasses.replace(parse_arm(key), seed=seed)

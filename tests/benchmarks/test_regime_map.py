@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from deepspeed_loco.utils.stats import pool_intervals, t_interval
+from benchmarks.pooling import pool_intervals
+from deepspeed_loco.utils.stats import t_interval
 
 LOSSES = {  # regime tag: arm: final validation loss per seed 0, 1, 2
     "a_w4": {"full": [2.00, 2.10, 2.20], "plain2": [2.05, 2.16, 2.24], "loco2": [2.02, 2.12, 2.22]},

@@ -6,7 +6,7 @@ import pytest
 from deepspeed_loco.simulation import simulate
 from deepspeed_loco.simulation.arms import parse_arm
 from deepspeed_loco.simulation.report import (COLUMNS, UNIFORM_COLORS, ProgressBar, arm_color, column_notes,
-                                              format_table, gap_closed, human_bytes, loss_panels, main, record,
+                                              format_table, human_bytes, loss_panels, main, record,
                                               report_text, summary_lines, table_rows, train_curve, write_report)
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
@@ -17,12 +17,6 @@ def _result(token, val, sum_err=None, seed=0):
             "val_loss": val, "step_time_s": 0.5, "bytes_per_step": 1000.0 if arm.kind == "full" else 150.0,
             "full_precision_bytes_per_step": 1000.0, "error_buffer_bytes": 2048 if arm.kind == "loco" else 0,
             "fidelity": {"grad_rel_error_mean": 0.1, "sum_rel_error_final": sum_err}}
-
-
-def test_gap_closed():
-    assert gap_closed(2.0, 2.2, 2.1) == pytest.approx(0.5)
-    assert gap_closed(2.0, 2.2, 2.3) == pytest.approx(-0.5)
-    assert gap_closed(2.0, 2.0, 2.1) is None
 
 
 def test_table_has_one_row_per_arm_with_mean_and_spread_over_seeds():

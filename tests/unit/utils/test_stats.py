@@ -1,13 +1,10 @@
-"""The statistics of repeated runs: exact values of mean / sd, the t-interval, the pool of intervals and the EMA on
-short series."""
+"""The statistics of repeated runs: exact values of mean / sd, the t-interval (its quantile against tabled values
+and, where SciPy is installed, against SciPy's) and the EMA on short series."""
 import math
 
 import pytest
 
-from deepspeed_loco.utils.stats import ema, format_mean_sd, mean_sd, noise_ratio, pool_intervals, t_interval
-
-Z95 = 1.959963984540054  # the normal quantile of a 95% two-sided interval
-
+from deepspeed_loco.utils.stats import ema, format_mean_sd, mean_sd, noise_ratio, t_interval, t_quantile_two_sided
 
 def test_mean_and_sample_sd_of_a_known_list():
     mean, sd, n = mean_sd([2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0])
@@ -45,6 +42,19 @@ def test_t_interval_uses_the_student_t_quantile():
     assert high - low == pytest.approx(2 * 2.200985 * math.sqrt(13) / math.sqrt(12), abs=1e-5)
 
 
+@pytest.mark.parametrize("confidence", [0.5, 0.9, 0.95, 0.99, 0.999])
+def test_t_quantile_agrees_with_scipy_to_1e_12(confidence):
+    student_t = pytest.importorskip("scipy.stats").t
+    for df in [*range(1, 41), 100, 1000, 5000]:
+        assert t_quantile_two_sided(confidence, df) == pytest.approx(student_t.ppf(0.5 + confidence / 2, df), rel=1e-12)
+
+
+def test_t_quantile_rejects_what_has_no_quantile():
+    for confidence, df in ((1.0, 3), (0.0, 3), (0.95, 0), (0.95, 2.5)):
+        with pytest.raises(ValueError, match="whole df"):
+            t_quantile_two_sided(confidence, df)
+
+
 def test_t_interval_needs_two_values():
     assert t_interval([1.0]) is None and t_interval([]) is None
     with pytest.raises(ValueError, match="confidence"):
@@ -59,40 +69,6 @@ def test_ema_is_bias_corrected():
     assert ema([], 0.9) == []
     with pytest.raises(ValueError, match="beta"):
         ema([1.0], 1.0)
-
-
-def test_pool_of_one_interval_is_that_interval():
-    pooled = pool_intervals([(0.5, 0.2, 0.8)])
-    assert (pooled.k, pooled.q, pooled.tau, pooled.p_heterogeneity) == (1, 0.0, 0.0, 1.0)
-    assert (pooled.mean, pooled.low, pooled.high) == pytest.approx((0.5, 0.2, 0.8), rel=1e-12)
-    assert pool_intervals([]) is None
-
-
-def test_pool_of_agreeing_estimates_narrows_by_root_k():
-    # se = 1 / z each, w = z^2; fixed mean 0.1; q = w * (0.1^2 + 0.1^2) = 0.02 z^2 < 1 = k - 1: no spread added
-    pooled = pool_intervals([(0.0, -1.0, 1.0), (0.2, -0.8, 1.2)])
-    assert pooled.mean == pytest.approx(0.1, rel=1e-12) and pooled.tau == 0.0
-    assert pooled.q == pytest.approx(0.02 * Z95**2, rel=1e-9)
-    assert pooled.high - pooled.mean == pytest.approx(1 / math.sqrt(2), rel=1e-9)
-
-
-def test_pool_of_disagreeing_estimates_allows_for_their_spread():
-    # se = 0.1 / z, w = 100 z^2 each; fixed mean 0; q = 2 w; tau^2 = (q - 1) / (2w - w) = 2 - 1 / w, so every
-    # estimate's variance becomes se^2 + tau^2 = 2: the pooled half-width is z / sqrt(1 / 2 + 1 / 2) = z
-    pooled = pool_intervals([(-1.0, -1.1, -0.9), (1.0, 0.9, 1.1)])
-    w = 100 * Z95**2
-    assert pooled.q == pytest.approx(2 * w, rel=1e-9) and pooled.tau == pytest.approx(math.sqrt(2 - 1 / w), rel=1e-9)
-    assert pooled.mean == pytest.approx(0.0, abs=1e-12) and pooled.high == pytest.approx(Z95, rel=1e-9)
-    assert pooled.p_heterogeneity < 1e-12
-
-
-def test_pool_rejects_what_is_not_an_interval():
-    with pytest.raises(ValueError, match="positive width"):
-        pool_intervals([(0.0, 0.0, 0.0)])
-    with pytest.raises(ValueError, match="positive width"):
-        pool_intervals([(2.0, 0.0, 1.0)])
-    with pytest.raises(ValueError, match="confidence"):
-        pool_intervals([(0.0, -1.0, 1.0)], confidence=95)
 
 
 def test_noise_ratio_is_error_power_over_sampling_noise_power():
