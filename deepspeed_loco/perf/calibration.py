@@ -18,7 +18,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Sequence, Tuple
 
-import numpy as np
+import torch
 
 from deepspeed_loco.perf.model import Workload
 
@@ -115,13 +115,14 @@ def fit_gpu(points: Sequence[Point]) -> Tuple[float, int, float]:
     profiled = [p for p in points if p.gpu_busy_s]
     if not profiled:
         return 0.0, 0, 0.0
-    design = np.array([[p.parameters, p.flops] for p in profiled], dtype=np.float64)
-    busy = np.array([p.gpu_busy_s for p in profiled], dtype=np.float64)
-    scale = design.max(axis=0)  # parameters and FLOPs differ by ~10 orders of magnitude: solve in units of the largest
-    if np.all(scale > 0):
-        (fixed, inverse_rate), _, rank, _ = np.linalg.lstsq(design / scale, busy, rcond=None)
-        if rank == 2 and fixed > 0 and inverse_rate > 0:
-            return float(scale[1] / inverse_rate), len(profiled), float(fixed / scale[0])
+    design = torch.tensor([[p.parameters, p.flops] for p in profiled], dtype=torch.float64)
+    busy = torch.tensor([[p.gpu_busy_s] for p in profiled], dtype=torch.float64)
+    scale = design.amax(dim=0)  # parameters and FLOPs differ by ~10 orders of magnitude: solve in units of the largest
+    if bool((scale > 0).all()):
+        solution = torch.linalg.lstsq(design / scale, busy, driver="gelsd")  # CPU tensors: the SVD solver, with rank
+        fixed, inverse_rate = solution.solution[:, 0].tolist()
+        if int(solution.rank) == 2 and fixed > 0 and inverse_rate > 0:
+            return float(scale[1]) / inverse_rate, len(profiled), fixed / float(scale[0])
     return statistics.median(p.flops / p.gpu_busy_s for p in profiled), len(profiled), 0.0
 
 

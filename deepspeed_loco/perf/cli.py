@@ -1,5 +1,4 @@
 """``python -m deepspeed_loco.perf predict ...`` prints one JSON object for one method and cluster;
-``python -m deepspeed_loco.perf validate`` prints each published figure beside the model's prediction;
 ``python -m deepspeed_loco.perf calibrate RESULTS.json ...`` takes the engine's host time per step and the GPU's
 measured rate from ``gpu_e2e.py`` runs on one GPU."""
 import argparse
@@ -11,7 +10,6 @@ from deepspeed_loco.layout.wire import wire_bytes_per_element
 from deepspeed_loco.perf.calibration import Calibration, fit, leave_one_out, load_e2e_points
 from deepspeed_loco.perf.model import (DEFAULT_KERNELS, GPUS, INTER_LATENCY_US, INTRA_LATENCY_US, METHODS, Cluster,
                                        Workload, load_kernel_costs, predict)
-from deepspeed_loco.perf.published import FIGURES, ZEROPP_SETTINGS, validation_rows
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,12 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inter-latency-us", type=float, default=INTER_LATENCY_US, help="per network hop")
     p.add_argument("--method", choices=list(METHODS), required=True)
     p.add_argument("--kernels", default=None, help="JSON written by benchmarks/kernels.py --json")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                   help="overlap communication with compute (default: on)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
+                   help="assume communication fully overlaps compute, a lower bound on the step (default: off, the "
+                        "variant that reproduces the published ZeRO++ gains, benchmarks/published.py)")
     p.add_argument("--calibration", default=None,
                    help="JSON written by 'calibrate --out': the engine's host seconds per step, and the GPU's "
                         "measured rate, which stands for --tflops when that is not given")
-    commands.add_parser("validate", help="published figures beside the model's predictions")
     c = commands.add_parser("calibrate", help="the engine's host seconds per step and the GPU's rate from gpu_e2e.py "
                             "runs on one GPU")
     c.add_argument("results", nargs="+", help="JSON files written by benchmarks/gpu_e2e.py --out (world size 1)")
@@ -83,29 +81,6 @@ def run_predict(args, parser) -> dict:
     return result
 
 
-def format_validation() -> str:
-    """The validation table, one line per figure: the published value, then the prediction and its relative error
-    without overlap (the assumption validated, docs/performance.md) and with full overlap; then each figure's
-    setting and source, and the reasons for the figures not compared."""
-    lines = [f"{'figure':58s} {'published':>9s} {'no-overlap':>10s} {'rel.err':>7s} {'overlap':>8s} {'rel.err':>7s}"]
-    notes = []
-    for (figure, serial), (_, overlapped) in zip(validation_rows(False), validation_rows(True)):
-        published = f"{figure.low:.2f}" if figure.low == figure.high else f"{figure.low:.2f}-{figure.high:.2f}"
-        if serial is None:
-            lines.append(f"{figure.name:58s} {published:>9s} {'n/a':>10s} {'n/a':>7s} {'n/a':>8s} {'n/a':>7s}")
-            notes.append(f"{figure.name}: {figure.reason}")
-            continue
-        error = figure.relative_error(serial)
-        verdict = "" if abs(error) <= 0.15 else "  (no-overlap outside 15%)"
-        lines.append(f"{figure.name:58s} {published:>9s} {serial:10.2f} {error:+7.1%} {overlapped:8.2f} "
-                     f"{figure.relative_error(overlapped):+7.1%}{verdict}")
-    lines += ["", f"ZeRO++ runs modelled as: {ZEROPP_SETTINGS}"]
-    for source in dict.fromkeys(figure.source for figure in FIGURES):  # each source once, in order
-        lines += ["", f"Source: {source}"]
-        lines += [f"  {figure.name}: {figure.setting}" for figure in FIGURES if figure.source == source]
-    return "\n".join(lines + ["", "Not compared:"] + notes)
-
-
 def run_calibrate(args, parser) -> str:
     """The calibration (written to ``--out`` if given) and the leave-one-micro-batch-out table."""
     rate = args.tflops * 1e12 if args.tflops else GPUS[args.gpu].sustained_flops
@@ -144,7 +119,5 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "predict":
         print(json.dumps(run_predict(args, parser), indent=1))
-    elif args.command == "calibrate":
-        print(run_calibrate(args, parser))
     else:
-        print(format_validation())
+        print(run_calibrate(args, parser))

@@ -2,6 +2,7 @@
 (docs/performance.md states every assumption). Units: seconds, bytes, bytes/s, FLOPs."""
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from deepspeed_loco.layout.wire import wire_bytes_per_element
@@ -119,7 +120,7 @@ METHODS = {
     "loco8-2h": Method("loco8-2h", QWZ_BYTES, True, (8, 2), 256, "loco 8/2+H"),
 }
 
-# benchmarks/kernels.py rows per kernel set, (kernel, config) for hop 1, hop 2 and the final mean.
+# benchmarks/kernels.py rows (kernel_times.json's) per kernel set, (kernel, config) for hop 1, hop 2 and the final mean.
 KERNEL_ROWS = {
     "deepspeed": (("deepspeed swizzle_quant", "4/4"), ("deepspeed quantized_reduction", "4/4"),
                   ("deepspeed dequantize", "4/4")),
@@ -128,16 +129,18 @@ KERNEL_ROWS = {
     "loco 8/2+H": (("loco hop1 (int8 err)", "8/2+H"), ("loco hop2 (int8 err)", "8/2+H"),
                    ("loco final mean", "8/2+H")),
 }
-DEFAULT_KERNEL_ELEMENTS = 16384 * 16384
-DEFAULT_KERNEL_MS = {  # benchmarks/results/device_check_20261204/kernels.json, (16384, 16384) bf16, median ms
-    ("deepspeed swizzle_quant", "4/4"): 0.1568, ("deepspeed quantized_reduction", "4/4"): 0.1296,
-    ("deepspeed dequantize", "4/4"): 0.0262,
-    ("plain hop1 (no err)", "4/4"): 0.1989, ("plain hop2 (no err)", "4/4"): 0.1202,
-    ("loco hop1 (int8 err)", "4/4"): 0.4699, ("loco hop2 (int8 err)", "4/4"): 0.1599,
-    ("loco final mean", "4/4"): 0.0283, ("loco hop1 (int8 err)", "8/2+H"): 0.6329,
-    ("loco hop2 (int8 err)", "8/2+H"): 0.1735, ("loco final mean", "8/2+H"): 0.0365,
-}
-DEFAULT_KERNEL_HBM_TBPS = GPUS["h200"].hbm_tbps
+KERNEL_TIMES = Path(__file__).with_name("kernel_times.json")  # package data: median ms per kernel, with provenance
+
+
+def _default_kernel_times() -> Tuple[Dict[Tuple[str, str], float], int, float, str]:
+    """``(ms per (kernel, config), elements, hbm_tbps, source)`` of the shipped :data:`KERNEL_TIMES`."""
+    table = json.loads(KERNEL_TIMES.read_text())
+    source = f"defaults: {table['device']}, {table['measured']} (deepspeed_loco/perf/{KERNEL_TIMES.name}), scaled by HBM"
+    return ({(r["kernel"], r["config"]): r["ms"] for r in table["rows"]}, table["elements"], table["hbm_tbps"],
+            source)
+
+
+DEFAULT_KERNEL_MS, DEFAULT_KERNEL_ELEMENTS, DEFAULT_KERNEL_HBM_TBPS, DEFAULT_KERNEL_SOURCE = _default_kernel_times()
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,7 @@ def kernel_costs(milliseconds: Dict[Tuple[str, str], float], elements: int, hbm_
 
 
 DEFAULT_KERNELS = kernel_costs(DEFAULT_KERNEL_MS, DEFAULT_KERNEL_ELEMENTS, DEFAULT_KERNEL_HBM_TBPS,
-                               "defaults: H200, benchmarks/results/device_check_20261204/kernels.json, scaled by HBM")
+                               DEFAULT_KERNEL_SOURCE)
 
 
 def load_kernel_costs(path: str) -> KernelCosts:
@@ -245,13 +248,14 @@ def exposed_seconds(collectives: Dict[str, float], compute_s: float, layers: int
 
 
 def predict(workload: Workload, cluster: Cluster, method: Method, kernels: KernelCosts = DEFAULT_KERNELS,
-            overlap: bool = True, engine_s: float = 0.0, gpu_fixed_s: float = 0.0) -> Prediction:
+            overlap: bool = False, engine_s: float = 0.0, gpu_fixed_s: float = 0.0) -> Prediction:
     """Step time: the longer of the GPU's work (compute plus ``gpu_fixed_s``, the per-step work that does not grow
     with the tokens) and ``engine_s`` (the engine's host time per step, which overlaps the GPU's work; both
     calibrated by :mod:`deepspeed_loco.perf.calibration`, else 0), plus the codec kernels, plus the exposed
     communication (hidden only behind the compute: the optimizer step comes after the last reduction). The kernels
     are never hidden: they share the SMs with the compute, and each sits in the dependency chain of the hop it
-    feeds; on one GPU nothing is reduced, so they do not run."""
+    feeds; on one GPU nothing is reduced, so they do not run. ``overlap`` off (the default) is the variant that
+    reproduces the published ZeRO++ gains (``benchmarks/published.py``); on, the full-overlap bound."""
     flops = workload.flops_per_gpu()
     compute = flops / cluster.sustained_flops
     kernel = kernels.seconds(method.kernels, workload.params, cluster.gpu) if method.kernels and cluster.gpus > 1 \

@@ -1,11 +1,19 @@
-"""Published end-to-end figures, their settings and sources, and the model's prediction of each
-(``python -m deepspeed_loco.perf validate``). A figure whose settings could not be pinned carries the reason
-instead of a prediction."""
+"""Published end-to-end figures, their settings and sources, and the step-time model's prediction of each, with
+and without overlap: ``python3 benchmarks/published.py`` prints the table (``docs/performance.md``, "Validation
+against published figures"). A figure whose settings could not be pinned carries the reason instead of a
+prediction. The model's default (no overlap) must stay within :data:`TOLERANCE` of every compared figure
+(``tests/benchmarks/test_published.py``)."""
+import os
+import sys
 from dataclasses import dataclass
 from statistics import mean
 from typing import Callable, Optional, Sequence, Tuple
 
-from deepspeed_loco.perf.model import GPUS, METHODS, Cluster, Workload, predict
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+from deepspeed_loco.perf.model import GPUS, METHODS, Cluster, Workload, predict  # noqa: E402
+
+TOLERANCE = 0.15  # the largest relative error (outside a published range) the default variant may show
 
 ZEROPP_SOURCE = ("Wang et al. 2023, ZeRO++, arXiv 2306.10209, and the DeepSpeed ZeRO++ blog "
                  "(github.com/microsoft/DeepSpeed blogs/zeropp): 384 V100 SXM3 (24 DGX-2, 16 per node), fp16")
@@ -95,3 +103,30 @@ FIGURES = (
 def validation_rows(overlap: bool):
     """``(figure, predicted or None)`` per figure, every method with (or every method without) overlap."""
     return [(figure, figure.predict(overlap) if figure.predict else None) for figure in FIGURES]
+
+
+def format_validation() -> str:
+    """The validation table, one line per figure: the published value, then the prediction and its relative error
+    without overlap (the model's default) and with full overlap; then each figure's
+    setting and source, and the reasons for the figures not compared."""
+    lines = [f"{'figure':58s} {'published':>9s} {'no-overlap':>10s} {'rel.err':>7s} {'overlap':>8s} {'rel.err':>7s}"]
+    notes = []
+    for (figure, serial), (_, overlapped) in zip(validation_rows(False), validation_rows(True)):
+        published = f"{figure.low:.2f}" if figure.low == figure.high else f"{figure.low:.2f}-{figure.high:.2f}"
+        if serial is None:
+            lines.append(f"{figure.name:58s} {published:>9s} {'n/a':>10s} {'n/a':>7s} {'n/a':>8s} {'n/a':>7s}")
+            notes.append(f"{figure.name}: {figure.reason}")
+            continue
+        error = figure.relative_error(serial)
+        verdict = "" if abs(error) <= TOLERANCE else f"  (no-overlap outside {TOLERANCE:.0%})"
+        lines.append(f"{figure.name:58s} {published:>9s} {serial:10.2f} {error:+7.1%} {overlapped:8.2f} "
+                     f"{figure.relative_error(overlapped):+7.1%}{verdict}")
+    lines += ["", f"ZeRO++ runs modelled as: {ZEROPP_SETTINGS}"]
+    for source in dict.fromkeys(figure.source for figure in FIGURES):  # each source once, in order
+        lines += ["", f"Source: {source}"]
+        lines += [f"  {figure.name}: {figure.setting}" for figure in FIGURES if figure.source == source]
+    return "\n".join(lines + ["", "Not compared:"] + notes)
+
+
+if __name__ == "__main__":
+    print(format_validation())
