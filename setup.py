@@ -11,19 +11,21 @@ setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["deepspeed_loco", "deepspeed_loco.*"]),
-    package_data={"deepspeed_loco": ["csrc/quantization/*"]},
+    package_data={"deepspeed_loco": ["csrc/quantization/*", "perf/kernel_times.json"]},
     include_package_data=True,
     python_requires=">=3.9",
-    # what the library imports (ninja: the op builder's JIT build of the CUDA kernels; hjson: HJSON DeepSpeed configs;
-    # numpy: the least-squares fit of deepspeed_loco.perf.calibration; scipy: the Student t quantile of
-    # deepspeed_loco.utils.stats.t_interval)
-    install_requires=["torch>=2.4", "deepspeed>=0.19.8", "pydantic>=2", "packaging", "hjson", "ninja", "numpy",
-                      "scipy"],
+    # What the library imports, and no more. torch, deepspeed: the product. pydantic: LocoConfig, the validated
+    # zeropp_loco_param block (DeepSpeed's own config is pydantic too). packaging: the DeepSpeed version check of
+    # runtime/zero/deepspeed_seam.py. hjson: HJSON DeepSpeed config files, read as DeepSpeed reads them. ninja: the op
+    # builder's JIT build of the CUDA kernels. numpy and scipy are not needed: the Student-t quantile is computed in
+    # utils/stats.py, the perf calibration's least squares is torch's (DeepSpeed itself still requires numpy).
+    install_requires=["torch>=2.4", "deepspeed>=0.19.8", "pydantic>=2", "packaging", "hjson", "ninja"],
     entry_points={"console_scripts": ["deepspeed-loco-report=deepspeed_loco.simulation.report:main"]},
     extras_require={
         "report": ["tqdm", "matplotlib"],  # deepspeed_loco.simulation.report: the progress bar and the PNG
-        "demo": ["tqdm", "matplotlib"],  # loco_lab (the demo) and the benchmark drivers, run from a checkout
-        "test": ["pytest", "tqdm", "matplotlib"],
+        # loco_lab (the demo) and the benchmark drivers, run from a checkout: scipy for benchmarks/pooling.py
+        "demo": ["tqdm", "matplotlib", "scipy"],
+        "test": ["pytest", "tqdm", "matplotlib", "scipy"],  # scipy: the benchmarks' tests and the t-quantile check
         "hf": ["transformers", "accelerate"],
     },
 )

@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
+from deepspeed_loco.utils.extras import import_extra
+
 Color = Tuple[int, int, int]  # RGB, 0-255
 
 
@@ -31,9 +33,8 @@ class Panel:
 
 def line_chart(panels: Sequence[Panel], title: str = "", panel_size: Tuple[int, int] = (560, 400)) -> bytes:
     """PNG bytes of ``panels`` side by side (``panel_size`` in pixels each, at 100 dpi), one legend per panel."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
+    FigureCanvasAgg = import_extra("matplotlib.backends.backend_agg", "report").FigureCanvasAgg
+    Figure = import_extra("matplotlib.figure", "report").Figure
     width, height = panel_size
     fig = Figure(figsize=(width * max(1, len(panels)) / 100, height / 100), dpi=100)
     FigureCanvasAgg(fig)  # draws with Agg without touching pyplot's global backend

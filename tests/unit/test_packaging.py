@@ -1,5 +1,7 @@
-"""The kernel sources ship: a wheel installed away from the checkout, and an sdist, carry every file of
-``deepspeed_loco/csrc``, and the op builder finds its sources and header in the installed package."""
+"""What ships: a wheel installed away from the checkout, and an sdist, carry every file of ``deepspeed_loco/csrc``
+and the perf model's kernel table, and the op builder finds its sources and header in the installed package; the
+wheel requires only the core (no numpy, no scipy); the core imports and runs with numpy and scipy missing, and a
+piece that needs an extra says which one."""
 import json
 import os
 import shutil
@@ -46,14 +48,18 @@ def test_wheel_installed_elsewhere_has_every_kernel_source_and_the_builder_finds
     (wheel, ) = wheels.glob("deepspeed_loco-*.whl")
     assert set(_kernel_files()) <= set(zipfile.ZipFile(wheel).namelist())
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)], elsewhere)
+    assert "deepspeed_loco/perf/kernel_times.json" in zipfile.ZipFile(wheel).namelist()
     probe = ("import json, os, deepspeed_loco\n"
              "from deepspeed_loco.ops.op_builder.loco import LocoBuilder\n"
+             "from deepspeed_loco.perf.model import DEFAULT_KERNELS, KERNEL_TIMES\n"
              "b = LocoBuilder()\n"
              "print(json.dumps({'package': deepspeed_loco.__file__, 'sources': b.sources(),"
-             " 'includes': b.include_paths()}))\n")
+             " 'includes': b.include_paths(), 'kernel_times': str(KERNEL_TIMES),"
+             " 'kernel_sets': sorted(DEFAULT_KERNELS.per_element_s)}))\n")
     env = dict(os.environ, PYTHONPATH=str(target), DS_ACCELERATOR="cpu")
     found = json.loads(_run([sys.executable, "-c", probe], elsewhere, env).strip().splitlines()[-1])
     assert Path(found["package"]).is_relative_to(target)  # the installed copy, not the checkout
+    assert Path(found["kernel_times"]).is_relative_to(target) and len(found["kernel_sets"]) == 4
     assert found["sources"] and all(Path(s).is_file() and Path(s).is_relative_to(target) for s in found["sources"])
     for name in _kernel_files():
         assert (target / name).is_file(), name
@@ -67,3 +73,54 @@ def test_sdist_has_every_kernel_source(source_tree, tmp_path):
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     assert set(_kernel_files()) <= names
+
+
+def test_wheel_requires_the_core_only(source_tree, tmp_path):
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), "."],
+         source_tree)
+    (wheel, ) = tmp_path.glob("deepspeed_loco-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        metadata = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    core = {r.split(">")[0].split("=")[0].strip() for r in requires if "extra ==" not in r}
+    assert core == {"torch", "deepspeed", "pydantic", "packaging", "hjson", "ninja"}
+    assert any(r.startswith("matplotlib") and 'extra == "report"' in r for r in requires)
+
+
+# numpy, scipy and matplotlib made uninstalled for one interpreter: every import of them fails as a missing module
+_BLOCK = """
+import sys
+class _Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("numpy", "scipy", "matplotlib"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name.partition(".")[0])
+sys.meta_path.insert(0, _Missing())
+"""
+_CORE = """
+import json
+import deepspeed_loco, deepspeed_loco.config, deepspeed_loco.findings, deepspeed_loco.ops.loco_reference
+import deepspeed_loco.runtime.zero.stage3_hook  # deepspeed_loco.initialize's import path
+import deepspeed_loco.simulation, deepspeed_loco.simulation.advise, deepspeed_loco.simulation.report
+from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.perf.cli import main
+from deepspeed_loco.simulation.charts import line_chart
+from deepspeed_loco.utils.stats import t_interval
+LocoConfig.from_dict({"intra_node_bits": 2})
+assert abs(t_interval([1.0, 2.0, 3.0])[2] - 2.0 - 4.302653 / 3 ** 0.5) < 1e-6
+main(["predict", "--params", "7e9", "--layers", "32", "--hidden", "4096", "--seq", "4096", "--tokens-per-gpu", "4096",
+      "--gpus", "64", "--gpus-per-node", "8", "--gpu", "h100", "--intra-gbps", "3600", "--inter-gbps", "100",
+      "--method", "loco4"])
+try:
+    line_chart([])
+except ImportError as exc:
+    print(json.dumps({"chart": str(exc)}))
+print(json.dumps({"loaded": sorted(m for m in __import__("sys").modules if m.split(".")[0] in ("numpy", "scipy"))}))
+"""
+
+
+def test_the_core_imports_and_runs_without_numpy_or_scipy_and_a_missing_extra_is_named(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), DS_ACCELERATOR="cpu")
+    out = _run([sys.executable, "-c", _BLOCK + _CORE], tmp_path, env).strip().splitlines()
+    assert json.loads(out[-1]) == {"loaded": []}
+    assert json.loads(out[-2])["chart"].endswith('pip install "deepspeed-loco[report]"')
+    assert json.loads("\n".join(out[:-2]))["step_s"] > 0  # perf predict's JSON
