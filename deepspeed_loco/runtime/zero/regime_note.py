@@ -24,5 +24,5 @@ def regime_note(plan: HopPlan, error_feedback: bool, params: int,
     if action is None:
         return None
     setting = f"{'/'.join(map(str, bits))} bits{' + Hadamard' if plan.hadamard else ''}"
-    return (f"deepspeed-loco: {setting} {'with' if error_feedback else 'without'} LoCo error feedback, "
-            f"{params / 1e6:.1f}M parameters: in the regime map ({MAP_DOC}) {finding.summary}; {action}")
+    return (f"deepspeed-loco: {'LoCo error feedback' if error_feedback else 'no LoCo error feedback'} at {setting} "
+            f"for {params / 1e6:.1f}M parameters: in the regime map ({MAP_DOC}) {finding.summary}; {action}")

@@ -19,8 +19,8 @@ def _note(world, local, params=SMALL, **keys):
 def _expected(bits, error_feedback, params, hadamard=False, grid="midrise"):
     """The note's parts: the setting it names, the row's summary and the action for (reading, error feedback)."""
     row = read_map(bits, hadamard, grid, params)
-    setting = f"{'/'.join(map(str, bits))} bits{' + Hadamard' if hadamard else ''} " \
-              f"{'with' if error_feedback else 'without'} LoCo error feedback, {params / 1e6:.1f}M parameters"
+    setting = f"{'LoCo error feedback' if error_feedback else 'no LoCo error feedback'} at " \
+              f"{'/'.join(map(str, bits))} bits{' + Hadamard' if hadamard else ''} for {params / 1e6:.1f}M parameters"
     return setting, row.summary, ACTIONS[row.reading, error_feedback]
 
 
