@@ -35,7 +35,7 @@ from scipy import stats as sps
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
 
-from deepspeed_loco.simulation.burst import UPDATE_BURST_WARNING  # noqa: E402
+from deepspeed_loco.findings import UPDATE_BURST_WARNING  # noqa: E402
 from deepspeed_loco.utils.stats import t_interval  # noqa: E402
 
 FDR = 0.05  # Benjamini-Hochberg's false-discovery rate over each family of intervals
