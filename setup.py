@@ -23,9 +23,10 @@ setup(
     entry_points={"console_scripts": ["deepspeed-loco-report=deepspeed_loco.simulation.report:main"]},
     extras_require={
         "report": ["tqdm", "matplotlib"],  # deepspeed_loco.simulation.report: the progress bar and the PNG
-        # loco_lab (the demo) and the benchmark drivers, run from a checkout: scipy for benchmarks/pooling.py
-        "demo": ["tqdm", "matplotlib", "scipy"],
-        "test": ["pytest", "tqdm", "matplotlib", "scipy"],  # scipy: the benchmarks' tests and the t-quantile check
+        # loco_lab (the demo) and the benchmark drivers, run from a checkout: numpy and scipy for the regime map's
+        # statistics (benchmarks/pooling.py, benchmarks/map_statistics.py)
+        "demo": ["tqdm", "matplotlib", "numpy", "scipy"],
+        "test": ["pytest", "tqdm", "matplotlib", "numpy", "scipy"],  # the benchmarks' tests, the t-quantile check
         "hf": ["transformers", "accelerate"],
     },
 )
