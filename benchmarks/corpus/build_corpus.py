@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import html.parser
 import io
+import lzma
 import os
 import re
 import subprocess
@@ -25,10 +26,11 @@ from typing import Dict, Iterable, List, NamedTuple, Tuple
 
 
 class Source(NamedTuple):
-    """A Debian package and the folder, inside the package, of the HTML pages taken from it."""
+    """A Debian package, the folder inside it of the HTML pages taken, and (if not all) the subfolders taken."""
     package: str
     html_root: str
     licence: str
+    folders: Tuple[str, ...] = ()
 
 
 SOURCES = (
@@ -44,11 +46,19 @@ SOURCES = (
     Source("sqlite3-doc", "usr/share/doc/sqlite3", "public-domain"),
     Source("erlang-doc", "usr/share/doc/erlang-doc", "Apache-2.0"),
     Source("nodejs-doc", "usr/share/doc/nodejs/api", "Expat"),
+    Source("rust-doc", "usr/share/doc/rust-doc/html", "MIT or Apache-2.0",
+           ("book", "reference", "nomicon", "rust-by-example", "edition-guide", "embedded-book", "rustc", "rustdoc",
+            "unstable-book")),
+    Source("python-statsmodels-doc", "usr/share/doc/python-statsmodels-doc/html", "BSD-3-Clause"),
+    Source("python-dask-doc", "usr/share/doc/python-dask-doc/html", "BSD-3-Clause"),
+    Source("cmake-doc", "usr/share/doc/cmake-data/html", "BSD-3-Clause"),
+    Source("python-celery-doc", "usr/share/doc/python-celery-doc/html", "BSD-2-Clause"),
 )
 
 # Pages that are not prose: highlighted source code, indexes, search, and static assets.
 SKIPPED_DIRS = ("_modules", "_static", "_images", "_sources", "_downloads")
-SKIPPED_PAGES = ("genindex", "search.html", "py-modindex.html", "np-modindex.html", "bookindex.html")
+SKIPPED_PAGES = ("genindex", "search.html", "py-modindex.html", "np-modindex.html", "bookindex.html",
+                 "print.html")
 # Documents with less extracted text than this (bytes) are tables of contents or stubs, not prose.
 MIN_DOCUMENT_BYTES = 1000
 
@@ -142,21 +152,30 @@ def held_out(names: Iterable[str], validation_share: float = 0.1) -> List[str]:
     return names[len(names) - max(1, round(validation_share * len(names))):]
 
 
-def pages(root: str) -> List[str]:
-    """The HTML pages under ``root`` taken as documents (paths relative to ``root``, sorted)."""
+def pages(root: str, folders: Tuple[str, ...] = ()) -> List[str]:
+    """The HTML pages under ``root`` (only under its subfolders ``folders`` if given) taken as documents (paths
+    relative to ``root``, sorted)."""
     found = []
-    for folder, dirs, files in os.walk(root):
+    for top in [os.path.join(root, f) for f in folders] or [root]:
+        found += _pages_under(top, root)
+    return sorted(found)
+
+
+def _pages_under(top: str, root: str) -> List[str]:
+    found = []
+    for folder, dirs, files in os.walk(top):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
         for name in files:
             if name.endswith(".html") and not name.startswith(SKIPPED_PAGES):
                 found.append(os.path.relpath(os.path.join(folder, name), root))
-    return sorted(found)
+    return found
 
 
-def documents(package: str, root: str) -> Dict[str, str]:
-    """``{file name: text}`` for the pages of ``package`` extracted under ``root`` with enough prose."""
+def documents(package: str, root: str, folders: Tuple[str, ...] = ()) -> Dict[str, str]:
+    """``{file name: text}`` for the pages of ``package`` extracted under ``root`` (:func:`pages`) with enough
+    prose."""
     out = {}
-    for page in pages(root):
+    for page in pages(root, folders):
         with open(os.path.join(root, page), encoding="utf-8", errors="replace") as f:
             text = html_to_text(f.read())
         if len(text.encode()) >= MIN_DOCUMENT_BYTES:
@@ -201,9 +220,7 @@ def write(docs: Dict[str, str], out: str) -> None:
 
 def archive(folder: str, path: str) -> None:
     """A byte-reproducible ``.tar.xz`` of the ``*.txt`` files of ``folder`` (sorted, zero times and owners)."""
-    import lzma
-    with lzma.open(path, "wb", preset=9 | lzma.PRESET_EXTREME) as xz, tarfile.open(fileobj=xz, mode="w",
-                                                                                  format=tarfile.USTAR_FORMAT) as tar:
+    with lzma.open(path, "wb", preset=6) as xz, tarfile.open(fileobj=xz, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for name in sorted(f for f in os.listdir(folder) if f.endswith(".txt")):
             data = open(os.path.join(folder, name), "rb").read()
             info = tarfile.TarInfo(name)
@@ -224,7 +241,7 @@ def build(out: str, workdir: str) -> Dict[str, Tuple[str, int, int]]:
     docs, versions = {}, {}
     for source in SOURCES:
         root, versions[source.package] = fetch(source, workdir)
-        docs.update(documents(source.package, root))
+        docs.update(documents(source.package, root, source.folders))
     docs = deduplicate(docs)
     write(docs, out)
     summary = {}

@@ -62,12 +62,14 @@ def test_held_out_is_the_split_that_from_path_reads(corpus, tmp_path):
 def test_documents_skip_indexes_code_pages_and_stubs(corpus, tmp_path):
     long_page = PAGE.replace("built in.", "built in. " + "More prose. " * 100)
     for rel, text in (("a.html", long_page), ("stub.html", PAGE), ("genindex.html", long_page),
-                      ("_modules/m.html", long_page), ("sub/b.html", long_page), ("c.txt", long_page)):
+                      ("_modules/m.html", long_page), ("sub/b.html", long_page), ("print.html", long_page),
+                      ("c.txt", long_page)):
         os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
         (tmp_path / rel).write_text(text)
     docs = corpus.documents("pkg", str(tmp_path))
     assert sorted(docs) == sorted(corpus.document_name("pkg", p) for p in ("a.html", os.path.join("sub", "b.html")))
     assert corpus.deduplicate(docs) == {min(docs): docs[min(docs)]}
+    assert list(corpus.documents("pkg", str(tmp_path), folders=("sub", ))) == [corpus.document_name("pkg", "sub/b.html")]
 
 
 def test_archive_is_reproducible_and_unpacks_to_the_same_files(corpus, tmp_path):
