@@ -1,4 +1,4 @@
-"""Build a large English text corpus (about 100 MB) from Debian 12 documentation packages, offline from the
+"""Build a large English text corpus (about 75 MB) from Debian 12 documentation packages, offline from the
 packages, for byte-level language-model training at large batch (issue 39, item 3).
 
 Writes a folder of ``*.txt`` files, one per source document, that ``loco_lab.data.ByteCorpus.from_path`` reads.
