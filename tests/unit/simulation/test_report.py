@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from deepspeed_loco.simulation import simulate
+from deepspeed_loco.simulation import SimulationSpec, TrainingSetup, simulate
 from deepspeed_loco.simulation.arms import parse_arm
 from deepspeed_loco.simulation.report import (COLUMNS, UNIFORM_COLORS, ProgressBar, arm_color, column_notes,
                                               format_table, human_bytes, loss_panels, main, record,
@@ -90,8 +90,9 @@ def _simulated(tmp_path):
     sizes = [p.numel() for p in toy_model().parameters()]
     records = []
     for seed in (0, 1):
-        results = simulate(toy_model, lambda: toy_batches(16), ["full", "plain2", "loco2"], steps=12, loss_fn=toy_loss,
-                           loco={"group_size": 32}, seed=seed, eval_fn=lambda m: float(m[0].weight.abs().mean()))
+        setup = TrainingSetup(toy_model, lambda: toy_batches(16), loss_fn=toy_loss, loco={"group_size": 32},
+                              eval_fn=lambda m: float(m[0].weight.abs().mean()))
+        results = simulate(SimulationSpec(setup, ["full", "plain2", "loco2"], 12, seed))
         records += [record(r, sizes) for r in results]
     return records, sizes
 
@@ -134,7 +135,8 @@ def test_progress_bar_counts_the_steps_and_gives_the_logger_back():
     from deepspeed_loco.utils.logging import logger
     handlers = list(logger.handlers)
     bar = ProgressBar(24)
-    simulate(toy_model, lambda: toy_batches(16), ["full", "plain4"], steps=12, loss_fn=toy_loss, on_step=bar)
+    simulate(SimulationSpec(TrainingSetup(toy_model, lambda: toy_batches(16), loss_fn=toy_loss), ["full", "plain4"], 12),
+             on_step=bar)
     assert bar.bar.n == 24 and bar.bar.desc.startswith("seed 0: qgZ 4-bit")
     bar.close()
     assert logger.handlers == handlers
