@@ -105,7 +105,9 @@ def test_records_of_simulate_results_carry_what_the_table_reads(tmp_path):
     assert loco["error_buffer_bytes"] > 0 and plain["train_loss_last_k"] == 1
     assert plain["train_loss"] == plain["train_losses"][-1] and plain["val_loss"] == plain["validation"][-1][1]
     assert full["bytes_per_step"] == full["full_precision_bytes_per_step"] > plain["bytes_per_step"] > 0
-    assert len(table_rows(records)) == 4 and json.dumps(records)
+    assert len(table_rows(records)) == 4
+    # JSON keeps every value exactly: only the (step, loss) tuples come back as lists
+    assert json.loads(json.dumps(records)) == [dict(r, validation=[list(v) for v in r["validation"]]) for r in records]
 
 
 def test_write_report_and_the_cli_give_the_table_the_json_and_the_png(tmp_path, capsys):
