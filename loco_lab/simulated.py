@@ -1,6 +1,6 @@
 """The demo's arms on the simulated cluster: the bundled model and plays, trained in this process through
 :func:`deepspeed_loco.simulation.simulate` (the library's own reducer, error state and kernels; only the
-all-to-alls are in-process copies), once per arm and seed. Results are the library's report records (:func:`deepspeed_loco.simulation.report.record`), the format of the
+all-to-alls are in-process copies), once per arm and seed. Results are the library's report records (:func:`deepspeed_loco.simulation.records.record`), the format of the
 DeepSpeed workers' too."""
 import math
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
@@ -8,7 +8,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from deepspeed_loco.simulation import SimulationSpec, TrainingSetup, simulate
-from deepspeed_loco.simulation.report import record
+from deepspeed_loco.simulation.records import record
 from loco_lab.arms import RunSpec
 from loco_lab.data import ByteCorpus, load_corpus
 from loco_lab.model import ByteLlama

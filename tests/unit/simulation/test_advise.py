@@ -5,7 +5,7 @@ import pytest
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.simulation import TrainingSetup
-from deepspeed_loco.simulation.advise import BudgetTooSmall, Comparison, NoiseScale, Probe, _burst_warning, advise, judge
+from deepspeed_loco.simulation.advise import BudgetTooSmall, Comparison, Probe, _burst_warning, advise, judge
 from deepspeed_loco.simulation.differences import ABOVE, BELOW, INCLUDES, Difference
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 

@@ -5,9 +5,12 @@ import pytest
 
 from deepspeed_loco.simulation import SimulationSpec, TrainingSetup, simulate
 from deepspeed_loco.simulation.arms import parse_arm
-from deepspeed_loco.simulation.report import (COLUMNS, UNIFORM_COLORS, ProgressBar, arm_color, column_notes,
-                                              format_table, human_bytes, loss_panels, main, record,
-                                              report_text, summary_lines, table_rows, train_curve, write_report)
+from deepspeed_loco.simulation.loss_chart import UNIFORM_COLORS, arm_color, loss_panels, train_curve
+from deepspeed_loco.simulation.progress_bar import ProgressBar
+from deepspeed_loco.simulation.records import record
+from deepspeed_loco.simulation.report import main, report_text, write_report
+from deepspeed_loco.simulation.results_table import COLUMNS, column_notes, format_table, human_bytes, table_rows
+from deepspeed_loco.simulation.seed_claims import summary_lines
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
 
@@ -54,7 +57,7 @@ def test_summary_claims_only_what_the_seeds_support():
 def test_column_notes_say_what_was_validated_on_and_timed():
     notes = column_notes("the held-out plays", loss="next-byte cross-entropy")
     assert "val loss: next-byte cross-entropy on the held-out plays" in notes[1]
-    assert "val loss: the validation loss (eval_fn) on the held-out data" in column_notes()[1]
+    assert column_notes()[1] == "  val loss: the validation loss (eval_fn) after the last step: mean +- sd over seeds"
     assert notes[-1].startswith("  median step time: wall time per optimizer step of all W virtual ranks together, "
                                 "simulated in one process") and notes[-1].endswith("; the median over seeds")
     own = column_notes("the held-out mine.txt (last 10%)", "deepspeed")
@@ -143,3 +146,23 @@ def test_progress_bar_counts_the_steps_and_gives_the_logger_back():
     bar.close()
     assert logger.handlers == handlers
 
+
+
+def test_every_panel_has_a_y_label_and_names_the_held_out_data_only_when_told(tmp_path):
+    records, _ = _simulated(tmp_path)
+    named, unnamed = loss_panels(records, held_out="the last 10% of mine.txt"), loss_panels(records)
+    assert all(panel.ylabel for panel in named + unnamed) and len(named) == len(unnamed) >= 3
+    assert [p.title for p in named if p.title.startswith("validation loss")] and all(
+        "on the last 10% of mine.txt" in p.title for p in named if p.title.startswith("validation loss"))
+    assert not any("held-out" in p.title or " on " in p.title for p in unnamed)
+
+
+@pytest.mark.parametrize("parser", ["report", "perf"])
+def test_help_is_plain_text_and_whole(parser, capsys):
+    from deepspeed_loco.perf.cli import DESCRIPTION as PERF, build_parser
+    from deepspeed_loco.simulation.report import DESCRIPTION as REPORT
+    with pytest.raises(SystemExit):
+        main(["--help"]) if parser == "report" else build_parser().parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert ":func:" not in text and "``" not in text and "(default: None)" not in text
+    assert " ".join((REPORT if parser == "report" else PERF).split()) in text  # not cut at a ';'
