@@ -407,7 +407,8 @@ def _plot(by, keys, arms, title, key_labels=False, panel_size=(560, 400)) -> byt
               Panel("validation loss (seed mean, every point)", "step", "loss (nats)", val)]
     if err:
         top = max(y for s in err for _, y in s.points)
-        panels.append(Panel("running-sum grad rel. error", "step", "||sum sent - sum exact|| / ||sum exact||", err, (0.0, top)))
+        panels.append(Panel("running-sum grad rel. error", "step", "||sum sent - sum exact|| / ||sum exact||", err,
+                            (0.0, top)))
     return line_chart(panels, title=title, panel_size=panel_size)
 
 

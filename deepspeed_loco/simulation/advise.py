@@ -314,7 +314,8 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
                        [f"{arm.variant}: {loco_plain.said()}: LoCo is recommended as the arm not worse than full "
                         f"precision, not by a resolved gain."])
     if plain_full.not_worse:
-        reason = f"{head}; plain qgZ not worse than full precision in {comparison.steps}-step runs ({plain_full.said()})"
+        reason = (f"{head}; plain qgZ not worse than full precision in {comparison.steps}-step runs "
+                  f"({plain_full.said()})")
         if loco_plain.worse:
             return Verdict(True, False, f"{reason}, and LoCo cost loss ({loco_plain.said()}).")
         if loco_plain.better:

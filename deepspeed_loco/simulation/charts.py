@@ -22,8 +22,8 @@ class Series:
 
 @dataclass
 class Panel:
-    """One plot: its title, axis labels and curves; ``ylim`` ``(low, high)`` zooms the y axis (plus 5% margins), None shows every point
-    of every curve; ``xlim`` the same for the x axis (plus 2% margins, so end markers stay whole)."""
+    """One plot: its title, axis labels and curves; ``ylim`` ``(low, high)`` zooms the y axis (plus 5% margins), None
+    shows every point of every curve; ``xlim`` the same for the x axis (plus 2% margins, so end markers stay whole)."""
     title: str
     xlabel: str
     ylabel: str

@@ -47,18 +47,15 @@ def check_setup(setup) -> Tuple[Dict[str, Any], torch.device]:
     return loco, _device(setup.device)
 
 
-def check_run(spec) -> Tuple[Tuple[Arm, ...], Tuple[Optional[Dict[str, Any]], ...]]:
-    """Checks a ``SimulationSpec``'s arms, steps and seed; returns the arms parsed and each arm's
-    ``zeropp_loco_param`` block (None for ``full``; validated by :class:`LocoConfig`)."""
+def check_run(spec) -> Tuple[Tuple[Arm, ...], Tuple[Optional[Dict[str, Any]], ...], Tuple[Optional[LocoConfig], ...]]:
+    """Checks a ``SimulationSpec``'s arms, steps and seed; returns the arms parsed, each arm's ``zeropp_loco_param``
+    block and its :class:`LocoConfig` (both None for ``full``)."""
     _integer(RUN, "steps", spec.steps, 1)
     _integer(RUN, "seed", spec.seed, 0)
     arms = tuple(_arms(spec.arms))
     loco, local = spec.setup.loco, spec.setup.local
     blocks = tuple(zeropp_loco_param(arm, **loco, local_world_size=local) for arm in arms)
-    for block in blocks:
-        if block is not None:
-            _valid_block(loco, block)
-    return arms, blocks
+    return arms, blocks, tuple(None if block is None else _valid_block(loco, block) for block in blocks)
 
 
 def _callable(owner: str, name: str, value: Any, optional: bool) -> None:
@@ -125,10 +122,11 @@ def _loco(loco: Any, local: int) -> Dict[str, Any]:
     return dict(loco)
 
 
-def _valid_block(loco: Dict[str, Any], block: Dict[str, Any]) -> None:
-    """Raises :class:`LocoConfigError` naming ``loco`` if ``block`` (``loco`` with an arm's keys) is invalid."""
+def _valid_block(loco: Dict[str, Any], block: Dict[str, Any]) -> LocoConfig:
+    """``block`` (``loco`` with an arm's keys) as a :class:`LocoConfig`; raises :class:`LocoConfigError` naming
+    ``loco`` if it is invalid."""
     try:
-        LocoConfig.from_dict(block)
+        return LocoConfig.from_dict(block)
     except LocoConfigError as err:
         raise LocoConfigError(f"{SETUP}: loco = {loco!r} is invalid: {err}") from None
 

@@ -78,9 +78,10 @@ def loss_panels(results: Sequence[dict], held_out: Optional[str] = None) -> List
     late = [(x, y) for series in val for x, y in series.points if x >= last / 2]
     if len(late) > 1:  # the same curves again, zoomed on the second half where the arms differ
         ys = [y for _, y in late]
-        panels.append(Panel(f"validation loss{on}, second half (zoom)", "step", "validation loss", val, (min(ys), max(ys)),
+        panels.append(Panel(f"validation loss{on}, second half (zoom)", "step", "validation loss", val,
+                            (min(ys), max(ys)),
                             xlim=(min(x for x, _ in late), last)))
     if err:
-        panels.append(Panel("running-sum grad rel. error (seed mean)", "step", "||sum sent - sum exact|| / ||sum exact||",
-                            err))
+        panels.append(Panel("running-sum grad rel. error (seed mean)", "step",
+                            "||sum sent - sum exact|| / ||sum exact||", err))
     return panels

@@ -67,7 +67,8 @@ def table_rows(results: Sequence[dict]) -> List[List[str]]:
 def column_notes(held_out: Optional[str] = None, engine: str = "simulated",
                  loss: str = "the validation loss (eval_fn)") -> List[str]:
     """One line per column of ``COLUMNS``: ``held_out`` names the validation data (e.g. ``"the held-out plays"``,
-    ``"the last 10% of mine.txt"``; None: not named), ``engine`` ("simulated" or "deepspeed") what the step time measured, ``loss``
+    ``"the last 10% of mine.txt"``; None: not named), ``engine`` ("simulated" or "deepspeed") what the step time
+    measured, ``loss``
     what the validation loss is (e.g. ``"next-byte cross-entropy"``)."""
     on_held_out = f" on {held_out}" if held_out else ""
     return [f"  {name}: {meaning.format(on_held_out=on_held_out, step_time=STEP_TIMES[engine], loss=loss)}"

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Unio
 
 import torch
 
+from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.simulation.arms import Arm
 from deepspeed_loco.simulation.checks import check_run, check_setup
 
@@ -84,17 +85,20 @@ class SimulationSpec:
     ``arms``: a non-empty list of distinct arms, names such as ``"full"``, ``"plain4"``, ``"loco8-2h"``
     (:data:`~deepspeed_loco.simulation.arms.GRAMMAR`) or :class:`Arm` objects, stored parsed as a tuple of
     :class:`Arm`. ``steps`` >= 1, ``seed`` >= 0. ``blocks`` (derived): each arm's ``zeropp_loco_param`` block, None
-    for ``full``, checked by :class:`~deepspeed_loco.config.LocoConfig`.
+    for ``full``; ``configs`` (derived): the same as :class:`~deepspeed_loco.config.LocoConfig` objects, parsed
+    once here.
     """
     setup: TrainingSetup
     arms: Tuple[Arm, ...]
     steps: int
     seed: int = 0
     blocks: Tuple[Optional[Dict[str, Any]], ...] = field(init=False, repr=False, compare=False)
+    configs: Tuple[Optional[LocoConfig], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not isinstance(self.setup, TrainingSetup):
             raise TypeError(f"SimulationSpec: setup = {self.setup!r} is invalid: it must be a TrainingSetup")
-        arms, blocks = check_run(self)
+        arms, blocks, configs = check_run(self)
         object.__setattr__(self, "arms", arms)
         object.__setattr__(self, "blocks", blocks)
+        object.__setattr__(self, "configs", configs)

@@ -35,7 +35,8 @@ class ArmResult:
     (AdamW moves a coordinate with a steady gradient by about one learning rate, one that gets zeros by less).
     ``released_fractions``: empty from :func:`simulate`; an observer that measures it appends one entry per step
     (``benchmarks/convergence_sim.py``'s diagnostics: share of coordinates whose communicated mean is nonzero while
-    plain qgZ with the same bits would have sent zero for the same gradients). ``bytes_per_step``: what one rank sends per step on all
+    plain qgZ with the same bits would have sent zero for the same gradients).
+    ``bytes_per_step``: what one rank sends per step on all
     hops; ``full`` sends a fp32 reduce-scatter, so its ``bytes_per_step`` is ``full_precision_bytes_per_step``,
     ``(W - 1) / W * N * 4`` (a ratio of 1.0). ``loco``: the ``zeropp_loco_param`` block the arm ran with (None for
     ``full``). ``rank_grad_sq[t]`` / ``mean_grad_sq[t]``: the mean over ranks of ``||g_rank||^2`` and
@@ -89,8 +90,8 @@ def simulate(spec: SimulationSpec, observer: Optional[StepObserver] = None,
     observer = observer or StepObserver()
     setup = spec.setup
     results = []
-    for arm, block in zip(spec.arms, spec.blocks):
-        cluster = SimulatedCluster(LocoConfig.from_dict(block), setup.nodes, setup.local) if block else None
+    for arm, block, config in zip(spec.arms, spec.blocks, spec.configs):
+        cluster = SimulatedCluster(config, setup.nodes, setup.local) if config is not None else None
         shadows = [SimulatedCluster(LocoConfig.from_dict(b), setup.nodes, setup.local)
                    for b in observer.shadow_blocks(arm, block)]
         try:

@@ -25,7 +25,8 @@ def _count(png: bytes, colour) -> int:
 def test_line_chart_draws_every_curve_in_its_colour():
     series = [Series("A", [(i, math.exp(-i / 20)) for i in range(100)], (200, 0, 0)),
               Series("B", [(0, float("nan")), (50, 0.5), (99, 0.1)], (0, 0, 200), markers=True)]
-    png = line_chart([Panel("loss", "step", "loss", series), Panel("empty", "step", "loss", [])], title="test", panel_size=(400, 300))
+    png = line_chart([Panel("loss", "step", "loss", series), Panel("empty", "step", "loss", [])], title="test",
+                     panel_size=(400, 300))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     shape, colours = _colours(png)
     assert shape[:2] == (300, 800)

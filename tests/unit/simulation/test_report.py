@@ -140,8 +140,8 @@ def test_progress_bar_counts_the_steps_and_gives_the_logger_back():
     from deepspeed_loco.utils.logging import logger
     handlers = list(logger.handlers)
     bar = ProgressBar(24)
-    simulate(SimulationSpec(TrainingSetup(toy_model, lambda: toy_batches(16), loss_fn=toy_loss), ["full", "plain4"], 12),
-             on_step=bar)
+    setup = TrainingSetup(toy_model, lambda: toy_batches(16), loss_fn=toy_loss)
+    simulate(SimulationSpec(setup, ["full", "plain4"], 12), on_step=bar)
     assert bar.bar.n == 24 and bar.bar.desc.startswith("seed 0: qgZ 4-bit")
     bar.close()
     assert logger.handlers == handlers

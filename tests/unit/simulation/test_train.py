@@ -169,8 +169,8 @@ class _Watcher(StepObserver):
         return [dict(block, inter_node_bits=2, intra_node_bits=2, error_feedback=False)] if block else []
 
     def after_reduce(self, reduced):
-        self.seen.append((reduced.arm.key, reduced.step, reduced.cluster is None,
-                          reduced.communicated is reduced.exact, len(reduced.shadows), len(reduced.result.train_losses)))
+        self.seen.append((reduced.arm.key, reduced.step, reduced.cluster is None, reduced.communicated is reduced.exact,
+                          len(reduced.shadows), len(reduced.result.train_losses)))
 
 
 def test_an_observer_sees_every_step_s_reduce_and_its_shadow_changes_nothing():
