@@ -115,3 +115,18 @@ def test_help_is_plain_text_with_each_default_once(capsys):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert ":func:" not in text and "``" not in text and "(default: None)" not in text
     assert text.count("(default: 8)") == 2 and "(default: what the budget allows)" in text
+
+
+def test_the_console_script_needs_no_loco_lab(user_module, tmp_path):
+    """loco_lab (the demo) is not in the wheel: the script's whole path, a refusal included, runs without it."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    code = ("import sys; sys.modules['loco_lab'] = None; from deepspeed_loco.simulation.advise_cli import main; "
+            f"sys.exit(main(['--model', '{user_module}:make_model', '--data', '{user_module}:batches', '--loss', "
+            f"'{user_module}:loss', '--budget-minutes', '0.0001', '--nodes', '2', '--gpus-per-node', '2', "
+            f"'--device', 'cpu', '--no-progress', '--out', 'out']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1"), timeout=300)
+    assert done.returncode == 2 and "is too small: the probe alone needs about" in done.stderr, done.stderr[-2000:]
