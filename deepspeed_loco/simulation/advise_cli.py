@@ -1,8 +1,7 @@
 """deepspeed-loco-advise: which zeropp_loco_param to use on a cluster shape, answered by short simulations of your
 own model on your own data on this machine (the advise function of deepspeed_loco.simulation.advise).
 
-    deepspeed-loco-advise --model mymodels:make_model --text corpus.txt --nodes 8 --gpus-per-node 8 \
-        --budget-minutes 30 --out advise_out
+    deepspeed-loco-advise --model mymodels:make_model --text corpus.txt --nodes 8 --gpus-per-node 8 --budget-minutes 30
 
 --model names a function (module:function, the module importable from the current folder) that returns a fresh
 torch.nn.Module. With --text the batches are (x, y) pairs of byte windows (x: the bytes, y: the next bytes, int64,
