@@ -12,8 +12,8 @@ from deepspeed_loco.perf.model import (DEFAULT_KERNELS, GPUS, INTER_LATENCY_US, 
                                        Workload, load_kernel_costs, predict)
 
 DESCRIPTION = ("The performance model of ZeRO++ with LoCo. predict prints one JSON object for one method and "
-               "cluster; validate prints each published figure beside the model's prediction; calibrate takes the "
-               "engine's host time per step and the GPU's measured rate from gpu_e2e.py runs on one GPU.")
+               "cluster; calibrate takes the engine's host time per step and the GPU's measured rate from gpu_e2e.py "
+               "runs on one GPU.")
 
 
 def build_parser() -> argparse.ArgumentParser:
