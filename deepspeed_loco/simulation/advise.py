@@ -364,15 +364,15 @@ def _check_budget(runner: SideBySide, candidate: str, probe_steps: int, probe_ru
     probe_s = math.ceil(probe_runs / parallel) * (timed.overhead_s + probe_steps * per_step)
     needed_s = time.monotonic() - started + probe_s
     comparison_s = math.ceil(3 * MIN_SEEDS / parallel) * (timed.overhead_s + 1.2 * MIN_STEPS * per_step)
-    logger.info(f"advise: the smallest budget that can answer is {needed_s / 60:.2f} minutes (a {CALIBRATION_STEPS}"
+    logger.info(f"advise: the smallest budget that can answer is {needed_s / 60:.3g} minutes (a {CALIBRATION_STEPS}"
                 f"-step timing run and the probe, {probe_runs} runs of {probe_steps} steps); a training comparison of "
-                f"{MIN_STEPS} steps over {MIN_SEEDS} seeds adds about {comparison_s / 60:.2f}; the budget is "
-                f"{budget_s / 60:.2f}")
+                f"{MIN_STEPS} steps over {MIN_SEEDS} seeds adds about {comparison_s / 60:.3g}; the budget is "
+                f"{budget_s / 60:.3g}")
     if budget_s < needed_s:
-        raise BudgetTooSmall(f"advise: budget_minutes = {budget_s / 60:.2f} is too small: the probe alone needs about "
-                             f"{needed_s / 60:.2f} minutes on this device ({per_step * 1000:.0f} ms per simulated "
+        raise BudgetTooSmall(f"advise: budget_minutes = {budget_s / 60:.3g} is too small: the probe alone needs about "
+                             f"{needed_s / 60:.3g} minutes on this device ({per_step * 1000:.0f} ms per simulated "
                              f"step); give at least that (a training comparison adds about "
-                             f"{comparison_s / 60:.2f})", needed_s / 60)
+                             f"{comparison_s / 60:.3g})", needed_s / 60)
 
 
 def _probe(runner: SideBySide, candidates: Sequence[str], steps: int, seeds: int,

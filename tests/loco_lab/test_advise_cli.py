@@ -36,7 +36,7 @@ def test_a_budget_below_the_probe_is_refused_and_nothing_is_written(tmp_path, ca
     out = tmp_path / "advise"
     code = cli.main(["advise", "--nodes", "2", "--gpus-per-node", "2", "--budget-minutes", "0.001", "--model-size",
                      "tiny", "--device", "cpu", "--no-progress", "--out", str(out)])
-    assert code == 2 and "budget_minutes = 0.00 is too small" in capsys.readouterr().err and not out.exists()
+    assert code == 2 and "budget_minutes = 0.001 is too small" in capsys.readouterr().err and not out.exists()
 
 
 def test_parallel_must_be_auto_or_a_positive_integer(capsys):

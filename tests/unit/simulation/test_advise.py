@@ -214,9 +214,8 @@ def test_the_difference_s_side_decides_its_predicates():
 
 
 def test_a_budget_smaller_than_the_probe_is_refused_with_the_smallest_that_answers():
-    with pytest.raises(BudgetTooSmall, match=r"budget_minutes = 0.00 is too small: the probe alone needs about "
-                                              r"[0-9.]+ minutes") as refused:
+    with pytest.raises(BudgetTooSmall, match=r"budget_minutes = 1e-06 is too small: the probe alone needs about "
+                                              r"[0-9.e-]+ minutes") as refused:
         advise(SETUP, 1e-6, candidates=("plain2", ), probe_steps=3)
-    assert 0 < refused.value.needed_minutes < 1
-    # that budget answers
-    assert advise(SETUP, refused.value.needed_minutes * 3, candidates=("plain2", ), probe_steps=3).probes
+    assert 1e-6 < refused.value.needed_minutes < 1  # a few seconds on any machine; 5 minutes answer
+    assert advise(SETUP, 5, candidates=("plain2", ), probe_steps=3).probes[0].candidate == "plain2"
