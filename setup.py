@@ -20,7 +20,8 @@ setup(
     # builder's JIT build of the CUDA kernels. numpy and scipy are not needed: the Student-t quantile is computed in
     # utils/stats.py, the perf calibration's least squares is torch's (DeepSpeed itself still requires numpy).
     install_requires=["torch>=2.4", "deepspeed>=0.19.8", "pydantic>=2", "packaging", "hjson", "ninja"],
-    entry_points={"console_scripts": ["deepspeed-loco-report=deepspeed_loco.simulation.report:main"]},
+    entry_points={"console_scripts": ["deepspeed-loco-report=deepspeed_loco.simulation.report:main",
+                                      "deepspeed-loco-advise=deepspeed_loco.simulation.advise_cli:main"]},
     extras_require={
         "report": ["tqdm", "matplotlib"],  # deepspeed_loco.simulation.report: the progress bar and the PNG
         # loco_lab (the demo) and the benchmark drivers, run from a checkout: numpy and scipy for the regime map's

@@ -33,7 +33,8 @@ from loco_lab.arms import Arm, RunSpec, parse_arms, record_arm  # noqa: E402
 from loco_lab.launcher import gpu_count, launch  # noqa: E402
 from loco_lab.model import SIZES  # noqa: E402
 from deepspeed_loco.simulation.charts import Panel, Series, line_chart  # noqa: E402
-from deepspeed_loco.simulation.report import arm_color, human_bytes  # noqa: E402
+from deepspeed_loco.simulation.loss_chart import arm_color  # noqa: E402
+from deepspeed_loco.simulation.results_table import human_bytes  # noqa: E402
 from loco_lab.run import describe  # noqa: E402
 from deepspeed_loco.layout.wire import wire_bytes_per_element  # noqa: E402
 from deepspeed_loco.utils.stats import ema, mean_sd  # noqa: E402
@@ -401,12 +402,13 @@ def _plot(by, keys, arms, title, key_labels=False, panel_size=(560, 400)) -> byt
             err.append(Series(label, [(i + 1, statistics.fmean(s[i] for s in sums)) for i in range(k)], color))
     skip = max(len(s.points) for s in train) // 5
     tail = [y for s in train for x, y in s.points if x > skip]
-    panels = [Panel("train loss (seed mean, EMA, zoomed past the first drop)", "step", train,
+    panels = [Panel("train loss (seed mean, EMA, zoomed past the first drop)", "step", "loss (nats)", train,
                     (min(tail), max(tail)) if tail else None),
-              Panel("validation loss (seed mean, every point)", "step", val)]
+              Panel("validation loss (seed mean, every point)", "step", "loss (nats)", val)]
     if err:
         top = max(y for s in err for _, y in s.points)
-        panels.append(Panel("running-sum grad rel. error", "step", err, (0.0, top)))
+        panels.append(Panel("running-sum grad rel. error", "step", "||sum sent - sum exact|| / ||sum exact||", err,
+                            (0.0, top)))
     return line_chart(panels, title=title, panel_size=panel_size)
 
 

@@ -43,6 +43,9 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)  # run from a checkout without installing
 
 from deepspeed_loco.layout.wire import wire_bytes_per_element  # noqa: E402
+from deepspeed_loco.config import LocoConfig  # noqa: E402
+from deepspeed_loco.layout import plan_hops  # noqa: E402
+from deepspeed_loco.simulation import ReducedStep, StepObserver  # noqa: E402
 from deepspeed_loco.simulation.arms import parse_arm  # noqa: E402
 from deepspeed_loco.simulation.burst import BURST_WINDOW, window_means  # noqa: E402
 from deepspeed_loco.utils.stats import ema, format_mean_sd, mean_sd, t_interval  # noqa: E402
@@ -74,10 +77,10 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reset-T", dest="reset_T", type=int, default=1024)
     p.add_argument("--ef-hops", dest="ef_hops", default="all",
                    help="'all', or the hops (intra_node, inter_node; '+'-joined) whose error buffers carry over "
-                        "steps (simulate's error_feedback_hops experiment)")
+                        "steps (the Experiments observer)")
     p.add_argument("--ef-from", dest="ef_from", type=int, default=1,
                    help="LoCo arms: error feedback from this optimizer step on, plain qgZ before it "
-                        "(simulate's error_feedback_from_step experiment)")
+                        "(the Experiments observer)")
     p.add_argument("--variant", default="none",
                    help="LoCo arms: a compensation rule of benchmarks/compensation_variants.py instead of the "
                         "library's (reference kernels only; 'none': the library's)")
@@ -138,12 +141,54 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------------------------------------------- one run
 
 
+class Experiments(StepObserver):
+    """The benchmark's experiments on LoCo arms, run by :func:`~deepspeed_loco.simulation.simulate` as an observer
+    of every step (the library's behaviour is none of them).
+
+    ``kept_hops``: None (every hop, the library's behaviour), or the hop names (``"intra_node"``, ``"inter_node"``)
+    whose error buffers carry over steps; the others' are zeroed after every reduce, which leaves that hop plain
+    qgZ. ``from_step``: before this optimizer step every buffer is zeroed after each reduce (plain qgZ); from it
+    on error feedback runs as ``kept_hops`` says (1: from the start). ``diagnostics``: every LoCo arm's rank
+    gradients also go through plain qgZ with the same bits (a shadow cluster), and each step appends to the
+    result's ``released_fractions`` the share of coordinates LoCo sent nonzero where plain qgZ sent zero.
+
+    Raises ValueError for a hop that the ``world x local`` layout does not have, or ``from_step < 1``."""
+
+    def __init__(self, world: int, local: int, kept_hops=None, from_step: int = 1, diagnostics: bool = False):
+        known = [hop.name for hop in plan_hops(world, local, LocoConfig()).hops]
+        unknown = sorted(set(kept_hops or ()) - set(known))
+        if unknown:
+            raise ValueError(f"--ef-hops: {unknown} are not hops of this layout {known}")
+        if from_step < 1:
+            raise ValueError(f"--ef-from {from_step}: it must be an optimizer step >= 1")
+        self.kept_hops = None if kept_hops is None else tuple(kept_hops)
+        self.from_step, self.diagnostics = from_step, diagnostics
+
+    def shadow_blocks(self, arm, block):
+        return [dict(block, error_feedback=False)] if self.diagnostics and arm.kind == "loco" else []
+
+    def after_reduce(self, reduced: ReducedStep) -> None:
+        if reduced.arm.kind != "loco":
+            return
+        kept = () if reduced.step < self.from_step else self.kept_hops
+        if kept is not None:
+            for state in reduced.cluster.states:
+                for _, hop, buffer in state.named_buffers():
+                    if hop not in kept:
+                        buffer.zero_()
+        if self.diagnostics:
+            import torch
+            sent = torch.cat([g.reshape(-1) for g in reduced.communicated]).double() != 0
+            plain_zero = torch.cat([g.reshape(-1) for g in reduced.shadows[0]]) == 0
+            reduced.result.released_fractions.append((sent & plain_zero).double().mean().item())
+
+
 def run_one(args) -> dict:
     """Trains one (arm, seed) and appends its record to ``args.out``; returns the record."""
     import torch
 
     from deepspeed_loco.ops import kernels_for
-    from deepspeed_loco.simulation import gradient_noise_scale, simulate
+    from deepspeed_loco.simulation import SimulationSpec, TrainingSetup, gradient_noise_scale, simulate
     from loco_lab.data import load_corpus
     from loco_lab.model import SIZES, ByteLlama, count_parameters, mean_loss
 
@@ -192,13 +237,13 @@ def run_one(args) -> dict:
             print(f"[{args.tag}] {result.key} seed {args.seed}: step {step}/{args.steps} val "
                   f"{result.validation[-1][1]:.4f} at {time.monotonic() - started:.0f} s", flush=True)
 
-    (result, ) = simulate(lambda: ByteLlama(cfg), batches, [arm], steps=args.steps, nodes=args.nodes,
-                          local=args.local, loco=loco, optimizer_fn=optimizer, scheduler_fn=schedule,
-                          loss_fn=lambda model, batch: model(*batch), eval_fn=evaluate, eval_every=args.eval_every,
-                          device=device, seed=args.seed, grad_clip=1.0, autocast_dtype=autocast,
-                          error_feedback_hops=hops, diagnostics=bool(args.diagnostics),
-                          rank_chunk=args.rank_chunk or None, error_feedback_from_step=args.ef_from,
-                          stream_nodes=bool(args.stream_nodes), grad_mode=args.grad_mode, on_step=progress)
+    setup = TrainingSetup(lambda: ByteLlama(cfg), batches, nodes=args.nodes, local=args.local, loco=loco,
+                          optimizer_fn=optimizer, scheduler_fn=schedule, eval_fn=evaluate,
+                          eval_every=args.eval_every, device=device, grad_clip=1.0, autocast_dtype=autocast,
+                          rank_chunk=args.rank_chunk or None, stream_nodes=bool(args.stream_nodes),
+                          grad_mode=args.grad_mode)
+    experiments = Experiments(world, args.local, hops, args.ef_from, bool(args.diagnostics))
+    (result, ) = simulate(SimulationSpec(setup, [arm], args.steps, args.seed), experiments, on_step=progress)
     kernels = kernels_for(device).name
     record = {
         "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,

@@ -1,35 +1,24 @@
-"""``python -m loco_lab.cli advise``: :func:`deepspeed_loco.simulation.advise` on the bundled byte-level model and
-Shakespeare (or ``--text``), for a cluster shape and a budget of device minutes; prints the table and the
-recommendation, writes ``advise.json``, ``advise.png`` and ``table.md`` under ``--out``."""
+"""python -m loco_lab.cli advise: the demo of deepspeed-loco-advise on the bundled byte-level model and Shakespeare
+(or --text), for a cluster shape and a budget of device minutes; prints the table and the recommendation, writes
+advise.json, advise.png and table.md under --out (the console script's own code runs it:
+deepspeed_loco.simulation.advise_cli)."""
 import argparse
-import json
 import os
-import sys
 
-DEFAULT_OUT = "loco_advise_out"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
+    from deepspeed_loco.simulation.advise_cli import PlainHelp, add_advise_arguments
     from loco_lab.model import SIZES
     p = sub.add_parser("advise", help="recommend a zeropp_loco_param for a cluster shape by short simulations",
-                       description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--nodes", type=int, default=8, help="nodes of the cluster")
-    p.add_argument("--gpus-per-node", dest="local", type=int, default=8, help="ranks (GPUs) per node")
-    p.add_argument("--budget-minutes", type=float, default=30.0, help="device minutes to spend (about)")
+                       description=__doc__, formatter_class=PlainHelp)
     p.add_argument("--model-size", choices=sorted(SIZES), default="medium", help="the bundled model's size")
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per step")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (after a 10-step linear warm-up)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per arm in a training comparison (>= 2)")
-    p.add_argument("--max-seeds", type=int, default=10,
-                   help="seeds a comparison may grow to, with budget left, while a question stays open")
-    p.add_argument("--steps", type=int, help="steps per comparison run (default: what the budget allows)")
-    p.add_argument("--max-steps", type=int, default=2000, help="cap on the steps the budget may buy")
     p.add_argument("--text", help="your own text (a file, or a folder of .txt files) instead of the bundled plays")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda if there is a GPU")
-    p.add_argument("--out", default=DEFAULT_OUT, help="output directory")
     p.add_argument("--parallel", type=_parallel_arg, default="auto",
                    help="runs side by side on the device (auto: as many as its memory holds; 1 on the CPU)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_advise_arguments(p)
     return p
 
 
@@ -42,33 +31,18 @@ def _parallel_arg(text: str):
 
 
 def run(args) -> int:
-    import torch
-
-    from deepspeed_loco.simulation.advise import advise
+    from deepspeed_loco.simulation import TrainingSetup
+    from deepspeed_loco.simulation.advise_cli import resolve_device, run_advise
     from loco_lab.model import SIZES
 
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-                          else "cpu")
+    device = resolve_device(args.device)
     task = BundledTask(args.text, args.model_size, args.micro_batch * args.nodes * args.local, args.lr, device)
     task.corpus()  # a bad --text fails here, before any run
-    parallel = _parallel(args, SIZES[args.model_size], device)
-    bar = _Progress(enabled=not args.no_progress)
-    advice = advise(task.model, task.batches, args.nodes, args.local, args.budget_minutes, seeds=args.seeds,
-                    max_seeds=max(args.seeds, args.max_seeds),
-                    steps=args.steps, max_steps=args.max_steps, eval_fn=task.evaluate, on_progress=bar,
-                    parallel=parallel, loss_fn=task.loss, optimizer_fn=task.optimizer, scheduler_fn=task.schedule,
-                    device=device, autocast_dtype=task.autocast, grad_clip=1.0)
-    bar.close()
-    os.makedirs(args.out, exist_ok=True)
-    table = advice.table()
-    with open(os.path.join(args.out, "table.md"), "w") as f:
-        f.write(table + "\n\n" + advice.summary() + "\n")
-    with open(os.path.join(args.out, "advise.json"), "w") as f:
-        json.dump(advice.to_dict(), f, indent=1)
-    advice.plot(os.path.join(args.out, "advise.png"))
-    print(table + "\n\n" + advice.summary())
-    print(f"\nwrote {args.out}/table.md, advise.json, advise.png", file=sys.stderr)
-    return 0
+    args.parallel = _parallel(args, SIZES[args.model_size], device)
+    setup = TrainingSetup(task.model, task.batches, nodes=args.nodes, local=args.local, optimizer_fn=task.optimizer,
+                          scheduler_fn=task.schedule, loss_fn=task.loss, eval_fn=task.evaluate, device=device,
+                          grad_clip=1.0, autocast_dtype=task.autocast)
+    return run_advise(setup, args, prog="python -m loco_lab.cli advise")
 
 
 class BundledTask:
@@ -143,24 +117,3 @@ def _parallel(args, cfg, device) -> int:
     per_run = 5.2e9 * params / 10.8e6 + 11 * params * args.nodes * args.local
     free, _ = torch.cuda.mem_get_info(device)
     return max(1, min(3 * args.seeds, int(0.85 * free / per_run), os.cpu_count() or 1))
-
-
-class _Progress:
-    """A tqdm bar over advise's stages (probe, then one comparison per candidate)."""
-
-    def __init__(self, enabled: bool):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-            self.bar = tqdm(unit="run", dynamic_ncols=True, desc="advise")
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if self.bar is not None:
-            self.bar.set_description(stage)
-            self.bar.total = total
-            self.bar.n = done
-            self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

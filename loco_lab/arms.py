@@ -3,7 +3,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 from deepspeed_loco.simulation.arms import GRAMMAR, KINDS, Arm, parse_arm, parse_arms, zeropp_loco_param  # noqa: F401
-from deepspeed_loco.simulation.report import record_arm  # noqa: F401  (the demo's records are the library's)
+from deepspeed_loco.simulation.records import record_arm  # noqa: F401  (the demo's records are the library's)
 from loco_lab.model import ModelConfig
 
 DEVICES = ("cpu", "cuda")

@@ -1,10 +1,10 @@
-"""The demo app's command line: ``python -m loco_lab.cli demo`` (what ``bash scripts/demo.sh`` runs).
+"""The demo app's command line: python -m loco_lab.cli demo (what bash scripts/demo.sh runs).
 
-``demo``: trains a small Llama-style byte-level model on bundled Shakespeare on 4 ranks (2 nodes x 2) three ways,
+demo: trains a small Llama-style byte-level model on bundled Shakespeare on 4 ranks (2 nodes x 2) three ways,
 full-precision reduce, plain 4-bit qgZ and 4-bit qgZ + LoCo, for 3 seeds; prints a table with every column
 explained and what it says (claims only where the 95% interval over seeds excludes zero); writes the curves as a
-PNG. By default the ranks are simulated in one process (``deepspeed_loco.simulation``: the library's own reducer,
-error buffers and kernels; only the all-to-alls are in-process copies); ``--engine deepspeed`` runs real DeepSpeed
+PNG. By default the ranks are simulated in one process (deepspeed_loco.simulation: the library's own reducer,
+error buffers and kernels; only the all-to-alls are in-process copies); --engine deepspeed runs real DeepSpeed
 ZeRO-3 worker processes instead (gloo on CPU; NCCL with a GPU per rank; with fewer GPUs the ranks share them).
 """
 import argparse
@@ -14,6 +14,7 @@ import os
 import sys
 from typing import List, Optional
 
+from deepspeed_loco.simulation.advise_cli import PlainHelp
 from loco_lab import advise_cli
 
 DEFAULT_STEPS = 60  # x 3 arms x 3 seeds: under 10 minutes on 2 CPU cores
@@ -25,7 +26,7 @@ AT_LEAST_ONE = ("steps", "layers", "dim", "heads", "seq_len", "micro_batch", "no
 def _demo_parser(sub) -> argparse.ArgumentParser:
     from loco_lab.model import SIZES
     p = sub.add_parser("demo", help="train a small LM three ways and compare (full / plain qgZ / qgZ + LoCo)",
-                       description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       description=__doc__, formatter_class=PlainHelp)
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimizer steps per arm")
     p.add_argument("--model-size", choices=sorted(SIZES), default="small",
                    help="named size; " + "; ".join(f"{k}: {v.layers}x{v.dim}, ctx {v.seq_len}"

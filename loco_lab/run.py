@@ -11,7 +11,8 @@ from loco_lab.launcher import gpu_count, gpu_sharing_line, launch
 from loco_lab.model import ByteLlama, count_parameters
 
 LOSS = "next-byte cross-entropy"  # what the demo's validation loss is
-from deepspeed_loco.simulation.report import ProgressBar, report_text, write_report
+from deepspeed_loco.simulation.progress_bar import ProgressBar
+from deepspeed_loco.simulation.report import report_text, write_report
 
 
 def describe(spec: RunSpec, engine: str = "deepspeed") -> str:

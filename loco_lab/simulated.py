@@ -1,14 +1,14 @@
 """The demo's arms on the simulated cluster: the bundled model and plays, trained in this process through
 :func:`deepspeed_loco.simulation.simulate` (the library's own reducer, error state and kernels; only the
-all-to-alls are in-process copies), once per arm and seed. Results are the library's report records (:func:`deepspeed_loco.simulation.report.record`), the format of the
+all-to-alls are in-process copies), once per arm and seed. Results are the library's report records (:func:`deepspeed_loco.simulation.records.record`), the format of the
 DeepSpeed workers' too."""
 import math
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from deepspeed_loco.simulation import simulate
-from deepspeed_loco.simulation.report import record
+from deepspeed_loco.simulation import SimulationSpec, TrainingSetup, simulate
+from deepspeed_loco.simulation.records import record
 from loco_lab.arms import RunSpec
 from loco_lab.data import ByteCorpus, load_corpus
 from loco_lab.model import ByteLlama
@@ -24,19 +24,18 @@ def run_simulated(spec: RunSpec, seeds: Sequence[int],
     sizes = [p.numel() for p in ByteLlama(spec.model).parameters()]
     records = []
     for seed in seeds:
-        results = simulate(
-            model_fn=lambda: ByteLlama(spec.model), data_fn=lambda: _batches(corpus, spec, seed), arms=spec.arms,
-            steps=spec.steps, nodes=spec.nodes, local=spec.local,
-            loco={"group_size": spec.group_size, "err_beta": spec.err_beta, "reset_T": spec.reset_T,
-                  "quant_grid": spec.quant_grid},
+        setup = TrainingSetup(
+            model_fn=lambda: ByteLlama(spec.model), data_fn=lambda: _batches(corpus, spec, seed), nodes=spec.nodes,
+            local=spec.local, loco={"group_size": spec.group_size, "err_beta": spec.err_beta,
+                                    "reset_T": spec.reset_T, "quant_grid": spec.quant_grid},
             optimizer_fn=lambda params: torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), eps=1e-8,
                                                           weight_decay=spec.weight_decay),
             scheduler_fn=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, _warmup_cosine(spec)),
             eval_fn=lambda model: validation_loss(model, corpus, spec, device), eval_every=spec.eval_every,
-            device=device, seed=seed, grad_clip=spec.grad_clip,
-            autocast_dtype=torch.bfloat16 if spec.dtype == "bf16" else None,
-            grad_mode="vmap" if device.type == "cuda" else "loop",  # on CPU, vmap's attention fallback is slower
-            on_step=(lambda result, step, loss: on_step(result.label, seed, step, loss)) if on_step else None)
+            device=device, grad_clip=spec.grad_clip, autocast_dtype=torch.bfloat16 if spec.dtype == "bf16" else None,
+            grad_mode="vmap" if device.type == "cuda" else "loop")  # on CPU, vmap's attention fallback is slower
+        results = simulate(SimulationSpec(setup, spec.arms, spec.steps, seed), on_step=(
+            lambda result, step, loss: on_step(result.label, seed, step, loss)) if on_step else None)
         records += [record(result, sizes) for result in results]
     return records
 

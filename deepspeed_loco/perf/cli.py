@@ -11,9 +11,13 @@ from deepspeed_loco.perf.calibration import Calibration, fit, leave_one_out, loa
 from deepspeed_loco.perf.model import (DEFAULT_KERNELS, GPUS, INTER_LATENCY_US, INTRA_LATENCY_US, METHODS, Cluster,
                                        Workload, load_kernel_costs, predict)
 
+DESCRIPTION = ("The performance model of ZeRO++ with LoCo. predict prints one JSON object for one method and "
+               "cluster; calibrate takes the engine's host time per step and the GPU's measured rate from gpu_e2e.py "
+               "runs on one GPU.")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m deepspeed_loco.perf", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m deepspeed_loco.perf", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("predict", help="step time, tokens/s, TFLOPS per GPU and per-collective seconds (JSON)")
     p.add_argument("--params", type=float, required=True, help="parameters, e.g. 18e9")

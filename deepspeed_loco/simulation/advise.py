@@ -25,57 +25,91 @@ import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.findings import GAIN_RESOLVED_UP_TO, LOCO_PAYS, LOCO_UNPROVEN, UPDATE_BURST_WARNING, read_map
 from deepspeed_loco.layout import resolve_grid, wire_bytes_per_element
 from deepspeed_loco.simulation.arms import parse_arm, zeropp_loco_param
 from deepspeed_loco.simulation.burst import update_burst, window_means
-from deepspeed_loco.simulation.side_by_side import Job, SideBySide, Task
-from deepspeed_loco.simulation.train import ArmResult, gradient_noise_scale
+from deepspeed_loco.simulation.differences import Difference
+from deepspeed_loco.simulation.side_by_side import Finished, Job, SideBySide, Task
+from deepspeed_loco.simulation.spec import TrainingSetup
+from deepspeed_loco.simulation.train import gradient_noise_scale
+from deepspeed_loco.utils.logging import logger
 from deepspeed_loco.utils.stats import noise_ratio, t_interval
 
 CANDIDATES = ("plain2", "plain8-2h", "plain4")  # fewest inter-node bits first
 RHO_THRESHOLD = 1.0  # quantization error power equal to the sampling noise power
 PROBE_STEPS = 20
 MIN_STEPS = 50  # a comparison shorter than this says nothing about a real run
+CALIBRATION_STEPS = 2  # the timing run that sizes the probe before the budget is committed
 MIN_SEEDS = 3  # a 95% interval needs at least 2; 3 is the least that resolved anything in the map
 LOCO_GAIN_STEPS = 1000  # at 2/2 on 16 ranks the map resolved LoCo's gain over this many steps; 300 showed a quarter
 
 
+class BudgetTooSmall(ValueError):
+    """The budget cannot pay for the probe; ``needed_minutes``: the smallest budget that can answer."""
+
+    def __init__(self, message: str, needed_minutes: float):
+        super().__init__(message)
+        self.needed_minutes = needed_minutes
+
+
+@dataclass(frozen=True)
+class NoiseScale:
+    """The gradient noise scale ``B`` (samples) of the model on the data at the layout's batch, estimated once from
+    every probe run (each run's exact gradients, which no quantizer touches): the mean over ``runs`` estimates and
+    its 95% t-interval (None below two runs)."""
+    mean: float
+    low: Optional[float]
+    high: Optional[float]
+    runs: int
+
+    @classmethod
+    def of(cls, estimates: Sequence[float]) -> Optional["NoiseScale"]:
+        """From the runs' estimates (None: the run's noise swamped its signal, left out); None if none is left."""
+        known = [e for e in estimates if e]
+        if not known:
+            return None
+        interval = t_interval(known)
+        return cls(*(interval or (known[0], None, None)), len(known))
+
+    def __str__(self) -> str:
+        return f"{self.mean:.3g}" + (f" [{self.low:.3g}, {self.high:.3g}]" if self.low is not None else "")
+
+
 @dataclass
 class Probe:
-    """One candidate's probe, each a mean over the probe's seeds: ``rho`` (None if the noise scale could not be
-    estimated), plain qgZ's per-step error of the communicated mean, the gradient noise scale (samples), the
-    seconds one training step took (beside the probe's other runs) and the seconds a run costs besides its steps
-    (model, cluster and evaluation set-up)."""
+    """One candidate's probe, each a mean over the probe's seeds: ``rho`` (None without a noise scale), plain qgZ's
+    per-step error of the communicated mean, the seconds one training step took (beside the probe's other runs) and
+    the seconds a run costs besides its steps (model, cluster and evaluation set-up)."""
     candidate: str
     rho: Optional[float]
     step_error: float
-    noise_scale: Optional[float]
     seconds_per_step: float
     seconds_per_run: float = 0.0
 
 
 @dataclass
 class Comparison:
-    """Training comparison of one candidate: final losses per arm key and seed, the paired differences
-    ``(n, mean, low, high)`` of plain - full, LoCo - plain and LoCo - full (intervals None below two seeds) and
-    LoCo's early update burst over plain per seed (``simulation.burst.update_burst``)."""
+    """Training comparison of one candidate: final losses per arm key and seed, the paired differences plain - full,
+    LoCo - plain and LoCo - full (:class:`~deepspeed_loco.simulation.differences.Difference`) and LoCo's early
+    update burst over plain per seed (``simulation.burst.update_burst``)."""
     candidate: str
     steps: int
     losses: Dict[str, Dict[int, float]] = field(default_factory=dict)
-    plain_minus_full: Optional[tuple] = None
-    loco_minus_plain: Optional[tuple] = None
-    loco_minus_full: Optional[tuple] = None
+    plain_minus_full: Optional[Difference] = None
+    loco_minus_plain: Optional[Difference] = None
+    loco_minus_full: Optional[Difference] = None
     update_bursts: Dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
 class Advice:
-    """What :func:`advise` found: the recommended ``zeropp_loco_param`` block, the probes, the comparisons, the
-    reasons, what it could not resolve within the budget (plain sentences) and how many runs went side by side."""
+    """What :func:`advise` found: the recommended ``zeropp_loco_param`` block, the probes, the noise scale they
+    shared, the comparisons, the reasons, what it could not resolve within the budget (plain sentences), how many runs
+    went side by side and ``finished``: False while :func:`advise` still runs (what ``on_update`` gets)."""
     config: Dict[str, Any]
     recommended: str
     probes: List[Probe]
@@ -86,6 +120,8 @@ class Advice:
     spent_s: float
     group_size: int
     parallel: int = 1
+    noise_scale: Optional[NoiseScale] = None
+    finished: bool = True
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -97,7 +133,7 @@ class Advice:
                  "LoCo - full | LoCo update burst |", "|---|---|---|---|---|---|---|---|"]
         for probe in self.probes:
             arm, c = parse_arm(probe.candidate), compared.get(probe.candidate)
-            cells = [_diff(getattr(c, name) if c else None)
+            cells = [_value(getattr(c, name) if c else None)
                      for name in ("plain_minus_full", "loco_minus_plain", "loco_minus_full")]
             rho = f"{probe.rho:.2f}" if probe.rho is not None else "-"
             burst = f"{max(c.update_bursts.values()):.2f}" if c and c.update_bursts else "-"
@@ -117,7 +153,8 @@ class Advice:
 
     def summary(self) -> str:
         """The recommendation and its evidence in plain sentences."""
-        lines = [f"Recommended: {self.recommended}", "  zeropp_loco_param = " + repr(self.config)]
+        lines = [f"Recommended: {self.recommended}" + ("" if self.finished else " (so far; advise still runs)"),
+                 "  zeropp_loco_param = " + repr(self.config)]
         lines += ["  " + r for r in self.reasons]
         lines += ["Not resolved within the budget: " + u for u in self.unresolved]
         lines.append(f"Spent {self.spent_s / 60:.1f} of {self.budget_s / 60:.1f} minutes, "
@@ -149,31 +186,33 @@ class Advice:
         fig.savefig(path, dpi=90)
 
 
-def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, local: int, budget_minutes: float,
-           candidates: Sequence[str] = CANDIDATES, seeds: int = MIN_SEEDS, steps: Optional[int] = None,
-           max_steps: int = 2000, probe_steps: int = PROBE_STEPS, loco: Optional[Dict[str, Any]] = None,
-           eval_fn: Optional[Callable] = None, on_progress: Optional[Callable[[str, int, int], None]] = None,
-           parallel: int = 1, max_seeds: Optional[int] = None, **simulate_kwargs) -> Advice:
-    """Recommends a ``zeropp_loco_param`` for ``nodes x local`` ranks, spending about ``budget_minutes`` of this
-    device's time on :func:`~deepspeed_loco.simulation.simulate` runs of ``model_fn`` on ``data_fn``'s batches.
+def advise(setup: TrainingSetup, budget_minutes: float, candidates: Sequence[str] = CANDIDATES,
+           seeds: int = MIN_SEEDS, steps: Optional[int] = None, max_steps: int = 2000,
+           probe_steps: int = PROBE_STEPS, on_progress: Optional[Callable[[str, int, int], None]] = None,
+           parallel: int = 1, max_seeds: Optional[int] = None,
+           on_update: Optional[Callable[["Advice"], None]] = None) -> Advice:
+    """Recommends a ``zeropp_loco_param`` for ``setup``'s ``nodes x local`` ranks, spending about
+    ``budget_minutes`` of this device's time, the probe included, on
+    :func:`~deepspeed_loco.simulation.simulate` runs of ``setup`` (its ``loco`` keys are carried into the
+    recommendation; its ``eval_fn``, a held-out loss, is recommended: without it the comparison uses the training
+    loss).
 
-    ``candidates``: plain arm tokens of the bit settings to weigh (default 2/2, 8/2 + Hadamard, 4/4). ``seeds``:
-    seeds per arm in a comparison (>= 2). ``steps``: steps per comparison run (default: what the budget allows,
-    at most ``max_steps``). ``loco``: other keys of the block (``group_size``, ``err_beta``, ...), carried into the
-    recommendation. ``eval_fn``: a held-out loss (recommended); without it the comparison uses the training loss.
+    First a :data:`CALIBRATION_STEPS`-step run times a step; if the budget cannot pay for the probe it raises
+    :class:`BudgetTooSmall` naming the smallest budget that can answer. ``candidates``: plain arm tokens of the bit
+    settings to weigh (default 2/2, 8/2 + Hadamard, 4/4). ``seeds``: seeds per arm in a comparison (>= 2).
+    ``steps``: steps per comparison run (default: what the budget allows, at most ``max_steps``).
     ``on_progress(stage, done, total)``: progress of the current stage. ``parallel``: runs side by side on the
-    device, in spawned processes (:mod:`~deepspeed_loco.simulation.side_by_side`; the callables must then
-    pickle); with ``parallel > 1`` each candidate is probed over ``max(1, parallel // len(candidates))`` seeds,
-    so the probes load the device as the comparisons will. ``max_seeds`` (default ``seeds``): where a comparison
-    leaves a question open (the verdict's ``unresolved``) and the budget still buys a round of the same runs, more
-    seeds are added, a round of ``max(1, parallel // 3)`` at a time, up to ``max_seeds``, and the candidate is judged
-    again. Other keyword arguments go to ``simulate``
-    (``loss_fn``, ``optimizer_fn``, ``scheduler_fn``, ``device``, ``autocast_dtype``, ``grad_clip``,
-    ``rank_chunk``, ...). ``model_fn`` is also called once here, to count the model's parameters (the map's prior
-    depends on them).
+    device, in spawned processes (:mod:`~deepspeed_loco.simulation.side_by_side`; the setup must then pickle); with
+    ``parallel > 1`` each candidate is probed over ``max(1, parallel // len(candidates))`` seeds, so the probes load
+    the device as the comparisons will. ``max_seeds`` (default ``seeds``): where a comparison leaves a question open
+    (the verdict's ``unresolved``) and the budget still buys a round of the same runs, more seeds are added, a round
+    of ``max(1, parallel // 3)`` at a time, up to ``max_seeds``, and the candidate is judged again. ``on_update``:
+    gets the advice so far (``finished`` False) after the probe and after each comparison, so that what finished can
+    be written before the budget runs out. ``setup.model_fn`` is also called once here, to count the model's
+    parameters (the map's prior depends on them).
 
     Raises ValueError for a bad candidate, ``seeds < 2``, a non-positive budget, ``probe_steps < 2``, a bad
-    ``parallel`` or, with ``parallel > 1``, a callable that does not pickle.
+    ``parallel`` or, with ``parallel > 1``, a setup that does not pickle; :class:`BudgetTooSmall` as above.
     """
     arms = [parse_arm(c) for c in candidates]
     if any(a.kind != "plain" for a in arms) or not arms:
@@ -189,12 +228,22 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
     if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or max_seeds < seeds:
         raise ValueError(f"advise: max_seeds = {max_seeds!r}; it must be an integer >= seeds ({seeds})")
     budget_s, started = budget_minutes * 60.0, time.monotonic()
-    quant_grid = (loco or {}).get("quant_grid", "auto")
-    params = sum(p.numel() for p in model_fn().parameters())  # the map's prior depends on the model's size
-    task = Task(model_fn, data_fn, nodes, local, loco or {}, eval_fn, simulate_kwargs)
-    with SideBySide(task, parallel) as runner:
-        probes = _probe(runner, [a.key for a in arms], probe_steps, max(1, parallel // len(arms)), on_progress)
+    quant_grid = setup.loco.get("quant_grid", "auto")
+    params = sum(p.numel() for p in setup.model_fn().parameters())  # the map's prior depends on the model's size
+    probe_seeds = max(1, parallel // len(arms))
+    with SideBySide(Task(setup), parallel) as runner:
+        _check_budget(runner, arms[0].key, probe_steps, len(arms) * probe_seeds, parallel, budget_s, started)
+        probes, noise = _probe(runner, [a.key for a in arms], probe_steps, probe_seeds, on_progress)
         comparisons, reasons, unresolved = [], [], []
+
+        def advice(config, label, finished=True):
+            return Advice(config, label, probes, comparisons, reasons, unresolved, budget_s,
+                          time.monotonic() - started, LocoConfig.from_dict(config).group_size, parallel, noise,
+                          finished)
+
+        fallback = parse_arm("plain4")
+        if on_update:
+            on_update(advice(_answer(fallback, False, setup.loco, setup.local), fallback.label, False))
         for probe in probes:  # fewest inter-node bits first: the first acceptable candidate is the answer
             left = budget_s - (time.monotonic() - started)
             affordable = _affordable_steps(probe, left, seeds, max_steps, parallel) if steps is None else steps
@@ -216,84 +265,83 @@ def advise(model_fn: Callable, data_fn: Callable[[], Iterable], nodes: int, loca
             if verdict.accepted:
                 arm = parse_arm(probe.candidate)
                 label = arm.label + (" + LoCo" if verdict.error_feedback else "")
-                config = _answer(arm, verdict.error_feedback, loco or {}, local)
-                break
-        else:
-            arm = parse_arm("plain4")
-            reasons.append("No candidate was shown safe within the budget: DeepSpeed's qgZ default, 4/4 without "
-                           "LoCo.")
-            label, config = arm.label, _answer(arm, False, loco or {}, local)
-    return Advice(config, label, probes, comparisons, reasons, unresolved, budget_s, time.monotonic() - started,
-                  LocoConfig.from_dict(config).group_size, parallel)
+                return advice(_answer(arm, verdict.error_feedback, setup.loco, setup.local), label)
+            if on_update and comparison is not None:
+                on_update(advice(_answer(fallback, False, setup.loco, setup.local), fallback.label, False))
+        reasons.append("No candidate was shown safe within the budget: DeepSpeed's qgZ default, 4/4 without LoCo.")
+        return advice(_answer(fallback, False, setup.loco, setup.local), fallback.label)
 
 
 @dataclass
 class Verdict:
-    """Whether a candidate is acceptable, with LoCo or without, why, and what stayed unresolved."""
+    """Whether a candidate is acceptable, with LoCo or without, why, what stayed unresolved, and ``basis``: what
+    decided: ``"measured"`` (the comparison's intervals), ``"map"`` (the regime map's prior, the comparison leaving
+    LoCo - plain open) or ``"rho"`` (no comparison: the probe's rho alone)."""
     accepted: bool
     error_feedback: bool
     reason: str
     unresolved: List[str] = field(default_factory=list)
+    basis: str = "measured"
 
 
 def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_grid: str = "auto") -> Verdict:
-    """The decision rule. With a comparison: acceptable with LoCo if LoCo - full contains 0 or lies below it and
-    either LoCo - plain lies below 0 or plain - full lies above 0; else, if plain - full contains 0 or lies below,
-    acceptable with plain qgZ where LoCo - plain lies above 0, with LoCo where the regime map's prior holds
+    """The decision rule; every sentence states the differences through
+    :meth:`~deepspeed_loco.simulation.differences.Difference.said`, from the same interval the rule reads.
+
+    With a comparison: acceptable with LoCo if LoCo - full is not worse (its interval includes 0 or lies below) and
+    either LoCo - plain lies below 0 or plain - full lies above 0; else, if plain - full is not worse, acceptable
+    with plain qgZ where LoCo - plain lies above 0, with LoCo where the regime map's prior holds
     (:func:`arm_map_reading` is ``LOCO_PAYS`` for ``quant_grid``, the block's ``quant_grid``, and a model of
-    ``params`` parameters), LoCo - full contains 0 or lies below and LoCo - plain's mean is not above 0 (the
-    comparison does not lean against the prior), else with plain qgZ (the question whether LoCo helps stays open
-    unless LoCo - plain excludes 0); else not. Without one: acceptable with plain qgZ by the regime map's prediction
-    if ``rho < 1``; else not."""
+    ``params`` parameters), LoCo - full is not worse and LoCo - plain's mean is not above 0 (the comparison does not
+    lean against the prior), else with plain qgZ (the question whether LoCo helps stays open unless LoCo - plain
+    excludes 0); else not. Without one: acceptable with plain qgZ by the regime map's prediction if ``rho < 1``;
+    else not."""
     arm = parse_arm(probe.candidate)
+    head = f"{arm.variant}: rho {_fmt(probe.rho)}"
     if comparison is None:
         if probe.rho is not None and probe.rho < RHO_THRESHOLD:
-            return Verdict(True, False, f"{arm.variant}: rho {probe.rho:.2f} < 1: its quantization error hides in "
-                           f"the gradient's sampling noise; plain qgZ is expected within noise of full precision "
-                           f"and LoCo to change nothing (regime map; not trained: no budget left).")
-        return Verdict(False, False, f"{arm.variant}: rho {_fmt(probe.rho)} >= 1 and not trained.")
-    loco_pays = _below_zero(comparison.loco_minus_plain)
-    if loco_pays and _within_noise(comparison.loco_minus_full):
-        return Verdict(True, True, f"{arm.variant}: rho {_fmt(probe.rho)}; LoCo - plain "
-                       f"{_diff(comparison.loco_minus_plain)} excludes 0 and LoCo - full "
-                       f"{_diff(comparison.loco_minus_full)} does not exclude it: LoCo pays here.")
-    if _within_noise(comparison.loco_minus_full) and _above_zero(comparison.plain_minus_full):
-        return Verdict(True, True, f"{arm.variant}: rho {_fmt(probe.rho)}; plain qgZ lost loss (plain - full "
-                       f"{_diff(comparison.plain_minus_full)}) while LoCo stayed within noise of full precision "
-                       f"({_diff(comparison.loco_minus_full)}).",
-                       [f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: LoCo is "
-                        f"recommended as the arm within noise of full precision, not by a resolved gain."])
-    if _within_noise(comparison.plain_minus_full):
-        reason = (f"{arm.variant}: rho {_fmt(probe.rho)}; plain qgZ within noise of full precision in "
-                  f"{comparison.steps}-step runs ({_diff(comparison.plain_minus_full)})")
-        if _above_zero(comparison.loco_minus_plain):
-            return Verdict(True, False, f"{reason}, and LoCo cost loss (LoCo - plain "
-                           f"{_diff(comparison.loco_minus_plain)} lies above 0).")
-        if loco_pays:
-            return Verdict(True, False, reason + ".")
+            return Verdict(True, False, f"{head} < 1: its quantization error hides in the gradient's sampling noise; "
+                           f"plain qgZ is expected within noise of full precision and LoCo to change nothing "
+                           f"(regime map; not trained: no budget left).", basis="rho")
+        return Verdict(False, False, f"{head} >= 1 and not trained.", basis="rho")
+    plain_full, loco_plain, loco_full = (comparison.plain_minus_full, comparison.loco_minus_plain,
+                                         comparison.loco_minus_full)
+    if loco_plain.better and loco_full.not_worse:
+        return Verdict(True, True, f"{head}; {loco_plain.said()} and {loco_full.said()}: LoCo pays here.")
+    if loco_full.not_worse and plain_full.worse:
+        return Verdict(True, True, f"{head}; plain qgZ lost loss ({plain_full.said()}) while LoCo did not "
+                       f"({loco_full.said()}).",
+                       [f"{arm.variant}: {loco_plain.said()}: LoCo is recommended as the arm not worse than full "
+                        f"precision, not by a resolved gain."])
+    if plain_full.not_worse:
+        reason = (f"{head}; plain qgZ not worse than full precision in {comparison.steps}-step runs "
+                  f"({plain_full.said()})")
+        if loco_plain.worse:
+            return Verdict(True, False, f"{reason}, and LoCo cost loss ({loco_plain.said()}).")
+        if loco_plain.better:
+            return Verdict(True, False, f"{reason}; LoCo gained ({loco_plain.said()}) but {loco_full.said()}.")
         short = (f" The regime map resolved LoCo's 2/2 gain on 16 ranks only over {LOCO_GAIN_STEPS} steps (300 "
                  f"showed a quarter of it): a larger budget may resolve it here."
                  if arm.intra_bits == arm.inter_bits == 2 and comparison.steps < LOCO_GAIN_STEPS else "")
-        unresolved = (f"{arm.variant}: LoCo - plain {_diff(comparison.loco_minus_plain)} includes 0: whether LoCo "
-                      f"helps was not resolved in {comparison.steps}-step runs; ")
+        unresolved = (f"{arm.variant}: {loco_plain.said()}: whether LoCo helps was not resolved in "
+                      f"{comparison.steps}-step runs; ")
         reading = arm_map_reading(arm, quant_grid, params)
         prior = reading == LOCO_PAYS
-        leans_against = comparison.loco_minus_plain[1] > 0  # the mean, whatever the interval says
-        if prior and not leans_against and _within_noise(comparison.loco_minus_full):
+        leans_against = loco_plain.mean > 0  # the mean, whatever the interval says
+        if prior and not leans_against and loco_full.not_worse:
             return Verdict(True, True, f"{reason}; LoCo is on by the regime map's prior: at 2/2 on the mid-rise "
                            f"grid LoCo's gain over plain qgZ was resolved for models of up to "
                            f"{GAIN_RESOLVED_UP_TO} (docs/config.md).",
                            [unresolved + "LoCo is recommended by the regime map, not by a gain measured here."
-                            + short])
+                            + short], basis="map")
         against = " Its mean lies above 0, against the map's prior." if prior and leans_against else ""
         unproven = (f" The map resolved LoCo's gain at 2/2 only for models of up to {GAIN_RESOLVED_UP_TO} (this "
                     f"one: {params / 1e6:.1f}M); at 116M LoCo from step 1 started behind plain qgZ."
                     if reading == LOCO_UNPROVEN else "")
         return Verdict(True, False, reason + ".", [unresolved + "plain qgZ is recommended (no error buffers)."
                                                    + against + unproven + short])
-    return Verdict(False, False, f"{arm.variant}: rho {_fmt(probe.rho)}; plain - full "
-                   f"{_diff(comparison.plain_minus_full)}, LoCo - full {_diff(comparison.loco_minus_full)}: "
-                   f"neither within noise of full precision in {comparison.steps}-step runs.")
+    return Verdict(False, False, f"{head}; {plain_full.said()} and {loco_full.said()}: neither shown not worse than "
+                   f"full precision in {comparison.steps}-step runs.")
 
 
 def arm_map_reading(arm, quant_grid: str, params: int) -> Optional[str]:
@@ -306,32 +354,52 @@ def arm_map_reading(arm, quant_grid: str, params: int) -> Optional[str]:
     return finding.reading if finding else None
 
 
-def _probe(runner: SideBySide, candidates: Sequence[str], steps: int, seeds: int, on_progress) -> List[Probe]:
-    """Each candidate's probe: ``steps`` of plain qgZ over ``seeds`` seeds, all side by side."""
+def _check_budget(runner: SideBySide, candidate: str, probe_steps: int, probe_runs: int, parallel: int,
+                  budget_s: float, started: float) -> None:
+    """Times a :data:`CALIBRATION_STEPS`-step run of ``candidate``, logs the smallest budget that can answer (this
+    run and the probe's ``probe_runs`` runs of ``probe_steps``, ``parallel`` at a time) and raises
+    :class:`BudgetTooSmall` if ``budget_s`` (counted from ``started``) is smaller."""
+    (timed, ) = runner.run([Job(candidate, CALIBRATION_STEPS, 0, False)])
+    per_step = timed.result.wall_s / CALIBRATION_STEPS
+    probe_s = math.ceil(probe_runs / parallel) * (timed.overhead_s + probe_steps * per_step)
+    needed_s = time.monotonic() - started + probe_s
+    comparison_s = math.ceil(3 * MIN_SEEDS / parallel) * (timed.overhead_s + 1.2 * MIN_STEPS * per_step)
+    logger.info(f"advise: the smallest budget that can answer is {needed_s / 60:.3g} minutes (a {CALIBRATION_STEPS}"
+                f"-step timing run and the probe, {probe_runs} runs of {probe_steps} steps); a training comparison of "
+                f"{MIN_STEPS} steps over {MIN_SEEDS} seeds adds about {comparison_s / 60:.3g}; the budget is "
+                f"{budget_s / 60:.3g}")
+    if budget_s < needed_s:
+        raise BudgetTooSmall(f"advise: budget_minutes = {budget_s / 60:.3g} is too small: the probe alone needs about "
+                             f"{needed_s / 60:.3g} minutes on this device ({per_step * 1000:.0f} ms per simulated "
+                             f"step); give at least that (a training comparison adds about "
+                             f"{comparison_s / 60:.3g})", needed_s / 60)
+
+
+def _probe(runner: SideBySide, candidates: Sequence[str], steps: int, seeds: int,
+           on_progress) -> Tuple[List[Probe], Optional[NoiseScale]]:
+    """Each candidate's probe (``steps`` of plain qgZ over ``seeds`` seeds, all side by side) and the noise scale
+    estimated once from all of the runs, which every candidate's ``rho`` shares."""
     jobs = [Job(candidate, steps, seed, False) for candidate in candidates for seed in range(seeds)]
     report = (lambda done, total: on_progress("probe", done, total)) if on_progress else None
     if on_progress:
         on_progress("probe", 0, len(jobs))
     finished = runner.run(jobs, report)
+    noise = NoiseScale.of([gradient_noise_scale(f.result, first_step=2) for f in finished])
     probes = []
     for i, candidate in enumerate(candidates):
         runs = finished[i * seeds:(i + 1) * seeds]
         errors = [statistics.fmean(f.result.grad_rel_errors) for f in runs]
-        noises = [gradient_noise_scale(f.result, first_step=2) for f in runs]
-        rhos = [_rho(e, n, f.result) for e, n, f in zip(errors, noises, runs)]
-        known = [n for n in noises if n]
-        probes.append(Probe(candidate, None if None in rhos else statistics.fmean(rhos), statistics.fmean(errors),
-                            statistics.fmean(known) if known else None,
+        probes.append(Probe(candidate, _rho(statistics.fmean(errors), noise, runs[0]), statistics.fmean(errors),
                             statistics.fmean(f.result.wall_s / steps for f in runs),  # training only
                             statistics.fmean(f.overhead_s for f in runs)))
-    return probes
+    return probes, noise
 
 
-def _rho(error: float, noise: Optional[float], result: ArmResult) -> Optional[float]:
+def _rho(error: float, noise: Optional[NoiseScale], run: Finished) -> Optional[float]:
     """Plain qgZ's error power over the sampling-noise power at the step's batch (None without a noise scale)."""
-    if not noise:
+    if noise is None:
         return None
-    return noise_ratio(error, noise, result.rank_batch * result.world_size)
+    return noise_ratio(error, noise.mean, run.result.rank_batch * run.result.world_size)
 
 
 def _affordable_steps(probe: Probe, seconds: float, seeds: int, max_steps: int, parallel: int = 1) -> int:
@@ -361,9 +429,10 @@ def _compare(runner: SideBySide, candidate: str, steps: int, seeds: Iterable[int
     full, plain_key, loco_key = keys
     for seed in seeds:
         comparison.update_bursts[seed] = update_burst(update_rms[loco_key, seed], update_rms[plain_key, seed])
-    comparison.plain_minus_full = _paired(comparison.losses, plain_key, full)
-    comparison.loco_minus_plain = _paired(comparison.losses, loco_key, plain_key)
-    comparison.loco_minus_full = _paired(comparison.losses, loco_key, full)
+    losses = comparison.losses
+    comparison.plain_minus_full = Difference.paired("plain - full", losses[plain_key], losses[full])
+    comparison.loco_minus_plain = Difference.paired("LoCo - plain", losses[loco_key], losses[plain_key])
+    comparison.loco_minus_full = Difference.paired("LoCo - full", losses[loco_key], losses[full])
     return comparison
 
 
@@ -393,20 +462,12 @@ def _burst_warning(comparison: Optional[Comparison]) -> str:
             f"nats to plain had such a burst (and some that gained): watch LoCo's first steps in a real run.")
 
 
-def _final_loss(result: ArmResult) -> float:
+def _final_loss(result) -> float:
     """The held-out loss after the last step, else the mean training loss of the last tenth of the steps."""
     if result.final_val_loss is not None:
         return result.final_val_loss
     tail = result.train_losses[-max(1, len(result.train_losses) // 10):]
     return statistics.fmean(tail)
-
-
-def _paired(losses, first, second) -> tuple:
-    diffs = [losses[first][s] - losses[second][s] for s in sorted(losses[first])]
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        return (len(diffs), mean, None, None)
-    return (len(diffs), *t_interval(diffs))
 
 
 def _answer(arm, error_feedback: bool, loco: Dict[str, Any], local: int) -> Dict[str, Any]:
@@ -417,21 +478,6 @@ def _answer(arm, error_feedback: bool, loco: Dict[str, Any], local: int) -> Dict
     return block
 
 
-def _within_noise(cell) -> bool:
-    """The paired interval ``(n, mean, low, high)`` contains 0 or lies below it (the arm is not worse)."""
-    return cell is not None and cell[2] is not None and cell[2] <= 0
-
-
-def _above_zero(cell) -> bool:
-    """The paired interval lies wholly above 0 (the first arm is worse)."""
-    return cell is not None and cell[2] is not None and cell[2] > 0
-
-
-def _below_zero(cell) -> bool:
-    """The paired interval lies wholly below 0 (the first arm is better)."""
-    return cell is not None and cell[3] is not None and cell[3] < 0
-
-
 def _bytes(arm, group_size: int) -> str:
     return " / ".join(f"{wire_bytes_per_element(bits, group_size):.3f}" for bits in (arm.intra_bits, arm.inter_bits))
 
@@ -440,8 +486,5 @@ def _fmt(value: Optional[float]) -> str:
     return "unknown" if value is None or math.isnan(value) else f"{value:.2f}"
 
 
-def _diff(cell) -> str:
-    if cell is None:
-        return "-"
-    n, mean, low, high = cell
-    return f"{mean:+.4f}" + (f" [{low:+.4f}, {high:+.4f}]" if low is not None else " (1 seed)")
+def _value(difference: Optional[Difference]) -> str:
+    return "-" if difference is None else difference.value()

@@ -22,10 +22,11 @@ class Series:
 
 @dataclass
 class Panel:
-    """One plot: its curves; ``ylim`` ``(low, high)`` zooms the y axis (plus 5% margins), None shows every point
-    of every curve; ``xlim`` the same for the x axis (plus 2% margins, so end markers stay whole)."""
+    """One plot: its title, axis labels and curves; ``ylim`` ``(low, high)`` zooms the y axis (plus 5% margins), None
+    shows every point of every curve; ``xlim`` the same for the x axis (plus 2% margins, so end markers stay whole)."""
     title: str
     xlabel: str
+    ylabel: str
     series: List[Series] = field(default_factory=list)
     ylim: Optional[Tuple[float, float]] = None
     xlim: Optional[Tuple[float, float]] = None
@@ -57,6 +58,7 @@ def line_chart(panels: Sequence[Panel], title: str = "", panel_size: Tuple[int, 
             ax.set_xlim(low - pad, high + pad)
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel(panel.xlabel)
+        ax.set_ylabel(panel.ylabel)
         ax.grid(True, color="0.9")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)

@@ -11,9 +11,10 @@ import os
 import pickle
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, List, Optional, Sequence
 
+from deepspeed_loco.simulation.spec import SimulationSpec, TrainingSetup
 from deepspeed_loco.simulation.train import ArmResult, simulate
 
 
@@ -36,25 +37,18 @@ class Finished:
     overhead_s: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class Task:
-    """What every job of one study shares: ``simulate``'s fixed arguments (``kwargs``: ``loss_fn``,
-    ``optimizer_fn``, ``device``, ...). With ``parallel > 1`` every field must pickle (module-level functions,
-    ``functools.partial`` of them, or instances of module-level classes), since the workers are spawned."""
-    model_fn: Callable
-    data_fn: Callable[[], Iterable]
-    nodes: int
-    local: int
-    loco: Dict[str, Any] = field(default_factory=dict)
-    eval_fn: Optional[Callable] = None
-    kwargs: Dict[str, Any] = field(default_factory=dict)
+    """What every job of one study shares: the training ``setup``. With ``parallel > 1`` it must pickle (its
+    callables module-level functions, ``functools.partial`` of them, or instances of module-level classes), since
+    the workers are spawned."""
+    setup: TrainingSetup
 
     def run(self, job: Job) -> Finished:
-        """Trains ``job`` in this process."""
+        """Trains ``job`` in this process (without the setup's evaluation unless ``job.evaluate``)."""
         started = time.monotonic()
-        (result, ) = simulate(self.model_fn, self.data_fn, [job.arm], steps=job.steps, nodes=self.nodes,
-                              local=self.local, loco=self.loco, seed=job.seed,
-                              eval_fn=self.eval_fn if job.evaluate else None, **self.kwargs)
+        setup = self.setup if job.evaluate else replace(self.setup, eval_fn=None, eval_every=0)
+        (result, ) = simulate(SimulationSpec(setup, (job.arm, ), job.steps, job.seed))
         return Finished(job, result, max(0.0, time.monotonic() - started - result.wall_s))
 
 
@@ -109,10 +103,8 @@ class SideBySide:
 
 def _pickled(task: Task) -> bytes:
     """``task`` pickled, or a ValueError naming the first field that does not pickle."""
-    for name in ("model_fn", "data_fn", "loco", "eval_fn"):
-        _check_pickles(getattr(task, name), name)
-    for name, value in task.kwargs.items():
-        _check_pickles(value, name)
+    for item in fields(task.setup):
+        _check_pickles(getattr(task.setup, item.name), item.name)
     return pickle.dumps(task)
 
 

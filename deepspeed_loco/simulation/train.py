@@ -11,17 +11,16 @@ import math
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.func import functional_call, grad, vmap
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.simulation.arms import Arm
-from deepspeed_loco.simulation.checks import check_arguments
 from deepspeed_loco.simulation.cluster import SimulatedCluster
-
-Batch = Union[torch.Tensor, Tuple[torch.Tensor, ...]]
+from deepspeed_loco.simulation.observer import ReducedStep, StepObserver
+from deepspeed_loco.simulation.spec import Batch, SimulationSpec, TrainingSetup
 
 
 @dataclass
@@ -34,9 +33,10 @@ class ArmResult:
     share of coordinates whose communicated mean is nonzero. ``update_rms``: root mean square of the parameter
     change divided by the step's learning rate (first param group): how far the optimizer moved the replica
     (AdamW moves a coordinate with a steady gradient by about one learning rate, one that gets zeros by less).
-    ``released_fractions`` (``diagnostics`` only, LoCo arms; empty otherwise): share of coordinates whose
-    communicated mean is nonzero while plain qgZ with the same bits would have sent zero for the same gradients,
-    i.e. nonzero only because of the remembered error. ``bytes_per_step``: what one rank sends per step on all
+    ``released_fractions``: empty from :func:`simulate`; an observer that measures it appends one entry per step
+    (``benchmarks/convergence_sim.py``'s diagnostics: share of coordinates whose communicated mean is nonzero while
+    plain qgZ with the same bits would have sent zero for the same gradients).
+    ``bytes_per_step``: what one rank sends per step on all
     hops; ``full`` sends a fp32 reduce-scatter, so its ``bytes_per_step`` is ``full_precision_bytes_per_step``,
     ``(W - 1) / W * N * 4`` (a ratio of 1.0). ``loco``: the ``zeropp_loco_param`` block the arm ran with (None for
     ``full``). ``rank_grad_sq[t]`` / ``mean_grad_sq[t]``: the mean over ranks of ``||g_rank||^2`` and
@@ -72,88 +72,33 @@ class ArmResult:
         return dict(asdict(self), final_val_loss=self.final_val_loss)
 
 
-def default_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """``model(*batch)`` (or ``model(batch)``), which must return the scalar loss."""
-    return model(*batch) if isinstance(batch, tuple) else model(batch)
-
-
-def simulate(model_fn: Callable[[], torch.nn.Module], data_fn: Callable[[], Iterable[Batch]],
-             arms: Sequence[Union[str, Arm]], steps: int, nodes: int = 2, local: int = 2,
-             loco: Optional[Dict[str, Any]] = None,
-             optimizer_fn: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer] = None,
-             scheduler_fn: Optional[Callable[[torch.optim.Optimizer], Any]] = None,
-             loss_fn: Callable[[torch.nn.Module, Batch], torch.Tensor] = default_loss,
-             eval_fn: Optional[Callable[[torch.nn.Module], float]] = None, eval_every: int = 0,
-             device: Union[str, torch.device] = "cpu", seed: int = 0, grad_clip: Optional[float] = None,
-             autocast_dtype: Optional[torch.dtype] = None, grad_mode: str = "vmap",
-             error_feedback_hops: Optional[Sequence[str]] = None, diagnostics: bool = False,
-             rank_chunk: Optional[int] = None, error_feedback_from_step: int = 1, stream_nodes: bool = False,
+def simulate(spec: SimulationSpec, observer: Optional[StepObserver] = None,
              on_step: Optional[Callable[[ArmResult, int, float], None]] = None) -> List[ArmResult]:
-    """Trains one replica per arm for ``steps`` optimizer steps and reports how each arm's reduce changed training.
+    """Trains one replica per arm of ``spec`` for ``spec.steps`` optimizer steps and reports how each arm's reduce
+    changed training: one :class:`ArmResult` per arm, in ``spec.arms``' order.
 
-    ``model_fn()``: a fresh model (called under ``torch.manual_seed(seed)``, so every arm starts alike).
-    ``data_fn()``: a fresh iterator of global batches (a tensor or a tuple of tensors whose dim 0 is split into
-    ``nodes * local`` equal micro-batches), the same sequence for every arm, at least ``steps`` long. ``arms``: a
-    non-empty list of distinct arms, e.g. ``"full"``, ``"plain4"``, ``"loco8-2h"``
-    (:data:`~deepspeed_loco.simulation.arms.GRAMMAR`). ``steps``, ``nodes``, ``local``: integers >= 1; ``seed``:
-    >= 0. ``loco``: the other keys of ``zeropp_loco_param`` (``group_size``, ``err_beta``, ``reset_T``,
-    ``error_bits``, ``quant_grid``); not ``local_world_size`` (that is ``local``) nor the keys each arm's name sets
-    (bits per hop, ``hadamard``, ``error_feedback``).
-    ``optimizer_fn`` (default AdamW, lr 1e-3) and ``scheduler_fn`` (stepped once per step) build the optimizer.
-    ``loss_fn(model, batch)``: the scalar loss of one micro-batch. ``eval_fn(model) -> float`` runs every
-    ``eval_every`` steps (0: only after the last; > 0 needs ``eval_fn``) and after the last. ``grad_clip``: None,
-    or clip the communicated mean's global norm to this number > 0. ``device``: one torch can use here.
-    ``autocast_dtype``: None, or forward/backward under ``torch.autocast`` in ``torch.bfloat16``/``torch.float16``.
-    ``grad_mode``: "vmap" (one batched pass over the ``W`` micro-batches; the model must be functional: no in-place
-    buffer updates such as batch norm's running statistics, random ops get a different draw per rank) or "loop"
-    (one backward per rank, any model).
-    ``error_feedback_hops``: an experiment, LoCo arms only: the hop names (``"intra_node"``, ``"inter_node"``)
-    whose error buffers carry over steps; the others are zeroed after every reduce, which leaves that hop plain
-    qgZ. None: every hop (the library's behaviour). ``error_feedback_from_step``: an experiment, LoCo arms only:
-    before this optimizer step every buffer is zeroed after each reduce (plain qgZ), from it on error feedback
-    runs as configured (1: from the start, the library's behaviour). ``diagnostics``: also reduce every LoCo
-    arm's gradients through plain qgZ to record ``released_fractions``. ``rank_chunk``: None, or "vmap" mode
-    computes the gradients of this many ranks (>= 1) per batched pass (default: all ``W`` at once), which bounds
-    the activation memory of large ``W`` (memory plan: ``docs/simulation.md``). ``stream_nodes``: compute the
-    gradients node by node (one batched pass over a node's ``L`` ranks, in chunks of ``rank_chunk`` if smaller) and
-    push each node's through its first hop before the next node's are computed, so that at most one node's full fp32
-    gradients are alive instead of all ``W`` ranks'; the second hop runs once every node is through the first. The
-    result is the same, bit for bit, as without it when ``rank_chunk`` divides ``L`` (the same batched passes;
-    otherwise as far as the gradients do not depend on the batched pass's size: on CPU passes of several ranks agree,
-    a pass of one rank rounds differently): either way the exact mean is summed node by node, then over nodes.
-    ``on_step(result, step, loss)``: progress.
+    ``spec`` was checked when built (:class:`~deepspeed_loco.simulation.spec.SimulationSpec`). ``observer``: sees
+    every step's reduce and may act on it (:class:`~deepspeed_loco.simulation.observer.StepObserver`).
+    ``on_step(result, step, loss)``: progress, after each step.
 
-    Before anything trains, every argument is checked (:func:`~deepspeed_loco.simulation.checks.check_arguments`):
-    a bad one raises TypeError or ValueError naming it and what is valid; a ``loco`` block that is invalid for any
-    arm (or, with ``full`` alone, for default bits) raises :class:`~deepspeed_loco.config.LocoConfigError`.
-    During training, ValueError for a ``data_fn`` that runs out before ``steps`` (naming the step) or a batch
-    that does not split into ``nodes * local`` micro-batches; TypeError for a ``model_fn`` that returns no
+    Raises, during training, ValueError for a ``data_fn`` that runs out before ``steps`` (naming the step) or a
+    batch that does not split into ``nodes * local`` micro-batches; TypeError for a ``model_fn`` that returns no
     ``torch.nn.Module`` or a batch that is not a tensor or a tuple of tensors.
     """
-    parsed, configs, device = check_arguments(
-        model_fn=model_fn, data_fn=data_fn, arms=arms, steps=steps, nodes=nodes, local=local, loco=loco,
-        optimizer_fn=optimizer_fn, scheduler_fn=scheduler_fn, loss_fn=loss_fn, eval_fn=eval_fn, eval_every=eval_every,
-        device=device, seed=seed, grad_clip=grad_clip, autocast_dtype=autocast_dtype, grad_mode=grad_mode,
-        error_feedback_hops=error_feedback_hops, diagnostics=diagnostics, rank_chunk=rank_chunk,
-        error_feedback_from_step=error_feedback_from_step, stream_nodes=stream_nodes, on_step=on_step)
-    optimizer_fn = optimizer_fn or (lambda params: torch.optim.AdamW(params, lr=1e-3))
+    if not isinstance(spec, SimulationSpec):
+        raise TypeError(f"simulate: spec = {spec!r} is invalid: it must be a SimulationSpec")
+    observer = observer or StepObserver()
+    setup = spec.setup
     results = []
-    for arm, config in zip(parsed, configs):
-        clusters = []
+    for arm, block, config in zip(spec.arms, spec.blocks, spec.configs):
+        cluster = SimulatedCluster(config, setup.nodes, setup.local) if config is not None else None
+        shadows = [SimulatedCluster(LocoConfig.from_dict(b), setup.nodes, setup.local)
+                   for b in observer.shadow_blocks(arm, block)]
         try:
-            if config is not None:
-                clusters.append(SimulatedCluster(LocoConfig.from_dict(config), nodes, local))
-                if diagnostics and arm.kind == "loco":
-                    clusters.append(SimulatedCluster(LocoConfig.from_dict({**config, "error_feedback": False}),
-                                                     nodes, local))
-            run = _ArmRun(arm, config, clusters, nodes, local, device, grad_mode, autocast_dtype, loss_fn,
-                          error_feedback_hops if arm.kind == "loco" else None, rank_chunk,
-                          error_feedback_from_step if arm.kind == "loco" else 1, stream_nodes)
-            results.append(run.train(model_fn, data_fn, steps, optimizer_fn, scheduler_fn, eval_fn, eval_every,
-                                     seed, grad_clip, on_step))
+            results.append(_ArmRun(setup, arm, block, cluster, shadows).train(spec, observer, on_step))
         finally:
-            for cluster in clusters:
-                cluster.close()
+            for each in [cluster] * (cluster is not None) + shadows:
+                each.close()
     return results
 
 
@@ -169,51 +114,46 @@ class _LossOf(torch.nn.Module):
 
 
 class _ArmRun:
-    """One arm's training loop: ``clusters[0]`` reduces (none for ``full``), ``clusters[1]`` is the plain shadow
-    of a LoCo arm under ``diagnostics``."""
+    """One arm's training loop: ``cluster`` reduces (None for ``full``); ``shadows`` (an observer's) reduce the
+    same rank gradients in the same stream."""
 
-    def __init__(self, arm: Arm, config, clusters: List[SimulatedCluster], nodes: int, local: int,
-                 device: torch.device, grad_mode: str, autocast_dtype, loss_fn, error_feedback_hops,
-                 rank_chunk: Optional[int], error_feedback_from_step: int, stream_nodes: bool):
-        self.arm, self.config, self.clusters, self.device = arm, config, clusters, device
-        self.world, self.local, self.stream_nodes = nodes * local, local, stream_nodes
-        self.grad_mode, self.autocast_dtype, self.loss_fn = grad_mode, autocast_dtype, loss_fn
-        self.error_feedback_hops = error_feedback_hops
-        self.error_feedback_from_step = error_feedback_from_step
-        self.rank_chunk = rank_chunk or self.world
+    def __init__(self, setup: TrainingSetup, arm: Arm, block: Optional[Dict[str, Any]],
+                 cluster: Optional[SimulatedCluster], shadows: List[SimulatedCluster]):
+        self.setup, self.arm, self.block, self.cluster, self.shadows = setup, arm, block, cluster, shadows
+        self.clusters = [cluster] * (cluster is not None) + shadows  # every cluster the rank gradients go through
+        self.device, self.world, self.local = setup.device, setup.world_size, setup.local
+        self.rank_chunk = setup.rank_chunk or self.world
 
-    def train(self, model_fn, data_fn, steps, optimizer_fn, scheduler_fn, eval_fn, eval_every, seed, grad_clip,
-              on_step) -> ArmResult:
-        torch.manual_seed(seed)
-        model = model_fn()
+    def train(self, spec: SimulationSpec, observer: StepObserver, on_step) -> ArmResult:
+        setup, steps = self.setup, spec.steps
+        torch.manual_seed(spec.seed)
+        model = setup.model_fn()
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"simulate: model_fn() returned {type(model).__name__}: it must return a torch.nn.Module")
         model = model.to(self.device)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
-        optimizer = optimizer_fn(params)
-        scheduler = scheduler_fn(optimizer) if scheduler_fn else None
-        result = ArmResult(self.arm.key, self.arm.label, seed, self.config, world_size=self.world)
+        optimizer = setup.optimizer_fn(params)
+        scheduler = setup.scheduler_fn(optimizer) if setup.scheduler_fn else None
+        result = ArmResult(self.arm.key, self.arm.label, spec.seed, self.block, world_size=self.world)
         numel = sum(p.numel() for p in params)
         result.full_precision_bytes_per_step = (self.world - 1) / self.world * numel * 4
-        sums = (torch.zeros(numel, dtype=torch.float64, device=self.device),
-                torch.zeros(numel, dtype=torch.float64, device=self.device))
-        wrapper = _LossOf(model, self.loss_fn)
-        data = _batches(data_fn, steps)
+        sums = _RunningSums(numel, self.device)
+        wrapper = _LossOf(model, setup.loss_fn)
+        data = _batches(setup.data_fn, steps)
         started, evaluating = time.monotonic(), 0.0
         for step in range(1, steps + 1):
             micro = _split(next(data), self.world, self.device)
             result.rank_batch = result.rank_batch or _leading_size(micro[0])
             exact, spread, losses, means = self._step_gradients(model, wrapper, named, micro)
-            if self.clusters:
-                self._zero_unkept_buffers(self.clusters[0], self._kept_hops(step))
-            comm = means[0] if self.clusters else exact
-            shadow = means[1] if len(self.clusters) > 1 else None
-            fidelity = self._fidelity(sums, comm, exact, shadow)  # before clipping scales the gradients in place
+            comm = means[0] if self.cluster is not None else exact
+            observer.after_reduce(ReducedStep(step, self.arm, result, self.cluster, exact, comm,
+                                              means[1:] if self.cluster is not None else means))
+            fidelity = sums.add(comm, exact)  # before clipping scales the gradients in place
             for p, g in zip(params, comm):
                 p.grad = g.to(p.dtype)
-            if grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            if setup.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(params, setup.grad_clip)
             lr = optimizer.param_groups[0]["lr"]
             before = torch.nn.utils.parameters_to_vector(params).detach().float()
             optimizer.step()
@@ -222,20 +162,20 @@ class _ArmRun:
             for cluster in self.clusters:
                 cluster.on_optimizer_step()
             moved = (torch.nn.utils.parameters_to_vector(params).detach().float() - before) / lr
-            self._record(result, torch.cat([fidelity, spread]), moved, shadow is not None)
+            _StepStats.of(fidelity, spread, moved).append_to(result)
             result.train_losses.append(sum(losses.tolist()) / self.world)
-            if eval_fn is not None and ((eval_every and step % eval_every == 0) or step == steps):
+            if setup.eval_fn is not None and ((setup.eval_every and step % setup.eval_every == 0) or step == steps):
                 eval_start = time.monotonic()
                 model.eval()
                 with torch.no_grad():
-                    result.validation.append((step, float(eval_fn(model))))
+                    result.validation.append((step, float(setup.eval_fn(model))))
                 model.train()
                 evaluating += time.monotonic() - eval_start
             if on_step is not None:
                 on_step(result, step, result.train_losses[-1])
         result.wall_s = time.monotonic() - started - evaluating
-        result.bytes_per_step = (sum(r.stats.total_bytes for r in self.clusters[0].reducers) / self.world / steps
-                                 if self.clusters else result.full_precision_bytes_per_step)
+        result.bytes_per_step = (sum(r.stats.total_bytes for r in self.cluster.reducers) / self.world / steps
+                                 if self.cluster is not None else result.full_precision_bytes_per_step)
         return result
 
     def _step_gradients(self, model, wrapper, named, micro: List[Batch]):
@@ -246,7 +186,7 @@ class _ArmRun:
         ``W``) and each block goes into every cluster's reduce before the next is computed; the exact mean is summed
         node by node and the norms are taken per node in both cases, so the two give the same bits."""
         names = [name for name, _ in named]
-        block = self.local if self.stream_nodes else self.world
+        block = self.local if self.setup.stream_nodes else self.world
         sums, rank_sq, losses = None, [], []
         with ExitStack() as stack:
             reduces = [stack.enter_context(cluster.stream(names)) for cluster in self.clusters]
@@ -270,9 +210,9 @@ class _ArmRun:
     def _rank_grads(self, model, wrapper, named, micro: List[Batch]) -> Tuple[List[torch.Tensor], torch.Tensor]:
         """The fp32 gradients of the ranks of ``micro``, stacked per parameter ``(len(micro), *shape)``, and their
         micro-batch losses."""
-        autocast = dict(device_type=self.device.type, dtype=self.autocast_dtype,
-                        enabled=self.autocast_dtype is not None)
-        if self.grad_mode == "vmap":
+        dtype = self.setup.autocast_dtype
+        autocast = dict(device_type=self.device.type, dtype=dtype, enabled=dtype is not None)
+        if self.setup.grad_mode == "vmap":
             def loss_of(weights, batch):
                 with torch.autocast(**autocast):
                     loss = functional_call(wrapper, weights, (batch, ))
@@ -288,7 +228,7 @@ class _ArmRun:
         for batch in micro:
             model.zero_grad(set_to_none=True)
             with torch.autocast(**autocast):
-                loss = self.loss_fn(model, batch)
+                loss = self.setup.loss_fn(model, batch)
             loss.backward()
             grads.append([torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.detach().float()
                           for _, p in named])
@@ -296,46 +236,55 @@ class _ArmRun:
         model.zero_grad(set_to_none=True)
         return [torch.stack([g[i] for g in grads]) for i in range(len(named))], torch.stack(losses)
 
-    def _kept_hops(self, step: int) -> Optional[Sequence[str]]:
-        """The hops whose error buffers carry over after step ``step``'s reduce; None: every hop."""
-        return () if step < self.error_feedback_from_step else self.error_feedback_hops
 
-    @staticmethod
-    def _zero_unkept_buffers(cluster: SimulatedCluster, kept_hops: Optional[Sequence[str]]) -> None:
-        """After a reduce: zeroes the error buffers of the hops not in ``kept_hops`` (None: all kept)."""
-        if kept_hops is not None:
-            for state in cluster.states:
-                for _, hop, buffer in state.named_buffers():
-                    if hop not in kept_hops:
-                        buffer.zero_()
+class _RunningSums:
+    """The running sums of the communicated and the exact mean gradients (fp64, flattened, on the device)."""
 
-    @staticmethod
-    def _fidelity(sums, comm, exact, shadow) -> torch.Tensor:
-        """Adds this step to the running sums; returns, on the device, the squared norms of the step's error and
-        of the exact mean, the same for the running sums, the nonzero share and the released share."""
-        comm_flat = torch.cat([g.reshape(-1) for g in comm]).double()
-        exact_flat = torch.cat([g.reshape(-1) for g in exact]).double()
-        sums[0].add_(comm_flat)
-        sums[1].add_(exact_flat)
-        nonzero = comm_flat != 0
-        released = torch.zeros((), dtype=torch.float64, device=comm_flat.device)
-        if shadow is not None:
-            released = (nonzero & (torch.cat([g.reshape(-1) for g in shadow]) == 0)).double().mean()
+    def __init__(self, numel: int, device: torch.device):
+        self.comm = torch.zeros(numel, dtype=torch.float64, device=device)
+        self.exact = torch.zeros(numel, dtype=torch.float64, device=device)
+
+    def add(self, comm: List[torch.Tensor], exact: List[torch.Tensor]) -> torch.Tensor:
+        """Adds this step; returns, on the device, the squared norms of the step's error and of the exact mean, the
+        same for the running sums, and the share of nonzero coordinates in the communicated mean."""
+        comm_flat, exact_flat = _flat(comm), _flat(exact)
+        self.comm.add_(comm_flat)
+        self.exact.add_(exact_flat)
         return torch.stack([(comm_flat - exact_flat).pow(2).sum(), exact_flat.pow(2).sum(),
-                            (sums[0] - sums[1]).pow(2).sum(), sums[1].pow(2).sum(), nonzero.double().mean(), released])
+                            (self.comm - self.exact).pow(2).sum(), self.exact.pow(2).sum(),
+                            (comm_flat != 0).double().mean()])
 
-    @staticmethod
-    def _record(result: ArmResult, fidelity: torch.Tensor, moved: torch.Tensor, diagnostics: bool) -> None:
-        """Appends this step's fidelity, gradient spread and update statistics (one host sync)."""
-        stats = torch.cat([fidelity, moved.double().pow(2).mean().sqrt().view(1)]).tolist()
-        result.rank_grad_sq.append(stats[6])
-        result.mean_grad_sq.append(stats[7])
-        result.grad_rel_errors.append(_ratio(stats[0], stats[1]))
-        result.sum_rel_errors.append(_ratio(stats[2], stats[3]))
-        result.nonzero_fractions.append(stats[4])
-        result.update_rms.append(stats[8])
-        if diagnostics:
-            result.released_fractions.append(stats[5])
+
+@dataclass(frozen=True)
+class _StepStats:
+    """One step's statistics on the host, as :class:`ArmResult` records them."""
+    error_sq: float
+    exact_sq: float
+    sum_error_sq: float
+    sum_exact_sq: float
+    nonzero_fraction: float
+    rank_grad_sq: float
+    mean_grad_sq: float
+    update_rms: float
+
+    @classmethod
+    def of(cls, fidelity: torch.Tensor, spread: torch.Tensor, moved: torch.Tensor) -> "_StepStats":
+        """From :meth:`_RunningSums.add`'s fidelity, the gradient spread and the parameter change over the learning
+        rate (one host sync)."""
+        return cls(*torch.cat([fidelity, spread, moved.double().pow(2).mean().sqrt().view(1)]).tolist())
+
+    def append_to(self, result: ArmResult) -> None:
+        result.rank_grad_sq.append(self.rank_grad_sq)
+        result.mean_grad_sq.append(self.mean_grad_sq)
+        result.grad_rel_errors.append(_ratio(self.error_sq, self.exact_sq))
+        result.sum_rel_errors.append(_ratio(self.sum_error_sq, self.sum_exact_sq))
+        result.nonzero_fractions.append(self.nonzero_fraction)
+        result.update_rms.append(self.update_rms)
+
+
+def _flat(tensors: List[torch.Tensor]) -> torch.Tensor:
+    """The tensors flattened into one fp64 vector."""
+    return torch.cat([t.reshape(-1) for t in tensors]).double()
 
 
 def gradient_noise_scale(result: ArmResult, first_step: int = 1) -> Optional[float]:

@@ -1,4 +1,5 @@
-"""``python -m loco_lab.cli advise`` end to end on the tiny bundled model (a budget that buys the probe only)."""
+"""``python -m loco_lab.cli advise`` end to end on the tiny bundled model (steps capped below a comparison's 50, so the
+probe only, and a budget that cannot pay for the probe)."""
 import json
 
 from loco_lab import cli
@@ -7,28 +8,37 @@ from loco_lab import cli
 def test_advise_writes_its_evidence_and_a_valid_block(tmp_path, capsys):
     from deepspeed_loco.config import LocoConfig
     out = tmp_path / "advise"
-    code = cli.main(["advise", "--nodes", "2", "--gpus-per-node", "2", "--budget-minutes", "0.01", "--model-size",
-                     "tiny", "--micro-batch", "2", "--device", "cpu", "--no-progress", "--out", str(out)])
+    code = cli.main(["advise", "--nodes", "2", "--gpus-per-node", "2", "--budget-minutes", "1", "--probe-steps", "5",
+                     "--max-steps", "40",
+                     "--model-size", "tiny", "--micro-batch", "2", "--device", "cpu", "--no-progress", "--out",
+                     str(out)])
     assert code == 0
-    printed = capsys.readouterr().out
-    assert "Recommended:" in printed and "Not resolved within the budget" in printed
     advice = json.loads((out / "advise.json").read_text())
     LocoConfig.from_dict(advice["config"])
     assert advice["config"]["local_world_size"] == 2
     assert [p["candidate"] for p in advice["probes"]] == ["plain2", "plain8-2h", "plain4"]
-    assert advice["comparisons"] == []  # 0.6 s buys no training comparison, and it says so
+    assert advice["comparisons"] == [] and advice["unresolved"]  # 40 < 50 steps buy no comparison, and it says so
+    assert advice["recommended"] in capsys.readouterr().out
     assert (out / "advise.png").stat().st_size > 0 and "| 2-bit |" in (out / "table.md").read_text()
 
 
 def test_advise_runs_its_probes_side_by_side_in_spawned_processes(tmp_path, capsys):
     out = tmp_path / "advise"
-    code = cli.main(["advise", "--nodes", "1", "--gpus-per-node", "2", "--budget-minutes", "0.01", "--model-size",
-                     "tiny", "--micro-batch", "1", "--device", "cpu", "--no-progress", "--parallel", "3", "--out",
-                     str(out)])
+    code = cli.main(["advise", "--nodes", "1", "--gpus-per-node", "2", "--budget-minutes", "1", "--probe-steps", "3",
+                     "--max-steps", "40",
+                     "--model-size", "tiny", "--micro-batch", "1", "--device", "cpu", "--no-progress", "--parallel",
+                     "3", "--out", str(out)])
     assert code == 0
     advice = json.loads((out / "advise.json").read_text())
     assert advice["parallel"] == 3 and all(p["step_error"] > 0 for p in advice["probes"])
     assert "3 runs at a time" in capsys.readouterr().out
+
+
+def test_a_budget_below_the_probe_is_refused_and_nothing_is_written(tmp_path, capsys):
+    out = tmp_path / "advise"
+    code = cli.main(["advise", "--nodes", "2", "--gpus-per-node", "2", "--budget-minutes", "0.001", "--model-size",
+                     "tiny", "--device", "cpu", "--no-progress", "--out", str(out)])
+    assert code == 2 and "budget_minutes = 0.001 is too small" in capsys.readouterr().err and not out.exists()
 
 
 def test_parallel_must_be_auto_or_a_positive_integer(capsys):

@@ -25,7 +25,8 @@ def _count(png: bytes, colour) -> int:
 def test_line_chart_draws_every_curve_in_its_colour():
     series = [Series("A", [(i, math.exp(-i / 20)) for i in range(100)], (200, 0, 0)),
               Series("B", [(0, float("nan")), (50, 0.5), (99, 0.1)], (0, 0, 200), markers=True)]
-    png = line_chart([Panel("loss", "step", series), Panel("empty", "step", [])], title="test", panel_size=(400, 300))
+    png = line_chart([Panel("loss", "step", "loss", series), Panel("empty", "step", "loss", [])], title="test",
+                     panel_size=(400, 300))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     shape, colours = _colours(png)
     assert shape[:2] == (300, 800)
@@ -37,8 +38,8 @@ def test_a_zoomed_panel_hides_what_is_outside_and_an_unzoomed_one_shows_it():
     outlier = Series("far", [(0, 50.0), (1, 60.0)], (0, 160, 0))
     near = Series("near", [(0, 1.0), (1, 1.1)], (0, 0, 0))
     green = (0, 160, 0)
-    zoomed = _count(line_chart([Panel("v", "step", [near, outlier], ylim=(0.9, 1.2))]), green)
-    whole = _count(line_chart([Panel("v", "step", [near, outlier])]), green)
+    zoomed = _count(line_chart([Panel("v", "step", "loss", [near, outlier], ylim=(0.9, 1.2))]), green)
+    whole = _count(line_chart([Panel("v", "step", "loss", [near, outlier])]), green)
     assert whole > 3 * zoomed  # in the zoomed panel only the legend's swatch is left of the outlier
 
 
@@ -46,6 +47,6 @@ def test_xlim_starts_the_x_axis_where_asked():
     early = Series("early", [(0, 1.0), (40, 1.0)], (0, 160, 0))
     late = Series("late", [(50, 1.0), (100, 1.1)], (0, 0, 0))
     green = (0, 160, 0)
-    cut = _count(line_chart([Panel("v", "step", [early, late], xlim=(50, 100))]), green)
-    whole = _count(line_chart([Panel("v", "step", [early, late])]), green)
+    cut = _count(line_chart([Panel("v", "step", "loss", [early, late], xlim=(50, 100))]), green)
+    whole = _count(line_chart([Panel("v", "step", "loss", [early, late])]), green)
     assert whole > 3 * cut  # only the legend's swatch is left of the early curve

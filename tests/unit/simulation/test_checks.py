@@ -1,12 +1,14 @@
-"""simulate()'s bad inputs: each is one clear TypeError/ValueError naming the argument, raised before anything
-trains (model_fn and data_fn never called); a data_fn that runs out names the step."""
+"""Bad fields of a TrainingSetup or SimulationSpec: each is one clear TypeError/ValueError naming the field, raised
+when the spec is built, before anything trains (model_fn and data_fn never called); a data_fn that runs out names the
+step."""
 import pytest
 import torch
 
 from deepspeed_loco.config import LocoConfigError
-from deepspeed_loco.simulation import simulate
+from deepspeed_loco.simulation import SimulationSpec, TrainingSetup, simulate
 
-WORLD = 4  # nodes=2 x local=2, simulate's defaults
+WORLD = 4  # nodes=2 x local=2, TrainingSetup's defaults
+RUN_FIELDS = ("arms", "steps", "seed")
 
 
 class Counted:
@@ -38,14 +40,15 @@ def counted():
 
 
 def _simulate(counted, **overrides):
-    arguments = dict(model_fn=counted.model_fn, data_fn=counted.data_fn, arms=["full", "loco4"], steps=1,
-                     loss_fn=Counted.loss_fn, loco={"group_size": 32})
-    return simulate(**{**arguments, **overrides})
+    fields = {**dict(model_fn=counted.model_fn, data_fn=counted.data_fn, arms=["full", "loco4"], steps=1,
+                     loss_fn=Counted.loss_fn, loco={"group_size": 32}), **overrides}
+    run = {name: fields.pop(name) for name in RUN_FIELDS if name in fields}
+    return simulate(SimulationSpec(TrainingSetup(**fields), **run))
 
 
 BAD = [  # (arguments, error, message)
-    (dict(nodes=0), ValueError, r"simulate: nodes = 0 is invalid: it must be an integer >= 1"),
-    (dict(local=-1), ValueError, r"simulate: local = -1 is invalid: it must be an integer >= 1"),
+    (dict(nodes=0), ValueError, r"TrainingSetup: nodes = 0 is invalid: it must be an integer >= 1"),
+    (dict(local=-1), ValueError, r"TrainingSetup: local = -1 is invalid: it must be an integer >= 1"),
     (dict(nodes=2.0), TypeError, r"nodes = 2.0 is invalid: it must be an integer"),
     (dict(steps=0), ValueError, r"steps = 0 is invalid: it must be an integer >= 1"),
     (dict(steps=1.5), TypeError, r"steps = 1.5 is invalid: it must be an integer >= 1"),
@@ -61,21 +64,19 @@ BAD = [  # (arguments, error, message)
     (dict(device=0), TypeError, r"device = 0 is invalid: it must be a device string"),
     (dict(grad_mode="batched"), ValueError, r"grad_mode = 'batched' is invalid: it must be one of \('vmap', 'loop'\)"),
     (dict(autocast_dtype=torch.float32), ValueError, r"autocast_dtype = torch.float32 is invalid: it must be one of"),
-    (dict(diagnostics="yes"), TypeError, r"diagnostics = 'yes' is invalid: it must be True or False"),
     (dict(stream_nodes=1), TypeError, r"stream_nodes = 1 is invalid: it must be True or False"),
-    (dict(arms=[]), ValueError, r"simulate: arms: no arm given; arms are 'full'"),
+    (dict(arms=[]), ValueError, r"SimulationSpec: arms: no arm given; arms are 'full'"),
     (dict(arms="full"), TypeError, r"arms = 'full' is invalid: it must be a list of arm names"),
-    (dict(arms=["loco4", "full", "loco4"]), ValueError, r"simulate: arms: arm\(s\) loco4 given more than once"),
-    (dict(arms=["loco5"]), ValueError, r"simulate: arms: arm 'loco5' is invalid: .*W in 2, 3, 4, 8"),
-    (dict(arms=[4]), TypeError, r"simulate: arms: 4 is invalid: an arm is a name such as 'loco4' or an Arm"),
+    (dict(arms=["loco4", "full", "loco4"]), ValueError, r"SimulationSpec: arms: arm\(s\) loco4 given more than once"),
+    (dict(arms=["loco5"]), ValueError, r"SimulationSpec: arms: arm 'loco5' is invalid: .*W in 2, 3, 4, 8"),
+    (dict(arms=[4]), TypeError, r"SimulationSpec: arms: 4 is invalid: an arm is a name such as 'loco4' or an Arm"),
     (dict(model_fn=None), TypeError, r"model_fn = None is invalid: it must be a callable"),
-    (dict(on_step=3), TypeError, r"on_step = 3 is invalid: it must be a callable or None"),
+    (dict(eval_fn=3), TypeError, r"eval_fn = 3 is invalid: it must be a callable or None"),
+    (dict(optimizer_fn=None), TypeError, r"optimizer_fn = None is invalid: it must be a callable"),
     (dict(loco=[("group_size", 32)]), TypeError, r"loco = \[.*\] is invalid: it must be a dict of zeropp_loco_param"),
     (dict(loco={"local_world_size": 3}), ValueError,
-     r"loco\['local_world_size'\] = 3 is invalid: the ranks per node are simulate's local= argument"),
+     r"loco\['local_world_size'\] = 3 is invalid: the ranks per node are the setup's local field"),
     (dict(loco={"inter_node_bits": 2}), ValueError, r"loco keys \['inter_node_bits'\] are invalid: each arm's name"),
-    (dict(error_feedback_hops="inter_node"), TypeError, r"error_feedback_hops = 'inter_node' is invalid"),
-    (dict(error_feedback_hops=("inter", )), ValueError, r"error_feedback_hops \['inter'\] are not hops"),
 ]
 
 
@@ -94,7 +95,7 @@ def test_bad_argument_is_one_clear_error_before_training(counted, overrides, err
 ])
 def test_bad_loco_block_is_rejected_up_front_whatever_the_arms(counted, arms, loco, message):
     """The full arm used to train first (or, alone, never see the block at all)."""
-    with pytest.raises(LocoConfigError, match=r"simulate: loco = \{.*\} is invalid: " + message):
+    with pytest.raises(LocoConfigError, match=r"TrainingSetup: loco = \{.*\} is invalid: " + message):
         _simulate(counted, arms=arms, loco=loco)
     assert (counted.models, counted.datas) == (0, 0)
 
@@ -128,7 +129,6 @@ def test_what_model_fn_and_data_fn_return_is_checked(counted):
 
 
 def test_good_arguments_still_train(counted):
-    full, loco = _simulate(counted, steps=2, grad_clip=1.0, eval_fn=lambda m: 1.0, eval_every=1, seed=0,
-                           error_feedback_hops=["inter_node"])
+    full, loco = _simulate(counted, steps=2, grad_clip=1.0, eval_fn=lambda m: 1.0, eval_every=1, seed=0)
     assert len(full.train_losses) == len(loco.train_losses) == 2 and full.validation == [(1, 1.0), (2, 1.0)]
     assert full.bytes_per_step == full.full_precision_bytes_per_step == 3 / 4 * 5 * 4  # the full arm: ratio 1.0

@@ -3,11 +3,14 @@ import json
 
 import pytest
 
-from deepspeed_loco.simulation import simulate
+from deepspeed_loco.simulation import SimulationSpec, TrainingSetup, simulate
 from deepspeed_loco.simulation.arms import parse_arm
-from deepspeed_loco.simulation.report import (COLUMNS, UNIFORM_COLORS, ProgressBar, arm_color, column_notes,
-                                              format_table, human_bytes, loss_panels, main, record,
-                                              report_text, summary_lines, table_rows, train_curve, write_report)
+from deepspeed_loco.simulation.loss_chart import UNIFORM_COLORS, arm_color, loss_panels, train_curve
+from deepspeed_loco.simulation.progress_bar import ProgressBar
+from deepspeed_loco.simulation.records import record
+from deepspeed_loco.simulation.report import main, report_text, write_report
+from deepspeed_loco.simulation.results_table import COLUMNS, column_notes, format_table, human_bytes, table_rows
+from deepspeed_loco.simulation.seed_claims import summary_lines
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
 
@@ -54,7 +57,7 @@ def test_summary_claims_only_what_the_seeds_support():
 def test_column_notes_say_what_was_validated_on_and_timed():
     notes = column_notes("the held-out plays", loss="next-byte cross-entropy")
     assert "val loss: next-byte cross-entropy on the held-out plays" in notes[1]
-    assert "val loss: the validation loss (eval_fn) on the held-out data" in column_notes()[1]
+    assert column_notes()[1] == "  val loss: the validation loss (eval_fn) after the last step: mean +- sd over seeds"
     assert notes[-1].startswith("  median step time: wall time per optimizer step of all W virtual ranks together, "
                                 "simulated in one process") and notes[-1].endswith("; the median over seeds")
     own = column_notes("the held-out mine.txt (last 10%)", "deepspeed")
@@ -90,8 +93,9 @@ def _simulated(tmp_path):
     sizes = [p.numel() for p in toy_model().parameters()]
     records = []
     for seed in (0, 1):
-        results = simulate(toy_model, lambda: toy_batches(16), ["full", "plain2", "loco2"], steps=12, loss_fn=toy_loss,
-                           loco={"group_size": 32}, seed=seed, eval_fn=lambda m: float(m[0].weight.abs().mean()))
+        setup = TrainingSetup(toy_model, lambda: toy_batches(16), loss_fn=toy_loss, loco={"group_size": 32},
+                              eval_fn=lambda m: float(m[0].weight.abs().mean()))
+        results = simulate(SimulationSpec(setup, ["full", "plain2", "loco2"], 12, seed))
         records += [record(r, sizes) for r in results]
     return records, sizes
 
@@ -104,7 +108,9 @@ def test_records_of_simulate_results_carry_what_the_table_reads(tmp_path):
     assert loco["error_buffer_bytes"] > 0 and plain["train_loss_last_k"] == 1
     assert plain["train_loss"] == plain["train_losses"][-1] and plain["val_loss"] == plain["validation"][-1][1]
     assert full["bytes_per_step"] == full["full_precision_bytes_per_step"] > plain["bytes_per_step"] > 0
-    assert len(table_rows(records)) == 4 and json.dumps(records)
+    assert len(table_rows(records)) == 4
+    # JSON keeps every value exactly: only the (step, loss) tuples come back as lists
+    assert json.loads(json.dumps(records)) == [dict(r, validation=[list(v) for v in r["validation"]]) for r in records]
 
 
 def test_write_report_and_the_cli_give_the_table_the_json_and_the_png(tmp_path, capsys):
@@ -134,8 +140,29 @@ def test_progress_bar_counts_the_steps_and_gives_the_logger_back():
     from deepspeed_loco.utils.logging import logger
     handlers = list(logger.handlers)
     bar = ProgressBar(24)
-    simulate(toy_model, lambda: toy_batches(16), ["full", "plain4"], steps=12, loss_fn=toy_loss, on_step=bar)
+    setup = TrainingSetup(toy_model, lambda: toy_batches(16), loss_fn=toy_loss)
+    simulate(SimulationSpec(setup, ["full", "plain4"], 12), on_step=bar)
     assert bar.bar.n == 24 and bar.bar.desc.startswith("seed 0: qgZ 4-bit")
     bar.close()
     assert logger.handlers == handlers
 
+
+
+def test_every_panel_has_a_y_label_and_names_the_held_out_data_only_when_told(tmp_path):
+    records, _ = _simulated(tmp_path)
+    named, unnamed = loss_panels(records, held_out="the last 10% of mine.txt"), loss_panels(records)
+    assert all(panel.ylabel for panel in named + unnamed) and len(named) == len(unnamed) >= 3
+    assert [p.title for p in named if p.title.startswith("validation loss")] and all(
+        "on the last 10% of mine.txt" in p.title for p in named if p.title.startswith("validation loss"))
+    assert not any("held-out" in p.title or " on " in p.title for p in unnamed)
+
+
+@pytest.mark.parametrize("parser", ["report", "perf"])
+def test_help_is_plain_text_and_whole(parser, capsys):
+    from deepspeed_loco.perf.cli import DESCRIPTION as PERF, build_parser
+    from deepspeed_loco.simulation.report import DESCRIPTION as REPORT
+    with pytest.raises(SystemExit):
+        main(["--help"]) if parser == "report" else build_parser().parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert ":func:" not in text and "``" not in text and "(default: None)" not in text
+    assert " ".join((REPORT if parser == "report" else PERF).split()) in text  # not cut at a ';'

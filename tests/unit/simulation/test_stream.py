@@ -1,4 +1,5 @@
-"""simulate(stream_nodes=True): the gradients go into hop 1 node by node, the same results with one node's alive."""
+"""TrainingSetup(stream_nodes=True): the gradients go into hop 1 node by node, the same results with one node's
+alive."""
 import threading
 import time
 import weakref
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.simulation import SimulatedCluster, simulate
+from deepspeed_loco.simulation import SimulatedCluster, SimulationSpec, StepObserver, TrainingSetup, simulate
 from deepspeed_loco.simulation.train import _ArmRun
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
@@ -15,11 +16,26 @@ MICRO, STEPS = 2, 12
 ARMS = ["full", "plain4", "loco2"]
 
 
-def _run(nodes, local, **kw):
+class _PlainShadow(StepObserver):
+    """Reduces every LoCo arm's gradients through plain qgZ too (in the same stream), keeping each step's shadow
+    mean's nonzero share in ``shares``."""
+
+    def __init__(self):
+        self.shares = []
+
+    def shadow_blocks(self, arm, block):
+        return [dict(block, error_feedback=False)] if arm.kind == "loco" else []
+
+    def after_reduce(self, reduced):
+        if reduced.shadows:
+            self.shares.append(float(torch.cat([g.reshape(-1) for g in reduced.shadows[0]]).ne(0).double().mean()))
+
+
+def _run(nodes, local, observer=None, **kw):
     evals = lambda model: float(model[0].weight.abs().sum())  # noqa: E731
-    return simulate(toy_model, lambda: toy_batches(nodes * local * MICRO), ARMS, steps=STEPS, nodes=nodes,
-                    local=local, loss_fn=toy_loss, loco={"group_size": 32}, eval_fn=evals, eval_every=5,
-                    diagnostics=True, **kw)
+    setup = TrainingSetup(toy_model, lambda: toy_batches(nodes * local * MICRO), nodes=nodes, local=local,
+                          loss_fn=toy_loss, loco={"group_size": 32}, eval_fn=evals, eval_every=5, **kw)
+    return simulate(SimulationSpec(setup, ARMS, STEPS), observer or _PlainShadow())
 
 
 def _same(a, b):
@@ -28,16 +44,17 @@ def _same(a, b):
 
 @pytest.mark.parametrize("nodes,local,default_chunk", [(2, 2, 2), (3, 2, 2), (2, 3, 3), (4, 1, 1), (2, 2, None)])
 def test_streaming_nodes_gives_the_same_results_bit_for_bit(nodes, local, default_chunk):
-    """Every arm (plain and LoCo, with the plain shadow of ``diagnostics``): losses, validation and every per-step
+    """Every arm (plain and LoCo, with an observer's plain shadow): losses, validation and every per-step
     series equal to the default's with the same batched passes (``rank_chunk = L``: streaming computes a node's
     ``L`` ranks per pass); (4, 1) has only the inter-node hop. With the default's one pass over all ``W`` ranks the
     gradients round alike only where the pass size does not change the kernels' rounding: on CPU it does not for the
     toy at 2 x 2 (4 ranks against 2 per pass) and does at 2 x 3 and 4 x 1."""
-    default = _run(nodes, local, rank_chunk=default_chunk)
-    streamed = _run(nodes, local, stream_nodes=True)
-    assert _same(default, streamed)
+    default_shadow, streamed_shadow = _PlainShadow(), _PlainShadow()
+    default = _run(nodes, local, default_shadow, rank_chunk=default_chunk)
+    streamed = _run(nodes, local, streamed_shadow, stream_nodes=True)
+    assert _same(default, streamed) and default_shadow.shares == streamed_shadow.shares
     assert all(len(r.grad_rel_errors) == STEPS and len(r.validation) == 3 for r in streamed)
-    assert streamed[2].released_fractions and streamed[2].grad_rel_errors != streamed[1].grad_rel_errors
+    assert len(streamed_shadow.shares) == STEPS and streamed[2].grad_rel_errors != streamed[1].grad_rel_errors
 
 
 class _LiveGradients:
@@ -76,7 +93,7 @@ def test_streaming_keeps_at_most_one_nodes_gradients_alive(monkeypatch, stream_n
     ranks = local if stream_nodes else nodes * local
     assert len(live.peaks) == len(ARMS) * STEPS * nodes * local // ranks
     # when a batch of gradients is computed, the previous node's (or step's) are gone: every reduce (the arm's and
-    # the diagnostic shadow's) let go of them after its first hop
+    # the observer's shadow's) let go of them after its first hop
     assert max(live.peaks) == ranks * params * 4
     assert live.live == 0
 

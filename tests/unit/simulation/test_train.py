@@ -1,8 +1,11 @@
 """simulate(): arms trained on the simulated cluster, against a hand-written exact-mean training loop."""
+from dataclasses import FrozenInstanceError
+
 import pytest
 import torch
 
-from deepspeed_loco.simulation import ArmResult, gradient_noise_scale, simulate
+from deepspeed_loco.simulation import (ArmResult, SimulationSpec, StepObserver, TrainingSetup, gradient_noise_scale,
+                                      parse_arm, simulate)
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
 WORLD, MICRO, STEPS = 4, 4, 30
@@ -15,9 +18,10 @@ def _data():
     return toy_batches(WORLD * MICRO)
 
 
-def _run(arms, **kw):
-    return simulate(_model, _data, arms, steps=STEPS, nodes=2, local=2, loss_fn=_loss,
-                    loco={"group_size": 32, **kw.pop("loco", {})}, **kw)
+def _run(arms, seed=0, **setup):
+    setup = TrainingSetup(_model, _data, nodes=2, local=2, loss_fn=_loss,
+                          loco={"group_size": 32, **setup.pop("loco", {})}, **setup)
+    return simulate(SimulationSpec(setup, arms, STEPS, seed))
 
 
 def test_full_arm_is_exactly_a_data_parallel_training_loop():
@@ -71,7 +75,8 @@ def test_bad_arm_and_bad_batch_are_clear_errors():
     with pytest.raises(ValueError, match="arm 'loco5' is invalid"):
         _run(["loco5"])
     with pytest.raises(ValueError, match="global batch of 6 does not split into 4"):
-        simulate(_model, lambda: iter([(torch.zeros(6, 8), torch.zeros(6, 1))]), ["full"], steps=1, loss_fn=_loss)
+        simulate(SimulationSpec(TrainingSetup(_model, lambda: iter([(torch.zeros(6, 8), torch.zeros(6, 1))]),
+                                              loss_fn=_loss), ["full"], 1))
 
 
 def test_vmap_and_loop_agree_within_rounding():
@@ -110,35 +115,9 @@ def test_plain_mean_is_within_the_two_hops_half_steps(intra, inter):
         assert float((got - stacked.mean(0)).abs().max()) <= float(bound) * (1 + 1e-5)
 
 
-def test_error_feedback_on_no_hop_is_plain_qgz_and_on_every_hop_is_loco():
-    plain, loco = _run(["plain2", "loco2"])
-    none, = _run(["loco2"], error_feedback_hops=())
-    both, = _run(["loco2"], error_feedback_hops=("intra_node", "inter_node"))
-    assert none.train_losses == plain.train_losses
-    assert both.train_losses == loco.train_losses != plain.train_losses
-    inter, = _run(["loco2"], error_feedback_hops=("inter_node", ))
-    assert inter.train_losses not in (plain.train_losses, loco.train_losses)
-
-
-def test_diagnostics_record_what_error_feedback_released():
-    # the symmetric 2-bit grid has a zero level that plain qgZ leaves many coordinates at ("auto" would pick mid-rise)
-    symmetric = {"loco": {"quant_grid": "symmetric"}}
-    plain, loco = _run(["plain2", "loco2"], diagnostics=True, **symmetric)
-    assert plain.released_fractions == [] and len(loco.released_fractions) == STEPS
-    # released coordinates are nonzero in LoCo's mean: their share is at most the nonzero share, and some exist
-    assert all(0 <= r <= n for r, n in zip(loco.released_fractions, loco.nonzero_fractions))
-    assert max(loco.released_fractions) > 0
-    assert all(u > 0 for u in plain.update_rms) and len(plain.update_rms) == STEPS
-    # diagnostics only observe: the arm trains exactly as without them
-    again, = _run(["loco2"], **symmetric)
-    assert again.train_losses == loco.train_losses
-
-
 def test_bad_options_are_clear_errors():
     with pytest.raises(ValueError, match="grad_mode = 'batched'"):
         _run(["full"], grad_mode="batched")
-    with pytest.raises(ValueError, match=r"error_feedback_hops \['inter'\] are not hops"):
-        _run(["loco2"], error_feedback_hops=("inter", ))
 
 
 def test_fidelity_is_measured_before_clipping():
@@ -180,13 +159,38 @@ def test_gradient_noise_scale_inverts_the_two_batch_norms():
                                           world_size=4)) is None
 
 
-def test_error_feedback_from_a_later_step_is_plain_qgz_until_then():
-    plain, loco = _run(["plain2", "loco2"])
-    never, = _run(["loco2"], error_feedback_from_step=STEPS + 1)
-    first, = _run(["loco2"], error_feedback_from_step=1)
-    late, = _run(["loco2"], error_feedback_from_step=11)
-    assert never.train_losses == plain.train_losses and first.train_losses == loco.train_losses
-    # plain qgZ for steps 1-10 (the loss of step 11 is computed before its reduce), LoCo's buffers from step 11 on
-    assert late.train_losses[:11] == plain.train_losses[:11] and late.train_losses != plain.train_losses
-    with pytest.raises(ValueError, match="error_feedback_from_step = 0"):
-        _run(["loco2"], error_feedback_from_step=0)
+class _Watcher(StepObserver):
+    """Records what each step's reduce showed, with a plain 2-bit shadow for every qgZ arm."""
+
+    def __init__(self):
+        self.seen = []
+
+    def shadow_blocks(self, arm, block):
+        return [dict(block, inter_node_bits=2, intra_node_bits=2, error_feedback=False)] if block else []
+
+    def after_reduce(self, reduced):
+        self.seen.append((reduced.arm.key, reduced.step, reduced.cluster is None, reduced.communicated is reduced.exact,
+                          len(reduced.shadows), len(reduced.result.train_losses)))
+
+
+def test_an_observer_sees_every_step_s_reduce_and_its_shadow_changes_nothing():
+    watcher = _Watcher()
+    setup = TrainingSetup(_model, _data, nodes=2, local=2, loss_fn=_loss, loco={"group_size": 32})
+    full, loco = simulate(SimulationSpec(setup, ["full", "loco4"], 3), watcher)
+    assert watcher.seen == [("full", t, True, True, 0, t - 1) for t in (1, 2, 3)] + [
+        ("loco4", t, False, False, 1, t - 1) for t in (1, 2, 3)]  # before the step is recorded
+    alone, = simulate(SimulationSpec(setup, ["loco4"], 3))
+    assert alone.train_losses == loco.train_losses and alone.bytes_per_step == loco.bytes_per_step
+
+
+def test_a_spec_is_frozen_and_checked_when_built():
+    setup = TrainingSetup(_model, _data, loss_fn=_loss)
+    spec = SimulationSpec(setup, ["full", "loco4"], 2)
+    assert spec.arms == (parse_arm("full"), parse_arm("loco4")) and spec.blocks[0] is None
+    assert spec.blocks[1]["inter_node_bits"] == 4 and spec.blocks[1]["local_world_size"] == 2
+    with pytest.raises(FrozenInstanceError):
+        spec.steps = 3
+    with pytest.raises(TypeError, match="SimulationSpec: setup = 3 is invalid: it must be a TrainingSetup"):
+        SimulationSpec(3, ["full"], 2)
+    with pytest.raises(TypeError, match="simulate: spec = .* is invalid: it must be a SimulationSpec"):
+        simulate(setup)
