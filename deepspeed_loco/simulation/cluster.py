@@ -47,8 +47,8 @@ class SimulatedCluster:
     :meth:`mean_gradients` gathers them into full mean gradients (what ZeRO-3's all-gather would give every rank);
     :meth:`stream` does the same fed a node at a time (:class:`StreamedReduce`).
     :meth:`on_optimizer_step` counts a step on every rank (``reset_T``). :meth:`measure_noise` and
-    :meth:`noise_totals` give the live rho's sums of a step, as a real run's all-reduce would. A rank that raises aborts the others'
-    exchanges; the cluster cannot be used after that.
+    :meth:`noise_totals` give the live rho's sums of a step, as a real run's all-reduce would. A rank that raises
+    aborts the others' exchanges; the cluster cannot be used after that.
     """
 
     def __init__(self, config: LocoConfig, nodes: int, local: int):
