@@ -134,7 +134,8 @@ class LocoHook:
 
     def describe(self, params) -> str:
         """The start-up line: mode, layout, bits, group size, hadamard, the wire cost of each hop
-        (:func:`describe_wire`), ``err_beta``/``reset_T``, this rank's error-buffer memory and the kernels."""
+        (:func:`describe_wire`), ``err_beta``/``reset_T``, this rank's error-buffer memory, the kernels and how often
+        the live rho is measured (``rho_every``)."""
         topo, cfg = self.topology, self.config
         numel = sum(deepspeed_seam.param_numel(p) for p in params)
         buffer_bytes = self.planned_buffer_bytes(params)
@@ -145,7 +146,8 @@ class LocoHook:
                 f"{' (auto)' if cfg.quant_grid == 'auto' else ''}, hadamard "
                 f"{'on' if cfg.hadamard else 'off'}; {describe_wire(self.plan)}; err_beta {cfg.err_beta}, reset_T "
                 f"{cfg.reset_T}; error buffers {buffer_bytes / 2**20:.2f} MiB ({buffer_bytes / max(numel, 1):.3f} B "
-                f"per parameter element, int{cfg.error_bits}) on this rank; kernels: {kernels}")
+                f"per parameter element, int{cfg.error_bits}) on this rank; kernels: {kernels}; live rho "
+                f"{f'every {cfg.rho_every} steps' if cfg.rho_every else 'off'}")
 
 
 def patch_optimizer(optimizer, state: ErrorFeedbackState, names: Mapping[str, torch.Tensor], reduce, after_step):
