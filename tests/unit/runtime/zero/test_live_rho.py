@@ -71,7 +71,7 @@ def train(out_dir, error_feedback, accum, rho_every):
                             (sample.hop_error_sq, sample.noise_sq, sample.grad_sq)))
     finally:
         logger.removeHandler(handler)
-    return records, [line for line in handler.lines if "live rho" in line]
+    return records, [line for line in handler.lines if line.startswith("deepspeed-loco: live rho")]
 
 
 def _read(folder, name):
