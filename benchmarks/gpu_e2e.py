@@ -16,6 +16,10 @@ after another in the same processes, each from the same initial weights and on t
     Ours: ``deepspeed_loco.initialize`` with ``zeropp_loco_param`` and ``error_feedback: false`` (``--bits``).
 ``loco``
     Ours with LoCo error feedback (int8 error buffers).
+``loco_rho`` (only when named in ``--arms``)
+    ``loco`` with the live rho measured every ``--rho-every`` optimizer steps (default 1: every step, the worst
+    case; ``zeropp_loco_param.rho_every`` defaults to 10). ``plain`` and ``loco`` run with the live rho off
+    (``rho_every: 0``), so ``loco_rho``'s step time over ``loco``'s is its overhead.
 
 Per arm (every time the maximum over ranks): the median step time in seconds over the timed steps (of every round
 with ``--rounds R``: the arms run R times, each round in an order rotated by one, and each round's median is
@@ -85,7 +89,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deepspeed_loco.runtime.comm.loco_reduce import RANGE_PREFIX  # noqa: E402
 from loco_lab.model import SIZES, VOCAB, ByteLlama, ModelConfig, count_parameters  # noqa: E402
 
-ARMS = ("zero3", "dsqgz", "plain", "loco")  # run in this order: zero3 first, the gradient check's reference
+ARMS = ("zero3", "dsqgz", "plain", "loco", "loco_rho")  # run in this order: zero3 first, the gradient check's reference
+DEFAULT_ARMS = ARMS[:4]  # loco_rho runs when named
+OURS = ("plain", "loco", "loco_rho")  # the arms that run deepspeed_loco
 CONFIGS = {
     **SIZES,  # tiny ... 125m (116.4M parameters, context 256)
     "350m": ModelConfig(layers=28, dim=1024, heads=16, seq_len=1024),  # 354.7M parameters
@@ -114,7 +120,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--dim", type=int, help="override the size's hidden size")
     parser.add_argument("--heads", type=int, help="override the size's attention heads (must divide --dim)")
     parser.add_argument("--seq-len", type=int, help="override the size's sequence length (tokens per sample)")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                        help=f"comma-separated subset of {','.join(ARMS)} (default {','.join(DEFAULT_ARMS)})")
     parser.add_argument("--micro-batch", type=int, default=8, help="samples per rank per step (default 8)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per arm (default 10)")
     parser.add_argument("--warmup", type=int, default=2,
@@ -128,6 +135,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--bits", default="4/4", help="ours: intra/inter-node gradient bits, each of "
                         f"{', '.join(map(str, BITS))} (default 4/4, DeepSpeed's)")
     parser.add_argument("--group-size", type=int, default=256, help="ours: elements per quantization group")
+    parser.add_argument("--rho-every", type=int, default=1,
+                        help="loco_rho: measure the live rho every this many optimizer steps (default 1)")
     parser.add_argument("--local-world-size", type=int,
                         help="ours: ranks per node (default: the launcher's); set it to simulate nodes")
     parser.add_argument("--overlap-comm", default="on", choices=("on", "off"),
@@ -140,7 +149,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.arms = _parse_arms(parser, args.arms)
     args.bits = _parse_bits(parser, args.bits)
-    for flag in ("layers", "dim", "heads", "seq_len", "micro_batch", "steps", "warmup", "rounds", "local_world_size"):
+    for flag in ("layers", "dim", "heads", "seq_len", "micro_batch", "steps", "warmup", "rounds", "local_world_size",
+                 "rho_every"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             parser.error(f"--{flag.replace('_', '-')} {value} is invalid: it must be an integer >= 1")
@@ -212,14 +222,16 @@ def ds_qgz_expected() -> bool:
 
 def ds_config(arm: str, args: argparse.Namespace) -> dict:
     """The DeepSpeed config of ``arm``: ZeRO-3 (``--overlap-comm``), torch's AdamW, ``--dtype``; qgZ for dsqgz,
-    plain and loco, and our ``zeropp_loco_param`` block for plain (no error feedback) and loco."""
+    plain and loco, and our ``zeropp_loco_param`` block for plain (no error feedback), loco and loco_rho (the live
+    rho every ``--rho-every`` steps; off in the other two)."""
     zero = {"stage": 3, "overlap_comm": args.overlap_comm == "on", "contiguous_gradients": True}
     if arm != "zero3":
         zero["zero_quantized_gradients"] = True
-    if arm in ("plain", "loco"):
-        zero["zeropp_loco_param"] = {"error_feedback": arm == "loco", "intra_node_bits": args.bits[0],
+    if arm in OURS:
+        zero["zeropp_loco_param"] = {"error_feedback": arm != "plain", "intra_node_bits": args.bits[0],
                                      "inter_node_bits": args.bits[1], "group_size": args.group_size,
-                                     "local_world_size": args.local_world_size}
+                                     "local_world_size": args.local_world_size,
+                                     "rho_every": args.rho_every if arm == "loco_rho" else 0, "rho_log_every": 0}
     config = {
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": 1,
@@ -249,9 +261,9 @@ def build_engine(arm: str, args: argparse.Namespace) -> tuple:
     torch.manual_seed(args.seed)
     model = ByteLlama(args.model)
     parameters = count_parameters(model)
-    initialize = deepspeed_loco.initialize if arm in ("plain", "loco") else deepspeed.initialize
+    initialize = deepspeed_loco.initialize if arm in OURS else deepspeed.initialize
     engine, _, _, _ = initialize(model=model, model_parameters=model.parameters(), config=ds_config(arm, args))
-    if arm in ("plain", "loco") and deepspeed_loco.loco_hook(engine) is None:
+    if arm in OURS and deepspeed_loco.loco_hook(engine) is None:
         raise RuntimeError(f"arm {arm}: deepspeed_loco.initialize returned an engine without a LoCo hook")
     ENGINES.add(engine)
     return engine, parameters
@@ -498,9 +510,9 @@ def run_arm(arm: str, args: argparse.Namespace, device: torch.device, reference:
         "profile": profile,
         "engines_alive_at_start": engines_alive,
     }
-    if arm in ("plain", "loco"):
+    if arm in OURS:
         result["loco_kernels"] = kernels_for(device).name
-    quantized = world > 1 and arm in ("plain", "loco")
+    quantized = world > 1 and arm in OURS
     if arm == "dsqgz":
         result["ds_path"] = ds_path(profile)
         quantized = world > 1 and "qgz" in (result["ds_path"]["ran"], result["ds_path"]["expected"])

@@ -60,6 +60,11 @@ class LocoConfig(BaseModel):
         with the reason). "cuda": the fused kernels, failing to build or load them is an error. "reference": the
         PyTorch reference (A/B checks, debugging). CPU tensors always run the reference. The environment variable
         ``DS_LOCO_KERNELS``, when set, overrides this key (logged).
+    rho_every: measure rho live (:mod:`deepspeed_loco.runtime.comm.noise_stats`) on every ``rho_every``-th
+        optimizer step (its micro-steps' reduces emit the norms, one all-reduce of a few scalars at its end); 0:
+        never. Steps not measured cost nothing.
+    rho_log_every: global rank 0 logs one line saying what the live rho means every ``rho_log_every`` optimizer
+        steps (once a measurement exists); 0: never.
     """
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, validate_default=True)
 
@@ -76,6 +81,8 @@ class LocoConfig(BaseModel):
     hadamard: Annotated[bool, _rule("true or false")] = False
     quant_grid: Annotated[Literal[QUANT_GRIDS], _rule('"auto", "symmetric" or "midrise"')] = "auto"
     kernels: Annotated[Literal[KERNEL_CHOICES], _rule('"auto", "cuda" or "reference"')] = "auto"
+    rho_every: Annotated[int, _rule("an integer >= 0 (optimizer steps between measurements; 0: off)", ge=0)] = 10
+    rho_log_every: Annotated[int, _rule("an integer >= 0 (optimizer steps between log lines; 0: never)", ge=0)] = 100
 
     def __init__(self, **values: Any):
         """Validates ``values``; raises :class:`LocoConfigError` naming every bad or unknown key."""

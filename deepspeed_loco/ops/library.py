@@ -13,6 +13,11 @@ Ops (explicit schemas: tensors, lists of tensors and scalars only; the mutated t
     The last hop's received rows to this rank's mean partitions, concatenated: returns ``out_dtype``
     ``(sum of ceil(numel / world_size),)``.
 
+Every op takes, last, an optional fp32 ``stats`` (None by default) that it adds its noise statistics to, mutated in
+place: ``(2,)`` for the quantizing ops (``||input||^2``, quantization error power), ``(1,)`` for the final mean
+(``||mean||^2``); :mod:`deepspeed_loco.ops.loco_reference` defines them. The live rho
+(:mod:`deepspeed_loco.runtime.comm.noise_stats`) passes it on measured steps only.
+
 The arguments' contract (shapes, dtypes, the error lists) is :mod:`deepspeed_loco.ops.reference_impl`'s.
 Implementations: CUDA tensors run the fused kernels (:mod:`deepspeed_loco.ops.loco_cuda`); every other device runs
 the PyTorch reference (:mod:`deepspeed_loco.ops.reference_impl`); fake tensors (``torch.compile``, meta) get the
@@ -31,23 +36,24 @@ from deepspeed_loco.ops import loco_cuda, loco_reference, reference_impl
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 
 NAMESPACE = "deepspeed_loco"
-_MUTATED = ("error_values", "error_scales", "send")
+_MUTATED = ("error_values", "error_scales", "send", "stats")
+_STATS = "Tensor(d!)? stats=None"  # the optional noise-statistics output, last in every schema
 
 quantize_bucket_op = torch.library.custom_op(
     f"{NAMESPACE}::quantize_bucket", reference_impl.quantize_bucket, mutates_args=_MUTATED,
     schema="(Tensor[] grads, Tensor(a!)[] error_values, Tensor(b!)[] error_scales, Tensor(c!) send, int world_size, "
-    "int local_size, int bits, int group_size, float err_beta, bool hadamard, str grid) -> ()")
+    f"int local_size, int bits, int group_size, float err_beta, bool hadamard, str grid, {_STATS}) -> ()")
 
 requantize_bucket_op = torch.library.custom_op(
     f"{NAMESPACE}::requantize_bucket", reference_impl.requantize_bucket, mutates_args=_MUTATED,
     schema="(Tensor recv, Tensor(a!)[] error_values, Tensor(b!)[] error_scales, Tensor(c!) send, int[] widths, "
     "int world_size, int local_size, int bits, int in_bits, int in_blocks, int group_size, float err_beta, "
-    "str grid) -> ()")
+    f"str grid, {_STATS}) -> ()")
 
 final_mean_bucket_op = torch.library.custom_op(
-    f"{NAMESPACE}::final_mean_bucket", reference_impl.final_mean_bucket, mutates_args=(),
+    f"{NAMESPACE}::final_mean_bucket", reference_impl.final_mean_bucket, mutates_args=("stats", ),
     schema="(Tensor recv, int[] numels, int world_size, int bits, int group_size, bool hadamard, str grid, int rank, "
-    "ScalarType out_dtype) -> Tensor")
+    f"ScalarType out_dtype, {_STATS}) -> Tensor")
 
 quantize_bucket_op.register_kernel("cuda")(loco_cuda.quantize_bucket)
 requantize_bucket_op.register_kernel("cuda")(loco_cuda.requantize_bucket)
@@ -56,18 +62,18 @@ final_mean_bucket_op.register_kernel("cuda")(loco_cuda.final_mean_bucket)
 
 @quantize_bucket_op.register_fake
 def _quantize_bucket_fake(grads, error_values, error_scales, send, world_size, local_size, bits, group_size, err_beta,
-                          hadamard, grid) -> None:
+                          hadamard, grid, stats=None) -> None:
     return None
 
 
 @requantize_bucket_op.register_fake
 def _requantize_bucket_fake(recv, error_values, error_scales, send, widths, world_size, local_size, bits, in_bits,
-                            in_blocks, group_size, err_beta, grid) -> None:
+                            in_blocks, group_size, err_beta, grid, stats=None) -> None:
     return None
 
 
 @final_mean_bucket_op.register_fake
-def _final_mean_bucket_fake(recv, numels, world_size, bits, group_size, hadamard, grid, rank, out_dtype):
+def _final_mean_bucket_fake(recv, numels, world_size, bits, group_size, hadamard, grid, rank, out_dtype, stats=None):
     return recv.new_empty(sum(-(-n // world_size) for n in numels), dtype=out_dtype)
 
 
@@ -89,38 +95,41 @@ def _check_wire(wire: WireLayout, args: HopArgs, bits: int, what: str) -> None:
 
 
 def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[ErrorBuffer]], args: HopArgs,
-                     wire: WireLayout, send: torch.Tensor) -> None:
+                     wire: WireLayout, send: torch.Tensor, stats: Optional[torch.Tensor] = None) -> None:
     """See :func:`deepspeed_loco.ops.loco_reference.quantize_bucket_` (``wire``'s widths are the gradients' padded
     partitions, as ``HopPlan.widths`` gives them); runs ``deepspeed_loco::quantize_bucket``."""
     lists = _error_lists(errors)
     if lists is None:
-        return loco_reference.quantize_bucket_(grads, errors, args, wire, send)
+        return loco_reference.quantize_bucket_(grads, errors, args, wire, send, stats)
     _check_wire(wire, args, args.bits, "wire")
     torch.ops.deepspeed_loco.quantize_bucket(list(grads), *lists, send, args.world_size, args.local_size, args.bits,
-                                             args.group_size, float(args.err_beta), bool(args.hadamard), args.grid)
+                                             args.group_size, float(args.err_beta), bool(args.hadamard), args.grid,
+                                             stats)
 
 
 def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence[Optional[ErrorBuffer]],
-                       args: HopArgs, wire: WireLayout, send: torch.Tensor) -> None:
+                       args: HopArgs, wire: WireLayout, send: torch.Tensor,
+                       stats: Optional[torch.Tensor] = None) -> None:
     """See :func:`deepspeed_loco.ops.loco_reference.requantize_bucket_` (``in_wire`` and ``wire`` of the same
     widths); runs ``deepspeed_loco::requantize_bucket``."""
     lists = _error_lists(errors)
     if lists is None:
-        return loco_reference.requantize_bucket_(recv, in_wire, errors, args, wire, send)
+        return loco_reference.requantize_bucket_(recv, in_wire, errors, args, wire, send, stats)
     _check_wire(wire, args, args.bits, "wire")
     _check_wire(in_wire, args, args.in_bits, "in_wire")
     if in_wire.widths != wire.widths:
         raise ValueError("LoCo ops: in_wire and wire must have the same parameter widths")
     torch.ops.deepspeed_loco.requantize_bucket(recv, *lists, send, list(wire.widths), args.world_size,
                                                args.local_size, args.bits, args.in_bits, args.in_blocks,
-                                               args.group_size, float(args.err_beta), args.grid)
+                                               args.group_size, float(args.err_beta), args.grid, stats)
 
 
 def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numels: Sequence[int], rank: int,
-                      out_dtype: torch.dtype) -> List[torch.Tensor]:
+                      out_dtype: torch.dtype, stats: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """See :func:`deepspeed_loco.ops.loco_reference.final_mean_bucket`; runs ``deepspeed_loco::final_mean_bucket``.
     The partitions returned are views of one flat tensor (in parameter order)."""
     _check_wire(wire, args, args.bits, "wire")
     flat = torch.ops.deepspeed_loco.final_mean_bucket(recv, list(numels), args.world_size, args.bits,
-                                                      args.group_size, bool(args.hadamard), args.grid, rank, out_dtype)
+                                                      args.group_size, bool(args.hadamard), args.grid, rank, out_dtype,
+                                                      stats)
     return list(flat.split([-(-n // args.world_size) for n in numels]))

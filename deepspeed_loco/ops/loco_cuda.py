@@ -65,36 +65,40 @@ def _error_bits(error_values: Sequence[torch.Tensor]) -> int:
 
 def quantize_bucket(grads: List[torch.Tensor], error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
                     send: torch.Tensor, world_size: int, local_size: int, bits: int, group_size: int,
-                    err_beta: float, hadamard: bool, grid: str) -> None:
+                    err_beta: float, hadamard: bool, grid: str, stats: Optional[torch.Tensor] = None) -> None:
     """``deepspeed_loco::quantize_bucket`` on CUDA; see :func:`reference_impl.quantize_bucket`."""
     reason = _unsupported(grads + [send] + error_values + error_scales, [g.dtype for g in grads])
     if reason is not None:
         _fallback("quantize_bucket_", reason)
         return reference_impl.quantize_bucket(grads, error_values, error_scales, send, world_size, local_size, bits,
-                                              group_size, err_beta, hadamard, grid)
+                                              group_size, err_beta, hadamard, grid, stats)
     load().quantize_bucket(grads, error_values, error_scales, _error_bits(error_values), send, world_size, local_size,
-                           bits, group_size, err_beta, hadamard, grid)
+                           bits, group_size, err_beta, hadamard, grid, stats)
 
 
 def requantize_bucket(recv: torch.Tensor, error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
                       send: torch.Tensor, widths: List[int], world_size: int, local_size: int, bits: int,
-                      in_bits: int, in_blocks: int, group_size: int, err_beta: float, grid: str) -> None:
+                      in_bits: int, in_blocks: int, group_size: int, err_beta: float, grid: str,
+                      stats: Optional[torch.Tensor] = None) -> None:
     """``deepspeed_loco::requantize_bucket`` on CUDA; see :func:`reference_impl.requantize_bucket`."""
     reason = _unsupported([recv, send] + error_values + error_scales, [])
     if reason is not None:
         _fallback("requantize_bucket_", reason)
         return reference_impl.requantize_bucket(recv, error_values, error_scales, send, widths, world_size,
-                                                local_size, bits, in_bits, in_blocks, group_size, err_beta, grid)
+                                                local_size, bits, in_bits, in_blocks, group_size, err_beta, grid,
+                                                stats)
     load().requantize_bucket(recv, error_values, error_scales, _error_bits(error_values), send, list(widths),
-                             world_size, local_size, bits, in_bits, in_blocks, group_size, err_beta, grid)
+                             world_size, local_size, bits, in_bits, in_blocks, group_size, err_beta, grid, stats)
 
 
 def final_mean_bucket(recv: torch.Tensor, numels: List[int], world_size: int, bits: int, group_size: int,
-                      hadamard: bool, grid: str, rank: int, out_dtype: torch.dtype) -> torch.Tensor:
+                      hadamard: bool, grid: str, rank: int, out_dtype: torch.dtype,
+                      stats: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``deepspeed_loco::final_mean_bucket`` on CUDA; see :func:`reference_impl.final_mean_bucket`."""
     reason = _unsupported([recv], [out_dtype])
     if reason is not None:
         _fallback("final_mean_bucket", reason)
         return reference_impl.final_mean_bucket(recv, numels, world_size, bits, group_size, hadamard, grid, rank,
-                                                out_dtype)
-    return load().final_mean_bucket(recv, list(numels), world_size, bits, group_size, hadamard, grid, rank, out_dtype)
+                                                out_dtype, stats)
+    return load().final_mean_bucket(recv, list(numels), world_size, bits, group_size, hadamard, grid, rank, out_dtype,
+                                    stats)

@@ -17,6 +17,14 @@ Layout (``deepspeed_loco.layout``, ``docs/design.md``): a gradient of ``N`` elem
 is sent from slot ``d*M + n`` so that the ``M`` rows for local peer ``d`` are contiguous.
 Outputs are written into views of the bucket's wire buffers: ``data`` uint8 ``(rows, P' * bits // 8)`` and
 ``scale`` fp32 ``(rows, P' // group_size)``, both with arbitrary row strides.
+
+Noise statistics (the live rho, :mod:`deepspeed_loco.runtime.comm.noise_stats`): every hop function and bucket
+entry point takes an optional ``stats``, fp32, to which it adds fp32 sums of squares. A quantizing hop's ``stats``
+has 2 elements: ``stats[0] += ||x||^2`` of the values it was given (hop 1: the gradient; a later hop: the fp32 sum of
+the received blocks), before rotation and compensation; ``stats[1] += ||c - deq(quant(c))||^2``, the error its
+quantizer made on the compensated values ``c`` (``c = x`` without error feedback; in the rotated basis with
+``hadamard``, which is orthonormal). The final mean's ``stats`` has 1 element: ``+= ||mean||^2`` of the fp32 mean
+partitions, before the cast to the output dtype. A group holding a non-finite value makes the sums non-finite.
 """
 from typing import List, Optional, Sequence
 
@@ -41,25 +49,31 @@ def partition_rows(grad: torch.Tensor, world_size: int, group_size: int) -> torc
 
 
 def compensate_and_quantize(c: torch.Tensor, error: Optional[ErrorBuffer], beta: float, bits: int,
-                            group_size: int, grid: str = "symmetric"):
+                            group_size: int, grid: str = "symmetric", stats: Optional[torch.Tensor] = None):
     """One LoCo step on fp32 ``c`` ``(rows, n)``: ``c += e``; quantize on ``grid``; ``e <- beta*e + (1-beta)*(c - deq)``.
 
     Returns ``(q int8 (rows, n), scale fp32 (rows, n // group_size))`` and updates ``error`` in place
-    (``error is None``: plain quantization).
+    (``error is None``: plain quantization). ``stats``: None, or fp32 ``(2,)`` whose ``[1]`` gains the quantization
+    error power ``||c - deq||^2`` (fp32 sum).
     """
     if error is None:
-        return quantize_groups(c, bits, group_size, grid)
+        q, scale = quantize_groups(c, bits, group_size, grid)
+        if stats is not None:
+            stats[1] += (c - dequantize_groups(q, scale, group_size, grid)).pow(2).sum()
+        return q, scale
     old = error.dequantize()
     c = c + old
     q, scale = quantize_groups(c, bits, group_size, grid)
     residual = c - dequantize_groups(q, scale, group_size, grid)
+    if stats is not None:
+        stats[1] += residual.pow(2).sum()
     beta32 = torch.tensor(beta, dtype=torch.float32, device=c.device)
     error.store_(old * beta32 + residual * (1 - beta32))
     return q, scale
 
 
 def hop1_(grad: torch.Tensor, error: Optional[ErrorBuffer], args: HopArgs, out_data: torch.Tensor,
-          out_scale: torch.Tensor) -> None:
+          out_scale: torch.Tensor, stats: Optional[torch.Tensor] = None) -> None:
     """Fused intra-node step: partition, swizzle, [rotate,] compensate, quantize, update the error, pack.
 
     ``grad``: any shape, fp32/fp16/bf16, ``N`` elements, partitioned over ``W = args.world_size`` ranks
@@ -68,13 +82,16 @@ def hop1_(grad: torch.Tensor, error: Optional[ErrorBuffer], args: HopArgs, out_d
     slot order. With ``L == 1`` this is also the inter-node step of a one-rank-per-node world.
     ``args.hadamard``: each group is rotated (``ops.hadamard.rotate``) first; everything downstream, the error
     buffers included, then lives in the rotated basis until :func:`final_mean` rotates back. ``args.grid``: the
-    quantization grid of the wire values (``ops.quantizer.grid_levels``), the same on every hop.
+    quantization grid of the wire values (``ops.quantizer.grid_levels``), the same on every hop. ``stats``: None or
+    fp32 ``(2,)``, gains ``[||grad||^2, quantization error power]`` (module docstring).
     """
     world, group_size = args.world_size, args.group_size
     rows = partition_rows(grad, world, group_size)[slot_to_row(world, args.local_size).to(grad.device)]
+    if stats is not None:
+        stats[0] += rows.pow(2).sum()
     if args.hadamard:
         rows = rotate(rows, group_size)
-    q, scale = compensate_and_quantize(rows, error, args.err_beta, args.bits, group_size, args.grid)
+    q, scale = compensate_and_quantize(rows, error, args.err_beta, args.bits, group_size, args.grid, stats)
     out_data.copy_(pack(q, args.bits))
     out_scale.copy_(scale)
 
@@ -91,26 +108,30 @@ def dequantize_sum(data: torch.Tensor, scale: torch.Tensor, blocks: int, bits: i
 
 
 def hop2_(recv_data: torch.Tensor, recv_scale: torch.Tensor, error: Optional[ErrorBuffer], args: HopArgs,
-          out_data: torch.Tensor, out_scale: torch.Tensor) -> None:
+          out_data: torch.Tensor, out_scale: torch.Tensor, stats: Optional[torch.Tensor] = None) -> None:
     """Fused inter-node step: dequantize and fp32-sum the ``B = args.in_blocks`` received blocks (``args.in_bits``
     bits), compensate, quantize to ``args.bits``, update the error.
 
     ``recv_data`` uint8 ``(B*M, P' * in_bits // 8)``, ``recv_scale`` fp32 ``(B*M, P' // group_size)`` (block
     from local peer ``i`` = rows ``[i*M, (i+1)*M)``). ``error``: ``(M, P')`` or None.
-    Writes ``out_data`` uint8 ``(M, P' * bits // 8)`` and ``out_scale`` fp32 ``(M, P' // group_size)``.
+    Writes ``out_data`` uint8 ``(M, P' * bits // 8)`` and ``out_scale`` fp32 ``(M, P' // group_size)``. ``stats``:
+    None or fp32 ``(2,)``, gains ``[||sum||^2, quantization error power]`` (module docstring).
     """
     total = dequantize_sum(recv_data, recv_scale, args.in_blocks, args.in_bits, args.group_size, args.grid)
-    q, scale = compensate_and_quantize(total, error, args.err_beta, args.bits, args.group_size, args.grid)
+    if stats is not None:
+        stats[0] += total.pow(2).sum()
+    q, scale = compensate_and_quantize(total, error, args.err_beta, args.bits, args.group_size, args.grid, stats)
     out_data.copy_(pack(q, args.bits))
     out_scale.copy_(scale)
 
 
 def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, args: HopArgs, numel: int, rank: int,
-               out_dtype: torch.dtype) -> torch.Tensor:
+               out_dtype: torch.dtype, stats: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Dequantize, fp32-sum the received rows in order, [rotate back,] divide by ``W``: this rank's mean partition.
 
     ``recv_data`` uint8 ``(R, P' * args.bits // 8)``, ``recv_scale`` fp32 ``(R, P' // args.group_size)``.
-    Returns ``(P,)`` in ``out_dtype``, ``P = ceil(numel / W)``, zero past ``numel`` (global index).
+    Returns ``(P,)`` in ``out_dtype``, ``P = ceil(numel / W)``, zero past ``numel`` (global index). ``stats``: None
+    or fp32 ``(1,)``, gains ``||mean||^2`` of the fp32 mean (module docstring).
     """
     world = args.world_size
     total = dequantize_sum(recv_data, recv_scale, recv_data.shape[0], args.bits, args.group_size, args.grid)[0]
@@ -120,31 +141,36 @@ def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, args: HopArgs,
     mean = total[:part] / torch.full_like(total[:part], world)  # true division on CUDA too
     valid = max(0, min(part, numel - rank * part))
     mean[valid:] = 0
+    if stats is not None:
+        stats[0] += mean.pow(2).sum()
     return mean.to(out_dtype)
 
 
 # ------------------------------------------------------------------------------------------------ bucket entry points
 # The reducer calls these once per hop per bucket. ``wire.views(buffer, i, offset)`` is parameter ``i``'s slice of a
 # bucket's wire buffer (``deepspeed_loco.layout.WireLayout``); ``args`` is the hop's ``HopArgs``.
+# ``stats``: None, or the fp32 sums of the module docstring over the whole bucket ((2,) for a quantizing hop, (1,) for
+# the final mean), added parameter by parameter.
 def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[ErrorBuffer]], args: HopArgs,
-                     wire: WireLayout, send: torch.Tensor) -> None:
+                     wire: WireLayout, send: torch.Tensor, stats: Optional[torch.Tensor] = None) -> None:
     """The first hop of a bucket: :func:`hop1_` for every gradient, into ``send`` uint8 ``(W, wire.row_bytes)``."""
     for i, (grad, error, offset) in enumerate(zip(grads, errors, wire.offsets())):
-        hop1_(grad, error, args, *wire.views(send, i, offset))
+        hop1_(grad, error, args, *wire.views(send, i, offset), stats)
 
 
 def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence[Optional[ErrorBuffer]],
-                       args: HopArgs, wire: WireLayout, send: torch.Tensor) -> None:
+                       args: HopArgs, wire: WireLayout, send: torch.Tensor,
+                       stats: Optional[torch.Tensor] = None) -> None:
     """A later hop of a bucket: :func:`hop2_` for every parameter, from the previous hop's ``recv`` into ``send``."""
     for i, (error, offset) in enumerate(zip(errors, wire.offsets())):
         in_data, in_scale = in_wire.views(recv, i, offset)
-        hop2_(in_data, in_scale, error, args, *wire.views(send, i, offset))
+        hop2_(in_data, in_scale, error, args, *wire.views(send, i, offset), stats)
 
 
 def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numels: Sequence[int], rank: int,
-                      out_dtype: torch.dtype) -> List[torch.Tensor]:
+                      out_dtype: torch.dtype, stats: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """The last hop's received rows to this rank's mean partitions: :func:`final_mean` per parameter."""
     return [
-        final_mean(*wire.views(recv, i, offset), args, numel, rank, out_dtype)
+        final_mean(*wire.views(recv, i, offset), args, numel, rank, out_dtype, stats)
         for i, (numel, offset) in enumerate(zip(numels, wire.offsets()))
     ]

@@ -9,7 +9,8 @@ Error buffers as the ops take them: ``error_values`` empty (no error feedback) o
 (with ``error_scales``, one fp32 ``(rows, cols // group_size)`` tensor per parameter) or fp32 (``error_scales``
 empty); both are updated in place. Wire buffers: uint8 ``(rows, row_bytes)`` of ``deepspeed_loco.layout.WireLayout``
 (the widths of hop 1 and of the final mean are the gradients' padded partitions,
-``deepspeed_loco.layout.padded_widths``).
+``deepspeed_loco.layout.padded_widths``). ``stats``: None, or the fp32 noise statistics each op adds to (``(2,)`` for
+the quantizing ops, ``(1,)`` for the final mean; :mod:`deepspeed_loco.ops.loco_reference`'s docstring).
 """
 from typing import List, Optional, Sequence
 
@@ -37,30 +38,32 @@ def error_buffers(error_values: Sequence[torch.Tensor], error_scales: Sequence[t
 
 def quantize_bucket(grads: List[torch.Tensor], error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
                     send: torch.Tensor, world_size: int, local_size: int, bits: int, group_size: int,
-                    err_beta: float, hadamard: bool, grid: str) -> None:
+                    err_beta: float, hadamard: bool, grid: str, stats: Optional[torch.Tensor] = None) -> None:
     """Hop 1 (``loco_reference.quantize_bucket_``) into ``send`` uint8 ``(world_size, row_bytes)``."""
     args = HopArgs(world_size, local_size, bits, group_size, err_beta, hadamard, grid)
     wire = WireLayout(padded_widths([g.numel() for g in grads], world_size, group_size), bits, group_size)
     errors = error_buffers(error_values, error_scales, len(grads), group_size)
-    loco_reference.quantize_bucket_(grads, errors, args, wire, send)
+    loco_reference.quantize_bucket_(grads, errors, args, wire, send, stats)
 
 
 def requantize_bucket(recv: torch.Tensor, error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
                       send: torch.Tensor, widths: List[int], world_size: int, local_size: int, bits: int,
-                      in_bits: int, in_blocks: int, group_size: int, err_beta: float, grid: str) -> None:
+                      in_bits: int, in_blocks: int, group_size: int, err_beta: float, grid: str,
+                      stats: Optional[torch.Tensor] = None) -> None:
     """A later hop (``loco_reference.requantize_bucket_``): ``recv`` uint8 ``(in_blocks * rows, in_row_bytes)`` on
     the wire of ``in_bits`` bits into ``send`` uint8 ``(rows, row_bytes)`` on ``bits`` bits (both of ``widths``)."""
     args = HopArgs(world_size, local_size, bits, group_size, err_beta, False, grid, in_bits, in_blocks)
     in_wire, wire = WireLayout(tuple(widths), in_bits, group_size), WireLayout(tuple(widths), bits, group_size)
     errors = error_buffers(error_values, error_scales, len(widths), group_size)
-    loco_reference.requantize_bucket_(recv, in_wire, errors, args, wire, send)
+    loco_reference.requantize_bucket_(recv, in_wire, errors, args, wire, send, stats)
 
 
 def final_mean_bucket(recv: torch.Tensor, numels: List[int], world_size: int, bits: int, group_size: int,
-                      hadamard: bool, grid: str, rank: int, out_dtype: torch.dtype) -> torch.Tensor:
+                      hadamard: bool, grid: str, rank: int, out_dtype: torch.dtype,
+                      stats: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The final mean (``loco_reference.final_mean_bucket``): this rank's mean partitions, concatenated,
     ``out_dtype`` ``(sum of ceil(numel / world_size),)``."""
     args = HopArgs(world_size, 1, bits, group_size, 0.0, hadamard, grid)
     wire = WireLayout(padded_widths(numels, world_size, group_size), bits, group_size)
-    parts = loco_reference.final_mean_bucket(recv, wire, args, numels, rank, out_dtype)
+    parts = loco_reference.final_mean_bucket(recv, wire, args, numels, rank, out_dtype, stats)
     return torch.cat(parts) if parts else recv.new_empty(0, dtype=out_dtype)

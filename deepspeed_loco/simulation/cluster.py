@@ -16,6 +16,7 @@ import torch
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import INTER_NODE, INTRA_NODE, HopPlan, plan_hops
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
+from deepspeed_loco.runtime.comm.noise_stats import ReduceSums
 from deepspeed_loco.runtime.comm.topology import check_layout
 from deepspeed_loco.simulation.exchange import InProcessAllToAll
 
@@ -45,8 +46,9 @@ class SimulatedCluster:
     :meth:`reduce_scatter` takes every rank's gradients of one bucket and returns every rank's mean partitions;
     :meth:`mean_gradients` gathers them into full mean gradients (what ZeRO-3's all-gather would give every rank);
     :meth:`stream` does the same fed a node at a time (:class:`StreamedReduce`).
-    :meth:`on_optimizer_step` counts a step on every rank (``reset_T``). A rank that raises aborts the others'
-    exchanges; the cluster cannot be used after that.
+    :meth:`on_optimizer_step` counts a step on every rank (``reset_T``). :meth:`measure_noise` and
+    :meth:`noise_totals` give the live rho's sums of a step, as a real run's all-reduce would. A rank that raises
+    aborts the others' exchanges; the cluster cannot be used after that.
     """
 
     def __init__(self, config: LocoConfig, nodes: int, local: int):
@@ -104,6 +106,20 @@ class SimulatedCluster:
     def on_optimizer_step(self) -> bool:
         """Counts one optimizer step on every rank; True if this step reset the buffers (``reset_T``)."""
         return any([state.on_optimizer_step() for state in self.states])
+
+    def measure_noise(self) -> None:
+        """Every rank's reducer adds the noise statistics of the reduces until :meth:`noise_totals`
+        (:class:`~deepspeed_loco.runtime.comm.noise_stats.ReduceSums`)."""
+        for reducer in self.reducers:
+            reducer.noise = ReduceSums(len(self.plan.hops))
+
+    def noise_totals(self, device) -> List[float]:
+        """The sums over ranks of the statistics since :meth:`measure_noise` (the live rho's all-reduce), in rank
+        order; the reducers stop adding them."""
+        sums = [reducer.noise.take(device) for reducer in self.reducers]
+        for reducer in self.reducers:
+            reducer.noise = None
+        return torch.stack(sums).sum(0).tolist()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -17,6 +17,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.runtime.comm.noise_stats import NoiseSample
 from deepspeed_loco.simulation.arms import Arm
 from deepspeed_loco.simulation.cluster import SimulatedCluster
 from deepspeed_loco.simulation.observer import ReducedStep, StepObserver
@@ -42,7 +43,10 @@ class ArmResult:
     ``full``). ``rank_grad_sq[t]`` / ``mean_grad_sq[t]``: the mean over ranks of ``||g_rank||^2`` and
     ``||g_exact||^2`` (the exact fp32 gradients, before any quantization), from which :func:`gradient_noise_scale`
     estimates the gradient noise scale; ``rank_batch``: the leading size of one rank's micro-batch; ``world_size``:
-    ``W``.
+    ``W``. The live rho of a qgZ arm (:mod:`deepspeed_loco.runtime.comm.noise_stats`, on the steps its
+    ``rho_every`` measures): ``live_rho_steps`` the steps, and per such step ``live_hop_error_sq`` (error power of the
+    mean per hop), ``live_noise_sq`` (``tr(Sigma) / (W b)``) and ``live_grad_sq`` (``||G||^2``), estimated from the
+    ranks' sums alone, as a real run does.
     """
     key: str
     label: str
@@ -57,6 +61,10 @@ class ArmResult:
     released_fractions: List[float] = field(default_factory=list)
     rank_grad_sq: List[float] = field(default_factory=list)
     mean_grad_sq: List[float] = field(default_factory=list)
+    live_rho_steps: List[int] = field(default_factory=list)
+    live_hop_error_sq: List[List[float]] = field(default_factory=list)
+    live_noise_sq: List[float] = field(default_factory=list)
+    live_grad_sq: List[float] = field(default_factory=list)
     rank_batch: int = 0
     world_size: int = 0
     bytes_per_step: float = 0.0
@@ -145,7 +153,12 @@ class _ArmRun:
         for step in range(1, steps + 1):
             micro = _split(next(data), self.world, self.device)
             result.rank_batch = result.rank_batch or _leading_size(micro[0])
+            measured = self._measures_noise(step)
+            if measured:
+                self.cluster.measure_noise()
             exact, spread, losses, means = self._step_gradients(model, wrapper, named, micro)
+            if measured:
+                self._record_noise(result, step, self.cluster.noise_totals(self.device))
             comm = means[0] if self.cluster is not None else exact
             observer.after_reduce(ReducedStep(step, self.arm, result, self.cluster, exact, comm,
                                               means[1:] if self.cluster is not None else means))
@@ -235,6 +248,19 @@ class _ArmRun:
             losses.append(loss.detach().float())
         model.zero_grad(set_to_none=True)
         return [torch.stack([g[i] for g in grads]) for i in range(len(named))], torch.stack(losses)
+
+    def _measures_noise(self, step: int) -> bool:
+        """Whether step ``step`` is one the arm's ``rho_every`` measures (qgZ arms with hops only)."""
+        every = self.cluster.config.rho_every if self.cluster is not None else 0
+        return bool(every) and step % every == 0 and bool(self.cluster.plan.hops)
+
+    def _record_noise(self, result: ArmResult, step: int, totals: List[float]) -> None:
+        sample = NoiseSample.from_totals(totals, self.world, 1)
+        if sample is not None:  # not finite: an overflow, skipped as a real run skips it
+            result.live_rho_steps.append(step)
+            result.live_hop_error_sq.append(list(sample.hop_error_sq))
+            result.live_noise_sq.append(sample.noise_sq)
+            result.live_grad_sq.append(sample.grad_sq)
 
 
 class _RunningSums:

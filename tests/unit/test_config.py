@@ -31,6 +31,10 @@ def test_upstream_config_is_accepted_unchanged():
     ("local_world_size", 0, "integer >= 1"),
     ("on_corrupt_checkpoint", "ignore", '"error" or "reset"'),
     ("on_corrupt_checkpoint", None, '"error" or "reset"'),
+    ("rho_every", -1, "integer >= 0 (optimizer steps between measurements; 0: off)"),
+    ("rho_every", 2.0, "integer >= 0"),
+    ("rho_log_every", -5, "integer >= 0 (optimizer steps between log lines; 0: never)"),
+    ("rho_log_every", False, "integer >= 0"),
 ])
 def test_bad_value_names_the_key_and_what_is_valid(key, value, hint):
     with pytest.raises(LocoConfigError) as err:
@@ -87,3 +91,9 @@ def test_to_dict_round_trips_every_key():
     cfg = LocoConfig.from_dict({"err_beta": 0.5, "local_world_size": 2, "quant_grid": "midrise", "hadamard": True})
     assert LocoConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.to_dict()["local_world_size"] == 2 and cfg.to_dict()["err_beta"] == 0.5
+
+
+def test_live_rho_defaults_measure_every_10_steps_and_log_every_100():
+    cfg = LocoConfig()
+    assert (cfg.rho_every, cfg.rho_log_every) == (10, 100)
+    assert (LocoConfig(rho_every=0, rho_log_every=0).rho_every, LocoConfig(rho_every=1).rho_every) == (0, 1)

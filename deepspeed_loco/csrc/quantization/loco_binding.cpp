@@ -212,6 +212,24 @@ std::string unsupported(const std::vector<at::Tensor>& tensors) {
     return "";
 }
 
+// The noise statistics of a launch (the ops' optional `stats`, fp32 (n,) on `device`, added to): per-block partial
+// sums (blocks, n) for the kernel to fill, or an undefined tensor without `stats`. add_stats adds them up after
+// the launch (torch's sum: a fixed order, so the bits do not depend on scheduling).
+at::Tensor stats_partials(const c10::optional<at::Tensor>& stats, int64_t n, int64_t blocks, const at::Device& device) {
+    if (!stats.has_value()) return at::Tensor();
+    const at::Tensor& s = *stats;
+    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.size(0) == n && s.device() == device,
+                "LoCo kernels: stats must be float32 (", n, ",) on ", device, ", got ", s.scalar_type(), " ",
+                s.sizes(), " on ", s.device());
+    return at::empty({blocks, n}, s.options());
+}
+
+float* partials_ptr(const at::Tensor& partials) { return partials.defined() ? partials.data_ptr<float>() : nullptr; }
+
+void add_stats(const c10::optional<at::Tensor>& stats, const at::Tensor& partials) {
+    if (partials.defined() && partials.size(0) > 0) stats->add_(partials.sum(0));
+}
+
 int dtype_code(at::ScalarType t, const char* what) {
     switch (t) {
         case at::kFloat: return loco::kFloat32;
@@ -226,7 +244,7 @@ int dtype_code(at::ScalarType t, const char* what) {
 void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& error_values,
                      const std::vector<at::Tensor>& error_scales, int64_t error_bits, at::Tensor& send, int64_t world,
                      int64_t local, int64_t bits, int64_t group_size, double err_beta, bool hadamard,
-                     const std::string& grid) {
+                     const std::string& grid, const c10::optional<at::Tensor>& stats) {
     const loco::HopArgs h = hop_args(world, local, bits, group_size, err_beta, hadamard, grid, 0, 0, false);
     TORCH_CHECK(!grads.empty(), "LoCo kernels: a bucket without gradients");
     std::vector<int64_t> numels;
@@ -254,9 +272,11 @@ void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at:
     int64_t blocks = 0;
     const int chunks = loco::chunks_per_thread(loco::kHop1Kernel, h.hadamard, (int)error_bits);
     const at::Tensor table = upload(items, h.world, h.group_size, chunks, device, &blocks);
+    const at::Tensor partials = stats_partials(stats, 2, blocks, device);
     raise_if(loco::quantize_bucket(h, dtype, (int)error_bits,
                                    reinterpret_cast<const loco::BucketItem*>(table.data_ptr()), (int)items.size(),
-                                   blocks, out, at::cuda::getCurrentCUDAStream().stream()));
+                                   blocks, out, partials_ptr(partials), at::cuda::getCurrentCUDAStream().stream()));
+    add_stats(stats, partials);
 }
 
 // deepspeed_loco::requantize_bucket_ on CUDA (a later hop): `recv` uint8 (in_blocks * nodes, in_row_bytes) of the
@@ -264,7 +284,8 @@ void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at:
 void requantize_bucket(const at::Tensor& recv, const std::vector<at::Tensor>& error_values,
                        const std::vector<at::Tensor>& error_scales, int64_t error_bits, at::Tensor& send,
                        const std::vector<int64_t>& widths, int64_t world, int64_t local, int64_t bits, int64_t in_bits,
-                       int64_t in_blocks, int64_t group_size, double err_beta, const std::string& grid) {
+                       int64_t in_blocks, int64_t group_size, double err_beta, const std::string& grid,
+                       const c10::optional<at::Tensor>& stats) {
     const loco::HopArgs h = hop_args(world, local, bits, group_size, err_beta, false, grid, in_bits, in_blocks, true);
     const Wire win = wire_layout(widths, h, h.in_bits, "in_wire");
     const Wire w = wire_layout(widths, h, h.bits, "wire");
@@ -282,8 +303,11 @@ void requantize_bucket(const at::Tensor& recv, const std::vector<at::Tensor>& er
     int64_t blocks = 0;
     const int chunks = loco::chunks_per_thread(loco::kHop2Kernel, false, (int)error_bits);
     const at::Tensor table = upload(items, nodes, h.group_size, chunks, device, &blocks);
+    const at::Tensor partials = stats_partials(stats, 2, blocks, device);
     raise_if(loco::requantize_bucket(h, (int)error_bits, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
-                                     (int)items.size(), blocks, in, out, at::cuda::getCurrentCUDAStream().stream()));
+                                     (int)items.size(), blocks, in, out, partials_ptr(partials),
+                                     at::cuda::getCurrentCUDAStream().stream()));
+    add_stats(stats, partials);
 }
 
 // deepspeed_loco::final_mean_bucket on CUDA: `recv` uint8 (rows, row_bytes) of the wire of `bits` bits whose widths
@@ -291,7 +315,7 @@ void requantize_bucket(const at::Tensor& recv, const std::vector<at::Tensor>& er
 // (sum of ceil(numel / world),).
 at::Tensor final_mean_bucket(const at::Tensor& recv, const std::vector<int64_t>& numels, int64_t world, int64_t bits,
                              int64_t group_size, bool hadamard, const std::string& grid, int64_t rank,
-                             at::ScalarType out_dtype) {
+                             at::ScalarType out_dtype, const c10::optional<at::Tensor>& stats) {
     const loco::HopArgs h = hop_args(world, 1, bits, group_size, 0.0, hadamard, grid, 0, 0, false);
     const Wire w = wire_layout(padded_widths(numels, h), h, h.bits, "wire");
     TORCH_CHECK(rank >= 0 && rank < h.world, "LoCo kernels: rank = ", rank, " must be in [0, ", h.world, ")");
@@ -317,9 +341,11 @@ at::Tensor final_mean_bucket(const at::Tensor& recv, const std::vector<int64_t>&
     int64_t blocks = 0;
     const int chunks = loco::chunks_per_thread(loco::kFinalKernel, h.hadamard, 0);
     const at::Tensor table = upload(items, 1, h.group_size, chunks, device, &blocks);
+    const at::Tensor partials = stats_partials(stats, 1, blocks, device);
     raise_if(loco::final_mean_bucket(h, dtype, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
-                                     (int)items.size(), blocks, in, (int)recv.size(0),
+                                     (int)items.size(), blocks, in, (int)recv.size(0), partials_ptr(partials),
                                      at::cuda::getCurrentCUDAStream().stream()));
+    add_stats(stats, partials);
     return flat;
 }
 

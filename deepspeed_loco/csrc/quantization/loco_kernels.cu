@@ -225,6 +225,7 @@ struct Launch {
     Levels error_levels;  // the int8 error buffer's: 8 bits, symmetric (qmax 127)
     uint32_t magic_bits;  // math::kRoundMagicBits (see OldError<8, C>)
     WireArgs in, out;
+    float* stats;         // noise statistics: kStats[kernel] fp32 partial sums per block, or nullptr (none computed)
 };
 
 // Where a team works: its block's parameter, and its own row and group of that parameter.
@@ -531,6 +532,39 @@ struct Exchange<true> {
         return xchg;
     }
 };
+// ------------------------------------------------------------------------------------- noise statistics
+// The block's N per-thread fp32 sums added in a fixed order (warp butterfly, then the warps in order by thread 0) and
+// written to out[0..N): per-block partial sums that the binding adds up (torch's sum: deterministic), so the bits
+// never depend on scheduling (no float atomics). Every thread of the block calls it.
+template <int N>
+__device__ __forceinline__ void write_block_sums(float (&x)[N], float* out) {
+    __shared__ float warp_sums[N][kBlock / 32];
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) x[j] = f_add(x[j], __shfl_xor_sync(0xffffffffu, x[j], o));
+    if ((threadIdx.x & 31) == 0)
+#pragma unroll
+        for (int j = 0; j < N; ++j) warp_sums[j][threadIdx.x >> 5] = x[j];
+    __syncthreads();
+    if (threadIdx.x == 0)
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            float total = 0.0f;
+            for (int w = 0; w < kBlock / 32; ++w) total = f_add(total, warp_sums[j][w]);
+            out[j] = total;
+        }
+}
+
+// sq += the sum of squares of the thread's values (fp32, in chunk order).
+template <int C>
+__device__ __forceinline__ void add_squares(const float (&v)[C][8], float& sq) {
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sq = f_fma(v[c][i], v[c][i], sq);
+}
+
 // ------------------------------------------------------------------------------- compensate + quantize
 // Runs pass(quantize_chunk) with the fastest chunk quantizer that gives `quantize`'s codes for all of the thread's
 // values (see reciprocal_codes): one decision per group, none per chunk.
@@ -547,12 +581,13 @@ __device__ __forceinline__ void with_quantizer(const float (&v)[C][8], const Rul
 
 // v: compensated values c of the thread's chunks (all zero for an inactive team); decayed: beta * the old error.
 // Quantizes the group on the wire grid (Midrise or symmetric, p.levels) to `data`/`scale`, then (EBits != 0)
-// stores the updated error to `er` (int8 storage: symmetric, qmax 127). Each chunk is quantized, packed, stored and
+// stores the updated error to `er` (int8 storage: symmetric, qmax 127). With p.stats, err_sq gains the squares of
+// the quantization error c - deq of the thread's values. Each chunk is quantized, packed, stored and
 // (with error) turned into its new error in one pass, so only 8 codes are live at a time.
 template <int Bits, int EBits, bool Midrise, int C>
 __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, float (&v)[C][8],
                                                const DecayedError<EBits, C>& decayed, uint32_t key, uint8_t* data,
-                                               float* scale, const ErrorRow& er, uint32_t* red) {
+                                               float* scale, const ErrorRow& er, uint32_t* red, float& err_sq) {
     const int lane = k.lane, team = k.team;
     key = team_max(key, p.team_log2, red);
     const Rule rule = make_rule(key, p.levels);
@@ -564,6 +599,14 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
             float biased[8];
             quantize_chunk(v[c], biased);
             if (k.active) store_word<Bits>(words + (int64_t)c * team * Bits, pack_word<Bits>(biased));
+            if (p.stats != nullptr) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const float level = Midrise ? f_add(code_of<Bits>(biased[i]), 0.5f) : code_of<Bits>(biased[i]);
+                    const float r = f_sub(v[c][i], f_mul(level, rule.scale()));
+                    err_sq = f_fma(r, r, err_sq);
+                }
+            }
             if constexpr (EBits != 0) {
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
@@ -613,9 +656,10 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
 template <int Bits, int EBits, int C>
 __device__ __forceinline__ void quantize_group_on_grid(const Launch& p, const Block& k, float (&v)[C][8],
                                                        const DecayedError<EBits, C>& decayed, uint32_t key,
-                                                       uint8_t* data, float* scale, const ErrorRow& er, uint32_t* red) {
+                                                       uint8_t* data, float* scale, const ErrorRow& er, uint32_t* red,
+                                                       float& err_sq) {
     with_grid(p.midrise, [&](auto midrise) {
-        quantize_group<Bits, EBits, decltype(midrise)::value>(p, k, v, decayed, key, data, scale, er, red);
+        quantize_group<Bits, EBits, decltype(midrise)::value>(p, k, v, decayed, key, data, scale, er, red, err_sq);
     });
 }
 
@@ -648,9 +692,10 @@ __device__ __forceinline__ void zero_values(float (&v)[C][8]) {
 
 // ------------------------------------------------------------------------------------------------ hop 1
 // Block row = slot of the send buffer; slot d*M + n carries partition row n*L + d of its gradient.
-// One (row, group) pair of hop 1 for the team: every thread of the block calls it (team reductions, rotation).
+// One (row, group) pair of hop 1 for the team: every thread of the block calls it (team reductions, rotation). With
+// p.stats, sq[0] gains the squares of the gradient values, sq[1] those of the quantization error.
 template <int DT, int Bits, int EBits, bool Rotate, int C>
-__device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint32_t* red) {
+__device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint32_t* red, float (&sq)[2]) {
     const BucketItem& it = *k.item;
     const int lane = k.lane, team = k.team;
     const int64_t slot = k.row;
@@ -686,6 +731,7 @@ __device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint
         zero_values(v);
         zero_error(old);
     }
+    if (p.stats != nullptr) add_squares(v, sq[0]);
     if constexpr (Rotate) {  // every thread: the butterfly exchanges across the team
         apply_signs(v, chunk_signs(lane, team));
         butterfly(v, lane, p.team_log2, Exchange<Rotate>::get());
@@ -694,7 +740,7 @@ __device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint
     DecayedError<EBits, C> decayed;
     const uint32_t key = compensate(v, old, p.beta, decayed);
     quantize_group_on_grid<Bits, EBits>(p, k, v, decayed, key, wire_data<Bits>(p.out, slot, k),
-                                        wire_scale(p.out, slot, k, p.group_log2), er, red);
+                                        wire_scale(p.out, slot, k, p.group_log2), er, red, sq[1]);
 }
 
 
@@ -703,9 +749,11 @@ template <int DT, int Bits, int EBits, bool Rotate, int C = chunks_of(kHop1Kerne
 __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launch p) {
     __shared__ uint32_t red[kBlock / 32];
     const BucketItem* const item = p.items + item_of_block(p);
+    float sq[2] = {0.0f, 0.0f};
 #pragma unroll 1
     for (int step = 0; step < G; ++step)
-        hop1_group<DT, Bits, EBits, Rotate, C>(p, locate_pair(p, item, step, G), red);
+        hop1_group<DT, Bits, EBits, Rotate, C>(p, locate_pair(p, item, step, G), red, sq);
+    if (p.stats != nullptr) write_block_sums(sq, p.stats + 2 * (int64_t)blockIdx.x);
 }
 
 // ------------------------------------------------------------------------------------------------ hop 2
@@ -756,9 +804,11 @@ __device__ __forceinline__ void sum_rows_on_grid(const Launch& p, const Block& k
     });
 }
 
-// Block row = output row m (node); the input bits are a run-time switch (p.in_bits).
+// Block row = output row m (node); the input bits are a run-time switch (p.in_bits). With p.stats, sq[0] gains the
+// squares of the summed input, sq[1] those of the quantization error.
 template <int Bits, int EBits, int C>
-__device__ __forceinline__ void hop2_group(const Launch& p, int in_bits, const Block& k, uint32_t* red) {
+__device__ __forceinline__ void hop2_group(const Launch& p, int in_bits, const Block& k, uint32_t* red,
+                                           float (&sq)[2]) {
     const int64_t m = k.row;
     const ErrorRow er = error_row<EBits>(k, m);
     float v[C][8];
@@ -777,18 +827,22 @@ __device__ __forceinline__ void hop2_group(const Launch& p, int in_bits, const B
         zero_values(v);
         zero_error(old);
     }
+    if (p.stats != nullptr) add_squares(v, sq[0]);
     DecayedError<EBits, C> decayed;
     const uint32_t key = compensate(v, old, p.beta, decayed);
     quantize_group_on_grid<Bits, EBits>(p, k, v, decayed, key, wire_data<Bits>(p.out, m, k),
-                                        wire_scale(p.out, m, k, p.group_log2), er, red);
+                                        wire_scale(p.out, m, k, p.group_log2), er, red, sq[1]);
 }
 
 template <int Bits, int EBits, int C = chunks_of(kHop2Kernel, false, EBits), int G = groups_of(kHop2Kernel, false)>
 __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launch p, int in_bits) {
     __shared__ uint32_t red[kBlock / 32];
     const BucketItem* const item = p.items + item_of_block(p);
+    float sq[2] = {0.0f, 0.0f};
 #pragma unroll 1
-    for (int step = 0; step < G; ++step) hop2_group<Bits, EBits, C>(p, in_bits, locate_pair(p, item, step, G), red);
+    for (int step = 0; step < G; ++step)
+        hop2_group<Bits, EBits, C>(p, in_bits, locate_pair(p, item, step, G), red, sq);
+    if (p.stats != nullptr) write_block_sums(sq, p.stats + 2 * (int64_t)blockIdx.x);
 }
 
 // ------------------------------------------------------------------------------------------------ final
@@ -837,22 +891,10 @@ __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count,
     }
 }
 
-// One output row per parameter; with Rotate each group's sum is rotated back (d * (H t) * s) before / W.
-template <int Bits, int OutDT, bool Rotate, int C = chunks_of(kFinalKernel, Rotate, 0)>
-__global__ void __launch_bounds__(kBlock, LOCO_FINAL_MIN_BLOCKS) final_kernel(const Launch p) {
-    const Block k = locate(p);
-    const BucketItem& it = *k.item;
-    float v[C][8];
-    if (k.active)
-        sum_rows_on_grid<Bits>(p, k, 0, 1, p.rows, v);
-    else
-        zero_values(v);
-    if constexpr (Rotate) {  // every thread, inactive teams with zeros
-        butterfly(v, k.lane, p.team_log2, Exchange<Rotate>::get());
-        scale_all(v, p.hadamard_scale);
-        apply_signs(v, chunk_signs(k.lane, k.team));
-    }
-    if (!k.active) return;
+// The team's fp32 sums, / W, trimmed to the partition, stored as OutDT; with p.stats, sq gains their squares.
+template <int OutDT, int C>
+__device__ __forceinline__ void final_store(const Launch& p, const Block& k, const BucketItem& it, float (&v)[C][8],
+                                            float& sq) {
     // / W: for W = 2^j the product by the exact 2^-j rounds the same real number once, so it is the IEEE quotient
     // bit for bit for every input (subnormal results, zeros, infinities; NaN stays NaN) at one FMUL instead of a
     // division sequence; other W divide (launch-uniform branch)
@@ -877,8 +919,32 @@ __global__ void __launch_bounds__(kBlock, LOCO_FINAL_MIN_BLOCKS) final_kernel(co
             for (int i = 0; i < 8; ++i)
                 if (col + i >= it.valid) v[c][i] = 0.0f;
         }
+        if (p.stats != nullptr)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) sq = f_fma(v[c][i], v[c][i], sq);
         store_out<OutDT>(it.out, col, it.part - col, v[c]);
     }
+}
+
+// One output row per parameter; with Rotate each group's sum is rotated back (d * (H t) * s) before / W. With
+// p.stats, the block's sum of squares of the fp32 mean it writes (before the cast) goes to p.stats[blockIdx.x].
+template <int Bits, int OutDT, bool Rotate, int C = chunks_of(kFinalKernel, Rotate, 0)>
+__global__ void __launch_bounds__(kBlock, LOCO_FINAL_MIN_BLOCKS) final_kernel(const Launch p) {
+    const Block k = locate(p);
+    const BucketItem& it = *k.item;
+    float v[C][8];
+    if (k.active)
+        sum_rows_on_grid<Bits>(p, k, 0, 1, p.rows, v);
+    else
+        zero_values(v);
+    if constexpr (Rotate) {  // every thread, inactive teams with zeros
+        butterfly(v, k.lane, p.team_log2, Exchange<Rotate>::get());
+        scale_all(v, p.hadamard_scale);
+        apply_signs(v, chunk_signs(k.lane, k.team));
+    }
+    float sq[1] = {0.0f};
+    if (k.active) final_store<OutDT, C>(p, k, it, v, sq[0]);
+    if (p.stats != nullptr) write_block_sums(sq, p.stats + (int64_t)blockIdx.x);
 }
 
 // ------------------------------------------------------------------------------------------- launching
@@ -956,6 +1022,7 @@ Launch make_launch(const HopArgs& a, int chunks, const BucketItem* items, int co
     p.magic_bits = kRoundMagicBits;
     p.in = in;
     p.out = out;
+    p.stats = nullptr;
     return p;
 }
 
@@ -973,9 +1040,10 @@ int chunks_per_thread(Kernel kernel, bool rotate, int error_bits) {
 }
 
 const char* quantize_bucket(const HopArgs& a, int grad_dtype, int error_bits, const BucketItem* items, int count,
-                            int64_t blocks, WireArgs out, cudaStream_t stream) {
+                            int64_t blocks, WireArgs out, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    const Launch p = make_launch(a, chunks_of(kHop1Kernel, a.hadamard, error_bits), items, count, WireArgs{}, out, 0);
+    Launch p = make_launch(a, chunks_of(kHop1Kernel, a.hadamard, error_bits), items, count, WireArgs{}, out, 0);
+    p.stats = stats;
     bool ok = false;
     with_dtype(grad_dtype, [&](auto dt) {
         with_bits(a.bits, [&](auto bits) {
@@ -992,9 +1060,10 @@ const char* quantize_bucket(const HopArgs& a, int grad_dtype, int error_bits, co
 }
 
 const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem* items, int count, int64_t blocks,
-                              WireArgs in, WireArgs out, cudaStream_t stream) {
+                              WireArgs in, WireArgs out, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
     Launch p = make_launch(a, chunks_of(kHop2Kernel, false, error_bits), items, count, in, out, 0);
+    p.stats = stats;
     p.item_rows = p.nodes;
     bool ok = false;
     with_bits(a.bits, [&](auto bits) {
@@ -1008,9 +1077,10 @@ const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem
 }
 
 const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem* items, int count, int64_t blocks,
-                              WireArgs in, int rows, cudaStream_t stream) {
+                              WireArgs in, int rows, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
     Launch p = make_launch(a, chunks_of(kFinalKernel, a.hadamard, 0), items, count, in, WireArgs{}, rows);
+    p.stats = stats;
     p.item_rows = 1;
     bool ok = false;
     with_dtype(out_dtype, [&](auto dt) {

@@ -129,24 +129,26 @@ enum Kernel : int { kHop1Kernel = 0, kHop2Kernel = 1, kFinalKernel = 2 };
 int chunks_per_thread(Kernel kernel, bool rotate, int error_bits);
 
 // Each launcher runs one kernel over the `count` parameters of `items` (a device array, `blocks` blocks in all)
-// on `stream`. Arguments are validated by the binding.
+// on `stream`. Arguments are validated by the binding. `stats`: nullptr, or fp32 (blocks, N) that each block fills
+// with its partial sums of the noise statistics (hops: N = 2, the squares of the hop's input and of the quantization
+// error c - deq; final: N = 1, the squares of the fp32 mean), for the binding to add up (no atomics: deterministic).
 
 // hop 1: partition each gradient into `world` rows of `part` elements padded to `cols`, in slot order (slot
 // d*M + n carries row n*L + d), [rotate each group,] compensate with its error (world, cols), quantize into
 // `out` (world rows) and update the error in place. All gradients have dtype `grad_dtype`.
 const char* quantize_bucket(const HopArgs& args, int grad_dtype, int error_bits, const BucketItem* items,
-                            int count, int64_t blocks, WireArgs out, cudaStream_t stream);
+                            int count, int64_t blocks, WireArgs out, float* stats, cudaStream_t stream);
 
 // hop 2: sum the `in_blocks` dequantized blocks of `in` (in_blocks * nodes rows; block i = rows [i*nodes,
 // (i+1)*nodes), nodes = world / local) in block order, compensate with the error (nodes, cols), quantize into
 // `out` (nodes rows).
 const char* requantize_bucket(const HopArgs& args, int error_bits, const BucketItem* items, int count,
-                              int64_t blocks, WireArgs in, WireArgs out, cudaStream_t stream);
+                              int64_t blocks, WireArgs in, WireArgs out, float* stats, cudaStream_t stream);
 
 // final: item.out[j] = (sum over the `rows` rows of dequant(in)[row, col + j], [rotated back per group]) /
 // world for j < valid, zero for valid <= j < part (`out_dtype`, contiguous).
 const char* final_mean_bucket(const HopArgs& args, int out_dtype, const BucketItem* items, int count,
-                              int64_t blocks, WireArgs in, int rows, cudaStream_t stream);
+                              int64_t blocks, WireArgs in, int rows, float* stats, cudaStream_t stream);
 #endif
 
 // ------------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import Hop, HopPlan, WireLayout, plan_hops
 from deepspeed_loco.ops import kernels_for
 from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
+from deepspeed_loco.runtime.comm.noise_stats import ReduceSums
 from deepspeed_loco.utils.logging import logger
 
 
@@ -62,6 +63,10 @@ class LocoReducer:
     ``plan``: the hops, with this rank's exchanges; ``state``: the error buffers and the algorithm's settings
     (``err_beta`` goes from it into every hop's kernel arguments), built for the same plan (ValueError otherwise);
     ``rank``: this rank's index in the group. :meth:`for_topology` builds all three.
+
+    ``noise``: None, or the :class:`~deepspeed_loco.runtime.comm.noise_stats.ReduceSums` that every reduce adds its
+    noise statistics to (the ops' ``stats`` outputs; set by the live rho on measured steps only: with None nothing is
+    computed).
     """
 
     def __init__(self, plan: HopPlan, state: ErrorFeedbackState, rank: int):
@@ -72,6 +77,7 @@ class LocoReducer:
         self.state = state
         self.rank = rank
         self.stats = WireStats()
+        self.noise: Optional[ReduceSums] = None
         self._touched = False
 
     @classmethod
@@ -124,17 +130,18 @@ class LocoReducer:
         buffers = [self.state.buffers_for(n, g.numel(), g.device) for n, g in zip(names, grads)]
         self._touched = any(b is not None for b in buffers)  # the kernels below update the buffers in place
         recv = wire = None
+        hop_stats, mean_stats = self.noise.views(device) if self.noise is not None else ([None] * len(plan.hops), None)
         for index, hop in enumerate(plan.hops):
             errors = [b and b[hop.name] for b in buffers]
             args, in_wire, wire = plan.args(index, err_beta), wire, hop.wire(widths, plan.group_size)
             send = wire.empty(hop.rows, device)
             if index == 0:
                 with record_function(profiler_range(hop.name, "quantize_bucket_")):
-                    kernels.quantize_bucket_(grads, errors, args, wire, send)
+                    kernels.quantize_bucket_(grads, errors, args, wire, send, hop_stats[index])
                 grads.clear()  # the full gradients are on the wire: let them go before the exchanges
             else:
                 with record_function(profiler_range(hop.name, "requantize_bucket_")):
-                    kernels.requantize_bucket_(recv, in_wire, errors, args, wire, send)
+                    kernels.requantize_bucket_(recv, in_wire, errors, args, wire, send, hop_stats[index])
             if hop.exchange is None:
                 raise RuntimeError(f"LoCo reduce: hop {hop.name!r} has no exchange (a topology without process "
                                    f"groups cannot reduce)")
@@ -143,7 +150,7 @@ class LocoReducer:
             self.stats.sent(hop, wire)
         with record_function(profiler_range(None, "final_mean_bucket")):
             return kernels.final_mean_bucket(recv, wire, plan.args(len(plan.hops) - 1, err_beta), numels, self.rank,
-                                             dtype)
+                                             dtype, mean_stats)
 
 
 def _check_gradients(names: Sequence[str], grads: Sequence[torch.Tensor]) -> None:

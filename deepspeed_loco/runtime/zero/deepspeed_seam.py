@@ -13,7 +13,8 @@ What is patched, and how it is undone:
   ``remove``).
 * Read, never written: the optimizer's ``dp_process_group``, ``dtype``, ``gradient_accumulation_dtype``,
   ``loss_scale``, ``overflow``, ``param_names`` and its partition-group helpers; a ZeRO-3 parameter's ``ds_id``,
-  ``ds_numel`` and ``ds_tensor``; the engine's ``monitor``. Code outside this module reads them through the named
+  ``ds_numel`` and ``ds_tensor``; the engine's ``monitor``, ``train_micro_batch_size_per_gpu()`` and
+  ``gradient_accumulation_steps()``. Code outside this module reads them through the named
   functions at its end (:func:`data_parallel_group`, :func:`param_numel`, ...), never by attribute.
 
 :data:`TESTED_DEEPSPEED` lists the DeepSpeed releases this module was tested with; others start with a warning,
@@ -326,6 +327,16 @@ def engine_monitor(engine):
     return monitor if monitor is not None and monitor.enabled else None
 
 
+def micro_batch_per_rank(engine) -> int:
+    """Samples per rank and micro-step (the engine's ``train_micro_batch_size_per_gpu()``)."""
+    return int(engine.train_micro_batch_size_per_gpu())
+
+
+def accumulation_steps(engine) -> int:
+    """Micro-steps per optimizer step (the engine's ``gradient_accumulation_steps()``); ZeRO-3 reduces every one."""
+    return int(engine.gradient_accumulation_steps())
+
+
 def local_device_count() -> int:
     from deepspeed.accelerator import get_accelerator
     return get_accelerator().device_count()
@@ -339,4 +350,4 @@ def current_device() -> torch.device:
 __all__ = ["MIN_DEEPSPEED", "TESTED_DEEPSPEED", "REDUCE_METHOD", "check_deepspeed_version", "is_stage3_optimizer",
            "stock_initialize", "install", "uninstall", "installed", "OptimizerPatch", "StockReduceObservation",
            "data_parallel_group", "param_names", "param_id", "param_numel", "partition_device", "engine_monitor",
-           "local_device_count", "current_device"]
+           "micro_batch_per_rank", "accumulation_steps", "local_device_count", "current_device"]

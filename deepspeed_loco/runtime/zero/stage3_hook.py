@@ -1,6 +1,7 @@
 """LoCo attached to one DeepSpeed ZeRO-3 optimizer: topology, hop plan (built once, here), error-feedback state,
 reducer, the step rules (reset every ``reset_T`` optimizer steps, rescale on an fp16 loss-scale change, clear
-on overflow) and the observers of the reduce (:meth:`LocoHook.add_reduce_observer`).
+on overflow), the live rho (:class:`~deepspeed_loco.runtime.comm.noise_stats.LiveRho`) and the observers of the
+reduce (:meth:`LocoHook.add_reduce_observer`).
 
 Every touch of DeepSpeed itself goes through :mod:`deepspeed_loco.runtime.zero.deepspeed_seam`.
 """
@@ -16,6 +17,7 @@ from deepspeed_loco.layout import HopPlan, describe_hop_cost
 from deepspeed_loco.ops import kernels_for
 from deepspeed_loco.runtime.zero import deepspeed_seam
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
+from deepspeed_loco.runtime.comm.noise_stats import LiveRho
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.zero import checkpoint, telemetry
 from deepspeed_loco.runtime.zero.regime_note import regime_note
@@ -76,6 +78,7 @@ class LocoHook:
         self.plan: HopPlan = self.reducer.plan
         self.state: ErrorFeedbackState = self.reducer.state
         self.telemetry: Optional[telemetry.LocoTelemetry] = None  # set by attach() when a DeepSpeed monitor is on
+        self.live_rho: Optional[LiveRho] = None  # set by attach() (it needs the engine's batch sizes)
         self._observers: Dict[int, ReduceObserver] = {}  # by registration number, called in that order
         self._observer_keys = itertools.count()
         named = dict(named_params) if named_params is not None else deepspeed_seam.param_names(optimizer)
@@ -116,8 +119,9 @@ class LocoHook:
         if reset:
             logger.debug(f"LoCo: error buffers reset at optimizer step {self.state.step} "
                          f"(reset_T={self.config.reset_T})")
+        estimate = self.live_rho.on_step(self.state.step) if self.live_rho else None
         if self.telemetry:
-            self.telemetry.on_step(self.state.step, reset or overflow)
+            self.telemetry.on_step(self.state.step, reset or overflow, estimate)
 
     def detach(self) -> None:
         """Gives the optimizer back its stock reduce, step and checkpoint methods; one that something wrapped again
@@ -130,7 +134,8 @@ class LocoHook:
 
     def describe(self, params) -> str:
         """The start-up line: mode, layout, bits, group size, hadamard, the wire cost of each hop
-        (:func:`describe_wire`), ``err_beta``/``reset_T``, this rank's error-buffer memory and the kernels."""
+        (:func:`describe_wire`), ``err_beta``/``reset_T``, this rank's error-buffer memory, the kernels and how often
+        the live rho is measured (``rho_every``)."""
         topo, cfg = self.topology, self.config
         numel = sum(deepspeed_seam.param_numel(p) for p in params)
         buffer_bytes = self.planned_buffer_bytes(params)
@@ -141,7 +146,8 @@ class LocoHook:
                 f"{' (auto)' if cfg.quant_grid == 'auto' else ''}, hadamard "
                 f"{'on' if cfg.hadamard else 'off'}; {describe_wire(self.plan)}; err_beta {cfg.err_beta}, reset_T "
                 f"{cfg.reset_T}; error buffers {buffer_bytes / 2**20:.2f} MiB ({buffer_bytes / max(numel, 1):.3f} B "
-                f"per parameter element, int{cfg.error_bits}) on this rank; kernels: {kernels}")
+                f"per parameter element, int{cfg.error_bits}) on this rank; kernels: {kernels}; live rho "
+                f"{f'every {cfg.rho_every} steps' if cfg.rho_every else 'off'}")
 
 
 def patch_optimizer(optimizer, state: ErrorFeedbackState, names: Mapping[str, torch.Tensor], reduce, after_step):
@@ -173,6 +179,9 @@ def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
         note = regime_note(hook.plan, config.error_feedback, sum(deepspeed_seam.param_numel(p) for p in params))
         if note:
             log_rank0(note)
+    hook.live_rho = LiveRho(hook.reducer, hook.topology.group, config.rho_every, config.rho_log_every,
+                            deepspeed_seam.micro_batch_per_rank(engine), deepspeed_seam.accumulation_steps(engine),
+                            deepspeed_seam.current_device(), next_step=hook.state.step + 1)
     hook.telemetry = telemetry.for_engine(engine, hook)
     setattr(engine, ENGINE_ATTRIBUTE, hook)
     return hook

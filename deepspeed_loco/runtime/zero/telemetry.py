@@ -11,16 +11,21 @@ rank 0 writes after every optimizer step, with the optimizer step (1-based, the 
   parameters right after each reduce (int8 buffers dequantized), ``g`` the gradients this rank fed into those
   reduces; sums of squares over all reduces of the step;
 * ``LoCo/reset``: 1.0 on a step that cleared the error buffers (every ``reset_T`` steps, or an fp16 overflow),
-  else 0.0.
+  else 0.0;
+* on the steps the live rho measures (``rho_every``; :mod:`deepspeed_loco.runtime.comm.noise_stats`), its moving
+  estimate: ``LoCo/rho`` (total), ``LoCo/rho_<hop>`` per hop, ``LoCo/rho_spread`` (standard error; from the
+  second measurement) and ``LoCo/noise_scale`` (gradient noise scale in samples, while resolved).
 
 The telemetry object is one of the hook's reduce observers (:meth:`LocoHook.add_reduce_observer`) and is told of
 every optimizer step by the hook. Without an enabled monitor, and on every other rank, no telemetry object exists:
 nothing observes the reduce and the step costs one test.
 """
+import math
 from typing import Dict, Optional, Sequence
 
 import torch
 
+from deepspeed_loco.runtime.comm.noise_stats import RhoEstimate
 from deepspeed_loco.runtime.zero import deepspeed_seam
 
 PREFIX = "LoCo/"
@@ -58,8 +63,9 @@ class LocoTelemetry:
             self._error_sq += sum(float(b.dequantize().pow(2).sum()) for name in names
                                   for b in self.reducer.state.buffers_of(name).values())
 
-    def on_step(self, step: int, reset: bool) -> None:
-        """Writes the events of optimizer step ``step`` and starts the next step's counts."""
+    def on_step(self, step: int, reset: bool, rho: Optional[RhoEstimate] = None) -> None:
+        """Writes the events of optimizer step ``step`` (``rho``: the live rho's estimate when this step updated
+        it) and starts the next step's counts."""
         sent_now = hop_bytes(self.reducer)
         sent = {hop: sent_now[hop] - self._sent_before.get(hop, 0) for hop in sent_now}
         events = [(f"{PREFIX}{hop}_bytes", float(count), step) for hop, count in sent.items()]
@@ -69,9 +75,20 @@ class LocoTelemetry:
             rel = (self._error_sq / self._grad_sq)**0.5 if self._grad_sq else 0.0
             events.append((f"{PREFIX}error_rel_norm", rel, step))
         events.append((f"{PREFIX}reset", 1.0 if reset else 0.0, step))
+        if rho is not None:
+            events += rho_events(rho, step)
         self.monitor.write_events(events)
         self._sent_before = sent_now
         self._full_precision_bytes = self._grad_sq = self._error_sq = 0.0
+
+
+def rho_events(rho: RhoEstimate, step: int):
+    """The monitor events of a live-rho estimate at optimizer step ``step`` (the module docstring's names); a
+    figure not resolved yet (NaN rho, no spread, no noise scale) is left out."""
+    figures = {"rho": rho.rho, "rho_spread": rho.rho_spread, "noise_scale": rho.noise_scale,
+               **{f"rho_{hop}": value for hop, value in rho.hop_rho.items()}}
+    return [(f"{PREFIX}{name}", float(value), step) for name, value in figures.items()
+            if value is not None and math.isfinite(value)]
 
 
 def for_engine(engine, hook) -> Optional[LocoTelemetry]:

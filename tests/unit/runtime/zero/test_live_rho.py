@@ -1,0 +1,115 @@
+"""The live rho in a real DeepSpeed ZeRO-3 engine: 4 gloo processes, 2 nodes x 2 ranks, through ``csv_monitor``.
+
+Each rank also observes its own reduces (a reduce observer: the gradients it fed in and the partitions it got back),
+so the test recomputes the estimator's gradient and mean powers independently and checks the engine's sample
+against them, with gradient accumulation and with plain qgZ (``error_feedback: false``).
+"""
+import csv
+import logging
+
+import pytest
+import torch
+
+WORLD, STEPS, MICRO = 4, 4, 8
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(13, 33), torch.nn.Tanh(), torch.nn.Linear(33, 5))
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def train(out_dir, error_feedback, accum, rho_every):
+    """``STEPS`` optimizer steps; returns per measured step the engine's sample and the directly computed powers
+    (all-reduced), and the live-rho lines this rank logged."""
+    import deepspeed_loco
+    from deepspeed_loco.utils.logging import logger
+    cfg = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": accum,
+        "optimizer": {"type": "Adam", "params": {"lr": 5e-3, "torch_adam": True}},
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": 10_000, "zero_quantized_gradients": True,
+                              "zeropp_loco_param": {"group_size": 32, "intra_node_bits": 4, "inter_node_bits": 2,
+                                                    "error_feedback": error_feedback, "rho_every": rho_every,
+                                                    "rho_log_every": 2}},
+        "csv_monitor": {"enabled": True, "output_path": str(out_dir), "job_name": "job"},
+    }
+    handler = _Lines()
+    logger.addHandler(handler)
+    model = _model()
+    engine, _, _, _ = deepspeed_loco.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    hook = deepspeed_loco.loco_hook(engine)
+    direct = torch.zeros(3, dtype=torch.float64)  # sum ||g||^2, sum ||partition||^2, reduces
+
+    def observe(names, grads, partitions):
+        if hook.reducer.noise is not None:  # a measured step
+            direct[0] += sum(float(g.double().pow(2).sum()) for g in grads)
+            direct[1] += sum(float(p.double().pow(2).sum()) for p in partitions)
+            direct[2] += 1
+
+    hook.add_reduce_observer(observe)
+    gen = torch.Generator().manual_seed(torch.distributed.get_rank())
+    records = []
+    try:
+        for step in range(1, STEPS + 1):
+            direct.zero_()
+            for _ in range(accum):
+                engine.backward(engine(torch.randn(MICRO, 13, generator=gen)).pow(2).mean())
+                engine.step()
+            totals = direct.clone()
+            torch.distributed.all_reduce(totals)
+            sample = hook.live_rho.estimator.samples[-1] if hook.live_rho.estimator.samples else None
+            records.append((step, totals.tolist(), None if sample is None else
+                            (sample.hop_error_sq, sample.noise_sq, sample.grad_sq)))
+    finally:
+        logger.removeHandler(handler)
+    return records, [line for line in handler.lines if line.startswith("deepspeed-loco: live rho")]
+
+
+def _read(folder, name):
+    with open(folder / f"LoCo_{name}.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["step", name]
+    return [(int(step), float(value)) for step, value in rows[1:]]
+
+
+@pytest.mark.parametrize("error_feedback,accum", [(False, 2), (True, 1)])
+def test_engine_reports_rho_per_hop_and_noise_scale_through_the_monitor(process_pool, tmp_path, error_feedback,
+                                                                        accum):
+    results = process_pool(WORLD).run(train, tmp_path, error_feedback, accum, 1)
+    records, lines = results[0]
+    for step, (grad_sq, mean_sq, reduces), sample in records:
+        hop_error, noise, signal = sample
+        assert reduces > 0 and reduces % accum == 0  # every micro-step reduced, and was measured
+        # the estimator's algebra over the directly observed powers, per micro-step
+        rank_sq, out_sq = grad_sq / (WORLD * accum), mean_sq / accum
+        exact_sq = out_sq - sum(hop_error)
+        assert noise == pytest.approx((rank_sq - exact_sq) / (WORLD - 1), rel=1e-4)
+        assert signal == pytest.approx(exact_sq - noise, rel=1e-4)
+        assert all(e > 0 for e in hop_error) and noise > 0
+    assert all(r[0] == records for r in results)  # every rank holds the same sample (one all-reduce)
+    folder = tmp_path / "job"
+    rho = _read(folder, "rho")
+    assert [s for s, _ in rho] == list(range(1, STEPS + 1))
+    per_hop = [_read(folder, f"rho_{hop}") for hop in ("intra_node", "inter_node")]
+    for (step, total), (_, intra), (_, inter) in zip(rho, *per_hop):
+        assert total == pytest.approx(intra + inter, rel=1e-9) and total > 0
+    assert inter > intra  # the 2-bit hop's error exceeds the 4-bit hop's
+    assert [s for s, _ in _read(folder, "rho_spread")] == list(range(2, STEPS + 1))
+    assert len(lines) == STEPS // 2 and all(results[r][1] == [] for r in range(1, WORLD))  # rank 0, every 2 steps
+    assert "4/2-bit quantization error" in lines[0] and "sampling noise" in lines[0]
+
+
+def test_steps_not_measured_compute_nothing_and_write_no_rho(process_pool, tmp_path):
+    results = process_pool(WORLD).run(train, tmp_path, False, 1, 3)
+    records, _ = results[0]
+    assert [totals[2] > 0 for _, totals, _ in records] == [False, False, True, False]  # only step 3 armed the reducer
+    assert [s for s, _ in _read(tmp_path / "job", "rho")] == [3]
