@@ -16,9 +16,14 @@ __version__ = "0.1.0"
 
 
 def initialize(*args, **kwargs):
-    """Same signature and return value as ``deepspeed.initialize``; runs LoCo when the config asks for it."""
+    """Same signature and return value as ``deepspeed.initialize``; runs LoCo when the config asks for it. Also
+    registers an ``atexit`` hook that releases the process groups at a normal exit
+    (:mod:`deepspeed_loco.utils.clean_exit`)."""
+    import torch
+
     from deepspeed_loco.runtime.zero import deepspeed_seam
     from deepspeed_loco.runtime.zero import ds_config, stage3_hook
+    from deepspeed_loco.utils import clean_exit
 
     stock = deepspeed_seam.stock_initialize()
     bound = inspect.signature(stock).bind(*args, **kwargs)
@@ -40,8 +45,16 @@ def initialize(*args, **kwargs):
             call["args"] = cli_args
         call.pop("config_params", None)
         call["config"] = loaded
+    # zero_hpz_partition_size against the layout, before DeepSpeed builds its hpZ groups where the process group is
+    # up already (launchers, zero.Init), else as soon as DeepSpeed has initialized it
+    early = loco is not None and torch.distributed.is_initialized()
+    if early:
+        stage3_hook.check_hpz_partition(loaded, loco)
     result = stock(**call)
+    clean_exit.register()  # the process groups released before finalization (docs/frameworks.md, "Clean exits")
     if loco is not None:
+        if not early:
+            stage3_hook.check_hpz_partition(loaded, loco)
         stage3_hook.attach(result[0], loco)
     return result
 

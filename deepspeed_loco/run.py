@@ -14,12 +14,10 @@ launcher puts it when it runs the script directly). With ``--no_local_rank`` not
 import os
 import runpy
 import sys
-import time
 from typing import List, Tuple
 
-import torch
-
 import deepspeed_loco
+from deepspeed_loco.utils import clean_exit
 
 _LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
 
@@ -62,19 +60,9 @@ def main(argv=None) -> None:
             runpy.run_path(target[0], run_name="__main__")
     except SystemExit as stop:
         if stop.code in (None, 0):  # a script that ends with sys.exit(0) ended well
-            drain_collectives()
+            clean_exit.release()
         raise
-    drain_collectives()
-
-
-def drain_collectives() -> None:
-    """After the script: a barrier and a moment without the GIL, so that no collective is still being released when
-    the interpreter finalizes. A gloo worker thread releases a finished collective's tensors under the GIL; one that
-    asks for the GIL once finalization has begun kills the process ("terminate called without an active
-    exception", SIGABRT, seen with DeepSpeed's ZeRO-3 all-gathers on torch 2.13 and Python 3.11)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()  # gloo's barrier waits for the group's earlier work
-        time.sleep(0.1)
+    clean_exit.release()
 
 
 if __name__ == "__main__":

@@ -97,3 +97,36 @@ def test_live_rho_defaults_measure_every_10_steps_and_log_every_100():
     cfg = LocoConfig()
     assert (cfg.rho_every, cfg.rho_log_every) == (10, 100)
     assert (LocoConfig(rho_every=0, rho_log_every=0).rho_every, LocoConfig(rho_every=1).rho_every) == (0, 1)
+
+
+@pytest.mark.parametrize("zero,expected", [
+    ({"stage": 3}, "zero_optimization.zero_quantized_gradients is not set: set \"zero_quantized_gradients\": true"),
+    ({"stage": 3, "zero_quantized_gradients": None}, "zero_quantized_gradients = None: set"),
+    ({"stage": 3, "zero_quantized_gradients": False}, "zero_quantized_gradients = False: set"),
+])
+def test_loco_without_qgz_says_what_it_found(zero, expected):
+    from deepspeed_loco.runtime.zero.ds_config import split_loco_config
+    with pytest.raises(LocoConfigError) as err:
+        split_loco_config({"zero_optimization": {**zero, "zeropp_loco_param": {}}})
+    assert expected in str(err.value)
+
+
+@pytest.mark.parametrize("hpz,world,local", [(0, 4, 2), (1, 6, 3), (2, 4, 2), (2, 16, 8), (8, 16, 8), (3, 6, 3)])
+def test_hpz_partitions_inside_the_nodes_are_accepted(hpz, world, local):
+    from deepspeed_loco.runtime.comm.topology import check_hpz_partition
+    check_hpz_partition(hpz, world, local)
+
+
+@pytest.mark.parametrize("hpz,world,local,expected", [
+    (3, 2, 2, "zero_optimization.zero_hpz_partition_size = 3 does not divide the world size 2: set it to 1 (off) "
+              "or a divisor of 2, the ranks per node"),
+    (3, 8, 4, "zero_hpz_partition_size = 3 does not divide the world size 8"),
+    (4, 8, 2, "zero_hpz_partition_size = 4 does not fit the node layout (M=4 nodes x L=2 ranks): a partition of 4 "
+              "ranks would span nodes"),
+    (4, 12, 6, "zero_hpz_partition_size = 4 does not fit the node layout (M=2 nodes x L=6 ranks)"),
+])
+def test_hpz_partition_that_does_not_fit_is_a_clear_error(hpz, world, local, expected):
+    from deepspeed_loco.runtime.comm.topology import check_hpz_partition
+    with pytest.raises(LocoConfigError) as err:
+        check_hpz_partition(hpz, world, local)
+    assert expected in str(err.value)

@@ -68,12 +68,13 @@ def test_deepspeed_launcher_runs_an_unmodified_megatron_style_script(tmp_path, a
 
 
 @pytest.mark.parametrize("ending, code", [("", None), ("import sys; sys.exit(0)", 0), ("import sys; sys.exit(3)", 3)])
-def test_the_collectives_are_drained_after_a_script_that_ends_well(tmp_path, monkeypatch, ending, code):
-    """``drain_collectives`` runs after the script returns or calls ``sys.exit(0)``, not after a failure."""
+def test_the_process_groups_are_released_after_a_script_that_ends_well(tmp_path, monkeypatch, ending, code):
+    """The process groups are released (``clean_exit.release``) after the script returns or calls ``sys.exit(0)``,
+    not after a failure."""
     script = tmp_path / "script.py"
     script.write_text(f"x = 1\n{ending}\n")
     drained = []
-    monkeypatch.setattr(run, "drain_collectives", lambda: drained.append(True))
+    monkeypatch.setattr(run.clean_exit, "release", lambda: drained.append(True))
     monkeypatch.setattr(run.deepspeed_loco, "install", lambda: None)
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))

@@ -83,3 +83,20 @@ def check_layout(world_size: int, local_size: int) -> None:
         raise LocoConfigError(f"zeropp_loco_param.local_world_size = {local_size} (ranks per node) does not divide "
                               f"the data-parallel world size {world_size}: it must be a divisor of {world_size} "
                               f"(set local_world_size, or launch the same number of ranks on every node)")
+
+
+def check_hpz_partition(hpz: int, world_size: int, local_size: int) -> None:
+    """Raises a clear error unless ``zero_hpz_partition_size`` (ZeRO++ hpZ: each block of ``hpz`` consecutive ranks
+    keeps a secondary copy of the weights) is 1 or a divisor of both ``world_size`` (DeepSpeed would quietly shrink
+    it to the world size) and ``local_size`` ranks per node (else a block would span nodes, and the backward
+    all-gather LoCo's layout assumes stays in the node would not)."""
+    if hpz in (0, 1):  # DeepSpeed's "off" (its config takes any value >= 0)
+        return
+    valid = f"1 (off) or a divisor of {local_size}, the ranks per node, such as {local_size}"
+    if world_size % hpz != 0:
+        raise LocoConfigError(f"zero_optimization.zero_hpz_partition_size = {hpz} does not divide the world size "
+                              f"{world_size}: set it to {valid}")
+    if local_size % hpz != 0:
+        raise LocoConfigError(f"zero_optimization.zero_hpz_partition_size = {hpz} does not fit the node layout "
+                              f"(M={world_size // local_size} nodes x L={local_size} ranks): a partition of {hpz} "
+                              f"ranks would span nodes; set it to {valid}")

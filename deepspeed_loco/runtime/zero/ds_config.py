@@ -42,7 +42,8 @@ def split_loco_config(ds_config: dict) -> Tuple[dict, Optional[LocoConfig]]:
         raise LocoConfigError(f"zero_optimization.{CONFIG_KEY} needs ZeRO stage 3, but zero_optimization.stage = "
                               f"{stage!r}: set \"stage\": 3 (or remove {CONFIG_KEY})")
     if zero.get("zero_quantized_gradients") is not True:
+        found = (f"= {zero['zero_quantized_gradients']!r}" if "zero_quantized_gradients" in zero else "is not set")
         raise LocoConfigError(f"zero_optimization.{CONFIG_KEY} needs quantized gradients (ZeRO++ qgZ), but "
-                              f"zero_optimization.zero_quantized_gradients = {zero.get('zero_quantized_gradients')!r}: "
+                              f"zero_optimization.zero_quantized_gradients {found}: "
                               f"set \"zero_quantized_gradients\": true (or remove {CONFIG_KEY})")
     return stripped, loco

@@ -18,6 +18,7 @@ from deepspeed_loco.ops import kernels_for
 from deepspeed_loco.runtime.zero import deepspeed_seam
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.noise_stats import LiveRho
+from deepspeed_loco.runtime.comm import topology
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.zero import checkpoint, telemetry
 from deepspeed_loco.runtime.zero.regime_note import regime_note
@@ -38,6 +39,14 @@ def resolve_local_size(config: LocoConfig, world_size: int) -> int:
         if os.environ.get(var):
             return int(os.environ[var])
     return min(deepspeed_seam.local_device_count(), world_size) or 1
+
+
+def check_hpz_partition(ds_config: Mapping, config: LocoConfig) -> None:
+    """LoCo's check of ``zero_optimization.zero_hpz_partition_size`` against the job's world size and ranks per
+    node (:func:`~deepspeed_loco.runtime.comm.topology.check_hpz_partition`); needs the process group."""
+    world_size = torch.distributed.get_world_size()
+    hpz = ds_config.get("zero_optimization", {}).get("zero_hpz_partition_size", 1)
+    topology.check_hpz_partition(hpz, world_size, resolve_local_size(config, world_size))
 
 
 def describe_wire(plan: HopPlan) -> str:

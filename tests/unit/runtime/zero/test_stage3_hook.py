@@ -212,6 +212,8 @@ def initialize_with(zero_update):
     ({"zero_quantized_gradients": False}, "set \"zero_quantized_gradients\": true"),
     ({"zeropp_loco_param": {"err_beta": 2}}, "zeropp_loco_param.err_beta = 2"),
     ({"zeropp_loco_param": {"reset_t": 5}}, "unknown key(s) ['reset_t']"),
+    ({"zero_hpz_partition_size": 3}, "zero_hpz_partition_size = 3 does not divide the world size 4"),
+    ({"zero_hpz_partition_size": 4}, "zero_hpz_partition_size = 4 does not fit the node layout (M=2 nodes x L=2"),
 ])
 def test_config_errors_are_clear_on_every_rank(process_pool, update, expected):
     messages = process_pool(WORLD).run(initialize_with, update)
