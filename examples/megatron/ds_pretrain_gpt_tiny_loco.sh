@@ -3,6 +3,7 @@
 # qgZ (zero_quantized_gradients) and LoCo (zeropp_loco_param), launched through deepspeed-loco's module runner.
 # Shaped like run_deepspeed_example.sh in Megatron-DeepSpeed's own repository; see docs/frameworks.md.
 #
+#   pip install -r examples/megatron/requirements.txt   # what Megatron imports (six, pybind11, regex, ...)
 #   MEGATRON=/path/to/Megatron-DeepSpeed bash examples/megatron/ds_pretrain_gpt_tiny_loco.sh [extra pretrain_gpt.py args]
 #
 # Environment (defaults in brackets): MEGATRON (required), NUM_GPUS [1], TRAIN_ITERS [20], OUTPUT_DIR
@@ -78,6 +79,11 @@ fusion_args="--no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-
 pythonpath="$HERE/compat"
 if ! python3 -c "import amp_C, fused_layer_norm_cuda" >/dev/null 2>&1; then
     pythonpath="$pythonpath:$HERE/compat/apex_standin"
+fi
+# torchvision (imported by Megatron's vision modules, unused by pretrain_gpt): the real one when it imports (a wheel
+# built for another torch does not: "operator torchvision::nms does not exist"), else the stand-in
+if ! python3 -c "import torchvision" >/dev/null 2>&1; then
+    pythonpath="$pythonpath:$HERE/compat/torchvision_standin"
 fi
 export PYTHONPATH="$pythonpath:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export CUDA_DEVICE_MAX_CONNECTIONS=1

@@ -29,7 +29,11 @@ EXAMPLE = os.path.join(REPO, "examples", "megatron")
 SCRIPT = os.path.join(EXAMPLE, "ds_pretrain_gpt_tiny_loco.sh")
 COMPAT = os.path.join(EXAMPLE, "compat")
 STANDIN = os.path.join(COMPAT, "apex_standin")
+TORCHVISION_STANDIN = os.path.join(COMPAT, "torchvision_standin")
 MEGATRON = os.environ.get("MEGATRON_DEEPSPEED") or os.path.join(REPO, ".megatron")
+# examples/megatron/requirements.txt's packages, by the module each installs
+REQUIREMENTS = {"six": "six", "pybind11": "pybind11", "regex": "regex", "einops": "einops",
+                "transformers": "transformers", "pillow": "PIL", "numpy": "numpy"}
 
 
 def _dry_run(tmp_path, **env):
@@ -156,12 +160,37 @@ def test_apex_stand_in_multi_tensor_ops(apex_standin):
     torch.testing.assert_close(per_tensor, torch.tensor([math.sqrt(5.0), 3.0]))
 
 
+def test_requirements_file_lists_what_the_skip_check_looks_for():
+    with open(os.path.join(EXAMPLE, "requirements.txt")) as f:
+        listed = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    assert listed == list(REQUIREMENTS)
+
+
+def test_torchvision_stand_in_imports_as_megatron_does_and_refuses_use():
+    """``import torchvision.transforms as T``, ``from torchvision import datasets`` and a subclass of
+    ``VisionDataset`` at import time (Megatron's vision modules); constructing any other name says it is the
+    stand-in."""
+    code = ("import torchvision.transforms as T\n"
+            "from torchvision import datasets\n"
+            "from torchvision.datasets import VisionDataset\n"
+            "class Folder(VisionDataset):\n    pass\n"
+            "Folder()\n"
+            "assert T.Compose.__name__ == 'Compose' and T.Compose.__module__ == 'torchvision.transforms'\n"
+            "try:\n    T.Compose([])\nexcept NotImplementedError as e:\n    print('raised:', e)\n")
+    env = dict(os.environ, PYTHONPATH=TORCHVISION_STANDIN)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "raised: torchvision.transforms.Compose: examples/megatron/compat/torchvision_standin is a stand-in" \
+        in proc.stdout
+
+
 def _megatron_missing():
     if not os.path.isfile(os.path.join(MEGATRON, "pretrain_gpt.py")):
         return f"no Megatron-DeepSpeed checkout at {MEGATRON} (set MEGATRON_DEEPSPEED; docs/frameworks.md)"
-    for module in ("transformers", "pybind11"):
+    for module in REQUIREMENTS.values():
         if importlib.util.find_spec(module) is None:
-            return f"Megatron-DeepSpeed needs {module}, which is not installed"
+            return (f"Megatron-DeepSpeed needs {module}, which is not installed "
+                    f"(pip install -r examples/megatron/requirements.txt)")
     if shutil.which("make") is None or shutil.which("g++") is None:
         return "Megatron-DeepSpeed builds its dataset helpers with make and g++"
     return None
@@ -177,18 +206,10 @@ def test_unmodified_pretrain_gpt_trains_with_loco_on_two_cpu_ranks(tmp_path):
     # DeepSpeed's CPU shared-memory op (a JIT C++ build of minutes) is unused here: skip it, outside the scripts
     (site / "sitecustomize.py").write_text(
         "import deepspeed.ops\ndeepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False\n")
-    pythonpath = [str(site)]
-    if importlib.util.find_spec("torchvision") is None:
-        # Megatron's vision modules import torchvision at import time (pretrain_gpt never uses them)
-        stub = site / "torchvision"
-        stub.mkdir()
-        (stub / "__init__.py").write_text("from . import datasets, transforms\n")
-        (stub / "transforms.py").write_text("def __getattr__(name):\n    return type(name, (), {})\n")
-        (stub / "datasets.py").write_text("class VisionDataset:\n    pass\n\n\n"
-                                          "def __getattr__(name):\n    return type(name, (), {})\n")
+    # torchvision: the launch script's own stand-in (compat/torchvision_standin) when the real one does not import
     env = dict(os.environ, MEGATRON=MEGATRON, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", NUM_GPUS="2",
                TRAIN_ITERS="3", MASTER_PORT=str(get_free_port()), OUTPUT_DIR=str(tmp_path / "out"),
-               PYTHONPATH=os.pathsep.join(pythonpath))
+               PYTHONPATH=str(site))
     for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
         env.pop(name, None)
     proc = subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
