@@ -6,7 +6,8 @@
 on a device. They call the ops, which run the fused kernels on CUDA (``loco_cuda``, when the ``loco_ops`` extension
 builds and loads: tried once per process, built with ninja by ``op_builder.LocoBuilder``) and the reference on
 every other device. With the reference chosen for CUDA tensors the entry points are ``loco_reference``'s own. The
-choice is logged once per device type (logger ``deepspeed_loco``, INFO), with the reason.
+choice is logged once per device type (logger ``deepspeed_loco``, INFO), with the reason, on rank 0 (a CUDA
+extension that failed to build or load: on each rank where it failed, naming the rank).
 
 The choice, ``zeropp_loco_param.kernels`` (the ``mode`` argument; ``docs/config.md``):
     ``auto`` (default): the CUDA kernels when they load, else the reference, saying why.
@@ -23,7 +24,7 @@ import torch
 
 from deepspeed_loco.config import KERNEL_CHOICES
 from deepspeed_loco.ops import library, loco_cuda, loco_reference
-from deepspeed_loco.utils.logging import logger
+from deepspeed_loco.utils.logging import log_rank0, logger
 
 ENV_VAR = "DS_LOCO_KERNELS"
 CONFIG_KEY = "zeropp_loco_param.kernels"
@@ -68,7 +69,7 @@ def kernels_for(device: torch.device, mode: str = "auto") -> Kernels:
     if mode == "cuda":
         raise RuntimeError(f"{source}=cuda but the loco_ops CUDA extension did not build or load") from error
     _log_once("cuda", f"deepspeed_loco: PyTorch reference kernels for CUDA tensors: the loco_ops CUDA extension did "
-              f"not build or load ({type(error).__name__}: {error})")
+              f"not build or load ({type(error).__name__}: {error})", every_rank=True)
     return REFERENCE
 
 
@@ -95,10 +96,16 @@ def _cuda_load_error() -> Optional[BaseException]:
     return _load_error[0]
 
 
-def _log_once(key: str, message: str) -> None:
-    if _logged.get(key) != message:
-        _logged[key] = message
-        logger.info(message)
+def _log_once(key: str, message: str, every_rank: bool = False) -> None:
+    """Logs ``message`` once per process for ``key`` (again only if it changes): on rank 0 only, as the choice is
+    the job's; with ``every_rank``, on each rank, named (a build or load that failed is the rank's own)."""
+    if _logged.get(key) == message:
+        return
+    _logged[key] = message
+    if every_rank and torch.distributed.is_initialized():
+        logger.info(f"rank {torch.distributed.get_rank()}: {message}")
+    else:
+        log_rank0(message)
 
 
 def _reset() -> None:

@@ -94,3 +94,41 @@ def test_our_handler_stays_quiet_while_the_root_logger_has_a_handler():
         assert not handler.filter(record)
     finally:
         root.handlers[:] = saved
+
+
+def kernel_choice_lines(load_error):
+    """On a pool rank: the ``deepspeed_loco`` records of choosing kernels for CPU and for CUDA tensors (the CUDA
+    extension failing to load with ``load_error``, or loading when None)."""
+    import torch
+
+    from deepspeed_loco import ops
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger.addHandler(handler)
+    saved = ops._cuda_load_error
+    ops._reset()
+    ops._cuda_load_error = lambda: None if load_error is None else OSError(load_error)
+    try:
+        ops.kernels_for(torch.device("cpu"))
+        ops.kernels_for(torch.device("cuda"))
+    finally:
+        ops._cuda_load_error = saved
+        ops._reset()
+        logger.removeHandler(handler)
+    return records
+
+
+@pytest.mark.parametrize("load_error", [None, "no nvcc"])
+def test_kernel_choice_is_one_rank_0_line_and_a_failed_build_is_named_per_rank(process_pool, load_error):
+    """The job's choice of kernels is printed once, by rank 0; a CUDA extension that failed to build or load is the
+    rank's own fact: each rank says it, naming itself."""
+    lines = process_pool(2).run(kernel_choice_lines, load_error)
+    assert len(lines[0]) == 2 and "PyTorch reference kernels for cpu tensors" in lines[0][0]
+    if load_error is None:
+        assert "fused CUDA kernels (loco_ops)" in lines[0][1] and lines[1] == []
+    else:
+        for rank in range(2):
+            assert lines[rank][-1].startswith(f"rank {rank}: deepspeed_loco: PyTorch reference kernels for CUDA")
+            assert "(OSError: no nvcc)" in lines[rank][-1]
+        assert len(lines[1]) == 1
