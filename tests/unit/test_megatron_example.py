@@ -1,9 +1,10 @@
 """examples/megatron (and benchmarks/device_megatron.sh) on CPU.
 
 Always: the launch script's DeepSpeed config (ZeRO-3 + qgZ + ``zeropp_loco_param``, through this package's config
-validation and DeepSpeed's own) and its command line (DRY_RUN=1), the ``deepspeed.compression.compress`` stand-in
-and the PyTorch Apex stand-in. With a Megatron-DeepSpeed checkout (``$MEGATRON_DEEPSPEED``, else ``.megatron`` in the
-repository root; see docs/frameworks.md) and what it imports (transformers, pybind11, a C++ compiler): its unmodified
+validation and DeepSpeed's own) and its command line (DRY_RUN=1), the ``deepspeed.compression.compress`` stand-in,
+the PyTorch Apex stand-in, the torchvision stand-in and the example's requirements file. With a Megatron-DeepSpeed
+checkout (``$MEGATRON_DEEPSPEED``, else ``.megatron`` in the repository root; see docs/frameworks.md: CI cannot fetch
+one) and what it imports (examples/megatron/requirements.txt, a C++ compiler and make): its unmodified
 ``pretrain_gpt.py`` for 3 iterations on 2 gloo CPU processes through the module runner, LoCo active; skipped, saying
 why, otherwise.
 """
