@@ -26,12 +26,12 @@ _registered = False
 
 
 def release() -> None:
-    """Barrier, ``destroy_process_group()``, then :data:`SETTLE_SECONDS` without the GIL; nothing if no process
-    group is initialized (never initialized, or destroyed already by the script or an earlier call)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    dist.barrier()  # no rank tears down while a peer still waits for its part of the last collective
-    dist.destroy_process_group()
+    """Barrier and ``destroy_process_group()`` while a default process group is initialized; then, in any case,
+    :data:`SETTLE_SECONDS` without the GIL (a script that destroyed the group itself still leaves the subgroups that
+    DeepSpeed and LoCo hold, whose workers may be releasing)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # no rank tears down while a peer still waits for its part of the last collective
+        dist.destroy_process_group()
     time.sleep(SETTLE_SECONDS)
 
 
