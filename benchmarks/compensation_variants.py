@@ -32,17 +32,21 @@ def group_range(x: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def bounded(x: torch.Tensor, error: Optional[ErrorBuffer], beta: float, bits: int, group_size: int,
-            grid: str = "symmetric"):
+            grid: str = "symmetric", stats: Optional[torch.Tensor] = None):
     """``compensate_and_quantize``'s contract (fp32 ``x`` ``(rows, n)`` to int8 codes and fp32 group scales, the
-    error updated in place), with ``x + e`` clipped to ``x``'s group range before quantizing (module docstring)."""
+    error updated in place, ``stats[1]`` gaining ``||x + e - deq||^2``), with ``x + e`` clipped to ``x``'s group range
+    before quantizing (module docstring)."""
     if error is None:
-        return LIBRARY_RULE(x, None, beta, bits, group_size, grid)
+        return LIBRARY_RULE(x, None, beta, bits, group_size, grid, stats)
     limit = group_range(x, group_size)
     remembered = error.dequantize()
     compensated = x + remembered
     codes, scale = quantize_groups(torch.minimum(torch.maximum(compensated, -limit), limit), bits, group_size, grid)
     keep = torch.tensor(beta, dtype=torch.float32, device=x.device)
-    error.store_(remembered * keep + (compensated - dequantize_groups(codes, scale, group_size, grid)) * (1 - keep))
+    residual = compensated - dequantize_groups(codes, scale, group_size, grid)
+    if stats is not None:
+        stats[1] += residual.pow(2).sum()
+    error.store_(remembered * keep + residual * (1 - keep))
     return codes, scale
 
 
