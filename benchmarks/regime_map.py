@@ -36,7 +36,6 @@ from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
-sys.path.insert(0, HERE)  # map_statistics, beside this file, also where this file is imported by path
 
 import map_statistics  # noqa: E402
 from pooling import pool_intervals  # noqa: E402

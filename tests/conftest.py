@@ -2,6 +2,7 @@
 their process groups instead of paying a start-up each."""
 import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -33,9 +34,16 @@ def benchmark_module():
     """``benchmark_module(name)``: ``benchmarks/<name>.py`` imported as a module (the benchmarks are scripts)."""
 
     def load(name: str):
-        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", os.path.join(ROOT, "benchmarks", name + ".py"))
+        folder = os.path.join(ROOT, "benchmarks")
+        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", os.path.join(folder, name + ".py"))
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        # its siblings import as a script's would (the script's folder first on the path), and the folder leaves the
+        # path again: benchmarks/kernels.py must not shadow an installed ``kernels`` that transformers imports later
+        sys.path.insert(0, folder)
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(folder)
         return module
 
     return load
