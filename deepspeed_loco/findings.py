@@ -92,8 +92,9 @@ GAIN_RESOLVED_UP_TO = f"{GAIN_RESOLVED_AT / 1e6:.1f}M parameters"  # that size, 
 MAP = (
     Finding(LOCO_PAYS, (2, 2), (2, 2), False, "midrise", (0, GAIN_MAX_PARAMS),
             f"plain qgZ lost loss at 2 bits and LoCo won part of it back at models of up to {GAIN_RESOLVED_UP_TO}",
-            "LoCo - plain at 10.8M -0.0105 [-0.0154, -0.0056] (5 regimes, 19 seeds); at 0.87M -0.0164 [-0.0272, "
-            "-0.0057] over 1000 steps at W = 16 (a cost, +0.0079, after 100)", (_LOCO_2BIT,)),
+            "LoCo - plain at 10.8M -0.0098 [-0.0153, -0.0043] over 1000 steps at W = 16 (7 seeds; survives a "
+            "false-discovery correction), with seeds as blocks over its 5 regimes -0.0037 [-0.0271, +0.0196]; at "
+            "0.87M -0.0164 [-0.0272, -0.0057] over 1000 steps at W = 16 (a cost, +0.0079, after 100)", (_LOCO_2BIT,)),
     Finding(LOCO_UNPROVEN, (2, 2), (2, 2), False, "midrise", (GAIN_MAX_PARAMS, None),
             f"LoCo's gain at 2 bits was resolved only up to {GAIN_RESOLVED_UP_TO}, and at 116M LoCo from step 1 "
             "started behind plain qgZ (an early burst of larger updates) and was still behind after 100 steps on 16 "
