@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call of the batch-axis study (benchmarks/results/batch_axis/README.md): the 10.8M model at W = 16
+# (2 x 8) with full precision, plain 4/4 and LoCo 4/4 at the global batches in BATCHES (sequences of 256 bytes),
+# seeds 0-2, STEPS steps, the learning rate of the study's rule, on the large corpus; then one model's plain step at
+# the largest batch (the simulator's yardstick). Carry .whl/ (benchmarks/device_wheelhouse.sh) and
+# .corpus_large.tar.xz (benchmarks/corpus/README.md). Usage (repository root, on the GPU machine):
+#   BATCHES="4096 1024" STEPS=80 LAUNCH_BUDGET=400 PAR=3 OUT=$OUT bash benchmarks/device_batch_axis.sh
+set -o pipefail
+OUT=${OUT:-device_out}
+BATCHES=${BATCHES:-4096 1024}
+STEPS=${STEPS:-80}
+mkdir -p "$OUT" .corpus_large
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+tar xJf .corpus_large.tar.xz -C .corpus_large && echo "corpus files: $(ls .corpus_large | wc -l)"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+lr_for() {  # lr(B) = 2e-3 / (1 + 64 / B): McCandlish et al. 2018, eq. 2.7, with B_noise = 64 and lr(64) = 1e-3
+    python3 -c "print(f'{2e-3 / (1 + 64 / $1):.5g}')"
+}
+warmup=$(( STEPS / 10 ))
+B="size=medium,text=.corpus_large,nodes=2,local=8,warmup=$warmup,eval_every=$(( STEPS / 4 )),quant_grid=auto,stream_nodes=1"
+matrices=()
+for batch in $BATCHES; do
+    mode=loop; [ "$batch" -lt 256 ] && mode=vmap  # one rank's pass fills the GPU from 16 sequences on
+    matrices+=(--matrix "ba16_b$batch:$STEPS:0,1,2:full,plain4,loco4:$B,micro_batch=$(( batch / 16 )),lr=$(lr_for "$batch"),grad_mode=$mode")
+done
+largest=$(echo "$BATCHES" | tr ' ' '\n' | sort -n | tail -1)
+T="--size medium --text .corpus_large --nodes 2 --local 8 --micro-batch $(( largest / 16 )) --stream-nodes 1 --arm loco4"
+SOLO="$T --grad-mode loop --steps 3 --eval-every 3 --eval-windows 16" BUDGET_S=${LAUNCH_BUDGET:-400} PARALLEL=${PAR:-3} \
+    PROBE=0 OUT=$OUT bash benchmarks/device_convergence_sim.sh "${matrices[@]}" 2>&1 | tee -a "$OUT/log"
+PYTHONPATH=/tmp/site:$PWD timeout 60 python3 benchmarks/convergence_sim.py baseline --size medium --text .corpus_large \
+    --nodes 2 --local 8 --micro-batch $(( largest / 16 )) --out "$OUT/baseline.jsonl" 2>&1 | tail -1
