@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
 PACKAGES = ("deepspeed_loco", "loco_lab")
@@ -246,6 +248,25 @@ def test_the_link_checker_finds_links_and_ignores_code():
 
 def _first_screen() -> str:
     return "\n".join((REPO / "README.md").read_text().split("\n")[:FIRST_SCREEN_LINES])
+
+
+def _readme_loco_block() -> dict:
+    """The ``zeropp_loco_param`` block of the README's first-screen configuration (a dict)."""
+    configs = [block for block in _FENCE.findall(_first_screen() + "\n") if "zeropp_loco_param" in block]
+    call = next(n for n in ast.walk(ast.parse(configs[0])) if isinstance(n, ast.Call))
+    return ast.literal_eval(next(k.value for k in call.keywords if k.arg == "config"))["zero_optimization"][
+        "zeropp_loco_param"]
+
+
+@pytest.mark.parametrize("params", [1_000_000, 10_818_432, 116_000_000, 7_000_000_000])
+def test_the_start_up_note_has_nothing_to_say_against_the_readme_example(params):
+    """Issue 39 goal (c): the configuration the README recommends is what the start-up note recommends, at every
+    model size, on 16 ranks of 8 per node (the note speaks only where the map disagrees with a run's setting)."""
+    from deepspeed_loco.config import LocoConfig
+    from deepspeed_loco.layout.hop_plan import plan_hops
+    from deepspeed_loco.runtime.zero.regime_note import regime_note
+    config = LocoConfig.from_dict(_readme_loco_block())
+    assert regime_note(plan_hops(16, 8, config), config.error_feedback, params) is None
 
 
 def test_readme_first_screen_has_the_install_line_and_an_accepted_configuration():
