@@ -10,7 +10,8 @@ from deepspeed_loco.simulation.cluster import SimulatedCluster, SimulatedTopolog
 from deepspeed_loco.simulation.exchange import InProcessAllToAll
 from deepspeed_loco.simulation.observer import ReducedStep, StepObserver
 from deepspeed_loco.simulation.spec import SimulationSpec, TrainingSetup, default_loss
-from deepspeed_loco.simulation.train import ArmResult, gradient_noise_scale, simulate
+from deepspeed_loco.simulation.arm_result import ArmResult
+from deepspeed_loco.simulation.train import gradient_noise_scale, simulate
 
 __all__ = [
     "GRAMMAR", "Arm", "parse_arm", "parse_arms", "zeropp_loco_param", "SimulatedCluster", "SimulatedTopology",

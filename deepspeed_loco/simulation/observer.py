@@ -2,15 +2,13 @@
 before the optimizer steps (experiments that are not the library's behaviour live in the observer, not in
 :func:`~deepspeed_loco.simulation.simulate`)."""
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from deepspeed_loco.simulation.arm_result import ArmResult
 from deepspeed_loco.simulation.arms import Arm
 from deepspeed_loco.simulation.cluster import SimulatedCluster
-
-if TYPE_CHECKING:
-    from deepspeed_loco.simulation.train import ArmResult
 
 
 @dataclass(frozen=True)
@@ -23,7 +21,7 @@ class ReducedStep:
     ``full``). ``shadows[k]``: the mean of the same rank gradients through the observer's ``k``-th shadow block."""
     step: int
     arm: Arm
-    result: "ArmResult"
+    result: ArmResult
     cluster: Optional[SimulatedCluster]
     exact: List[torch.Tensor]
     communicated: List[torch.Tensor]

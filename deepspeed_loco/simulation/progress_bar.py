@@ -4,7 +4,7 @@ open (its console handler swapped for one that writes through the bar, given bac
 import logging
 import sys
 
-from deepspeed_loco.simulation.train import ArmResult
+from deepspeed_loco.simulation.arm_result import ArmResult
 from deepspeed_loco.utils.logging import HANDLER_NAME, logger
 
 

@@ -9,7 +9,7 @@ from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import plan_hops
 from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
 from deepspeed_loco.simulation.arms import Arm, parse_arm
-from deepspeed_loco.simulation.train import ArmResult
+from deepspeed_loco.simulation.arm_result import ArmResult
 
 
 def record_arm(record: dict) -> Arm:

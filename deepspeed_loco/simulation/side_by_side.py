@@ -15,7 +15,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, List, Optional, Sequence
 
 from deepspeed_loco.simulation.spec import SimulationSpec, TrainingSetup
-from deepspeed_loco.simulation.train import ArmResult, simulate
+from deepspeed_loco.simulation.arm_result import ArmResult
+from deepspeed_loco.simulation.train import simulate
 
 
 @dataclass(frozen=True)
