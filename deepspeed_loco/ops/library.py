@@ -27,11 +27,11 @@ The entry points :func:`quantize_bucket_`, :func:`requantize_bucket_` and :func:
 signatures of :mod:`deepspeed_loco.ops.loco_reference`'s bucket entry points (``HopArgs``, ``WireLayout``,
 ``ErrorBuffer``) and turn them into the ops' arguments; ``deepspeed_loco.ops.kernels_for`` hands them to the reducer.
 """
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from deepspeed_loco.layout import HopArgs, WireLayout
+from deepspeed_loco.layout import HopArgs, MeanArgs, WireLayout
 from deepspeed_loco.ops import loco_cuda, loco_reference, reference_impl
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 
@@ -88,7 +88,7 @@ def _error_lists(errors: Sequence[Optional[ErrorBuffer]]) -> Optional[Tuple[List
     return [e.values for e in errors], [e.scale for e in errors if e.scale is not None]
 
 
-def _check_wire(wire: WireLayout, args: HopArgs, bits: int, what: str) -> None:
+def _check_wire(wire: WireLayout, args: Union[HopArgs, MeanArgs], bits: int, what: str) -> None:
     if wire.bits != bits or wire.group_size != args.group_size:
         raise ValueError(f"LoCo ops: {what} has {wire.bits} bits and group size {wire.group_size}, the hop "
                          f"{bits} bits and group size {args.group_size}")
@@ -124,7 +124,7 @@ def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence
                                                args.group_size, float(args.err_beta), args.grid, stats)
 
 
-def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numels: Sequence[int], rank: int,
+def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: MeanArgs, numels: Sequence[int], rank: int,
                       out_dtype: torch.dtype, stats: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """See :func:`deepspeed_loco.ops.loco_reference.final_mean_bucket`; runs ``deepspeed_loco::final_mean_bucket``.
     The partitions returned are views of one flat tensor (in parameter order)."""

@@ -30,7 +30,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from deepspeed_loco.layout import HopArgs, WireLayout, padded_partition_size, partition_size, slot_to_row
+from deepspeed_loco.layout import HopArgs, MeanArgs, WireLayout, padded_partition_size, partition_size, slot_to_row
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 from deepspeed_loco.ops.hadamard import rotate, unrotate
 from deepspeed_loco.ops.quantizer import dequantize_groups, pack, quantize_groups, unpack
@@ -125,7 +125,7 @@ def hop2_(recv_data: torch.Tensor, recv_scale: torch.Tensor, error: Optional[Err
     out_scale.copy_(scale)
 
 
-def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, args: HopArgs, numel: int, rank: int,
+def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, args: MeanArgs, numel: int, rank: int,
                out_dtype: torch.dtype, stats: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Dequantize, fp32-sum the received rows in order, [rotate back,] divide by ``W``: this rank's mean partition.
 
@@ -148,7 +148,8 @@ def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, args: HopArgs,
 
 # ------------------------------------------------------------------------------------------------ bucket entry points
 # The reducer calls these once per hop per bucket. ``wire.views(buffer, i, offset)`` is parameter ``i``'s slice of a
-# bucket's wire buffer (``deepspeed_loco.layout.WireLayout``); ``args`` is the hop's ``HopArgs``.
+# bucket's wire buffer (``deepspeed_loco.layout.WireLayout``); ``args`` is the hop's ``HopArgs`` (the final mean's
+# ``MeanArgs``).
 # ``stats``: None, or the fp32 sums of the module docstring over the whole bucket ((2,) for a quantizing hop, (1,) for
 # the final mean), added parameter by parameter.
 def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[ErrorBuffer]], args: HopArgs,
@@ -167,7 +168,7 @@ def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence
         hop2_(in_data, in_scale, error, args, *wire.views(send, i, offset), stats)
 
 
-def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numels: Sequence[int], rank: int,
+def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: MeanArgs, numels: Sequence[int], rank: int,
                       out_dtype: torch.dtype, stats: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """The last hop's received rows to this rank's mean partitions: :func:`final_mean` per parameter."""
     return [

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from deepspeed_loco.layout import HopArgs, WireLayout, padded_widths
+from deepspeed_loco.layout import HopArgs, MeanArgs, WireLayout, padded_widths
 from deepspeed_loco.ops import loco_reference
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 
@@ -63,7 +63,7 @@ def final_mean_bucket(recv: torch.Tensor, numels: List[int], world_size: int, bi
                       stats: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The final mean (``loco_reference.final_mean_bucket``): this rank's mean partitions, concatenated,
     ``out_dtype`` ``(sum of ceil(numel / world_size),)``."""
-    args = HopArgs(world_size, 1, bits, group_size, 0.0, hadamard, grid)
+    args = MeanArgs(world_size, bits, group_size, hadamard, grid)
     wire = WireLayout(padded_widths(numels, world_size, group_size), bits, group_size)
     parts = loco_reference.final_mean_bucket(recv, wire, args, numels, rank, out_dtype, stats)
     return torch.cat(parts) if parts else recv.new_empty(0, dtype=out_dtype)

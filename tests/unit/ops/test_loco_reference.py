@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from deepspeed_loco.layout import HopArgs
+from deepspeed_loco.layout import HopArgs, MeanArgs
 from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 from deepspeed_loco.ops.quantizer import dequantize_groups, pack, quantize_groups, unpack
@@ -108,7 +108,7 @@ def test_final_mean_divides_by_world_and_zeroes_past_numel():
     rows = torch.zeros(2, S)
     rows[:, :3] = torch.tensor([8.0, 4.0, 4.0])
     q, scale = quantize_groups(rows, 8, S)
-    out = ref.final_mean(pack(q, 8), scale, HopArgs(world, 1, 8, S, 0.0), numel, rank, torch.float32)
+    out = ref.final_mean(pack(q, 8), scale, MeanArgs(world, 8, S), numel, rank, torch.float32)
     assert out.tolist() == [4.0, 0.0, 0.0]
 
 
