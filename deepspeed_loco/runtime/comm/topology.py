@@ -31,8 +31,8 @@ def ranks_per_node(configured: Optional[int], world_size: int, device_count: int
 class LocoTopology:
     """Rank ``rank = node * L + local`` of a group of ``W = M * L`` ranks.
 
-    ``intra_group``: the ``L`` ranks of this node (hop 1). ``inter_group``: the ``M`` ranks with this local
-    index, one per node (hop 2). Either is None where its hop does not exist (``L == 1`` or ``M == 1``).
+    ``intra_group``: the ``L`` ranks of this node (the ``intra_node`` hop). ``inter_group``: the ``M`` ranks
+    with this local index, one per node (the ``inter_node`` hop). Either is None where its hop does not exist (``L == 1`` or ``M == 1``).
     """
     world_size: int
     local_size: int

@@ -416,7 +416,7 @@ def test_more_than_2_31_elements(cuda):
         window_error = ErrorBuffer(values.clone(), scales.clone(), group_size)
         want_data = torch.empty(1, (b - a) * group_size * bits // 8, dtype=torch.uint8)
         want_scale = torch.empty(1, b - a)
-        ref.hop1_(grad[lo:hi].cpu(), window_error, args, want_data, want_scale)
+        ref.quantize_(grad[lo:hi].cpu(), window_error, args, want_data, want_scale)
         assert torch.equal(data[:, lo * bits // 8:b * group_size * bits // 8].cpu(), want_data), (a, seed)
         assert _bits_equal(scale[:, a:b], want_scale), (a, seed)
         assert torch.equal(error.values[:, lo:b * group_size].cpu(), window_error.values), (a, seed)
