@@ -89,6 +89,15 @@ def test_cpp_binding_has_the_schema_arguments(name):
     assert cpp_arguments(BINDING.read_text(), name) == schema_in_cpp(schema_arguments(registered(name)))
 
 
+@pytest.mark.parametrize("name", OPS)
+def test_cuda_implementation_calls_the_binding_in_its_order(name):
+    """``loco_cuda`` passes the op's arguments to the binding in the C++ parameters' order (``error_bits``, 0 for
+    empty error lists, inserted); each argument stands for itself here."""
+    values = {n: ([] if n == "error_values" else n) for n, _ in schema_arguments(registered(name))}
+    params = [n for n, _ in cpp_arguments(BINDING.read_text(), name)]
+    assert loco_cuda.binding_arguments(values) == [{"error_values": [], "error_bits": 0}.get(n, n) for n in params]
+
+
 def test_the_parsers_see_a_drift():
     """A renamed, retyped or reordered C++ parameter is seen (the checks above compare lists, order included)."""
     source = BINDING.read_text()
