@@ -65,7 +65,7 @@ class LocoTopology:
         return f"W={self.world_size} (M={self.num_nodes} nodes x L={self.local_size} ranks)"
 
     @classmethod
-    def build(cls, group: Optional[dist.ProcessGroup], local_size: int) -> "LocoTopology":
+    def build(cls, group: Optional[dist.ProcessGroup] = None, *, local_size: int) -> "LocoTopology":
         """Creates the intra- and inter-node subgroups of ``group`` (None: the default group; a collective call on
         every rank of the job); ``local_size``: ranks per node (:func:`ranks_per_node`)."""
         world_size = dist.get_world_size(group)

@@ -77,7 +77,7 @@ class LocoHook:
         self.config = config
         group = deepspeed_seam.data_parallel_group(optimizer)
         world_size = torch.distributed.get_world_size(group)
-        self.topology = LocoTopology.build(group, resolve_local_size(config, world_size))
+        self.topology = LocoTopology.build(group, local_size=resolve_local_size(config, world_size))
         self.reducer = LocoReducer.for_topology(config, self.topology)
         self.plan: HopPlan = self.reducer.plan
         self.state: ErrorFeedbackState = self.reducer.state

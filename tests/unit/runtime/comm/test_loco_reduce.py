@@ -58,7 +58,7 @@ def _error_bound(grad, topo, cfg):
 
 def check_matches_exact_mean(local_size):
     """Returns (largest gap / bound, failures); failures are collected, not raised, so no rank leaves a collective."""
-    topo = LocoTopology.build(None, local_size=local_size)
+    topo = LocoTopology.build(local_size=local_size)
     worst, failures = 0.0, []
     for error_feedback in (True, False):
         for dtype in DTYPES:
@@ -84,7 +84,7 @@ def check_matches_exact_mean(local_size):
 
 
 def check_one_all_to_all_per_hop(local_size):
-    topo = LocoTopology.build(None, local_size=local_size)
+    topo = LocoTopology.build(local_size=local_size)
     calls = []
     original = dist.all_to_all_single
 
@@ -103,7 +103,7 @@ def check_one_all_to_all_per_hop(local_size):
 
 def check_first_step_equals_plain_and_feedback_removes_bias(local_size, steps):
     """Same fixed gradients every step: LoCo's running mean converges to the exact mean, plain qgZ's does not."""
-    topo = LocoTopology.build(None, local_size=local_size)
+    topo = LocoTopology.build(local_size=local_size)
     grads = _grads(topo.rank, torch.float32, seed=3)
     exact = [_exact_mean_partition(g, topo.world_size, topo.rank) for g in grads]
     results = {}
@@ -138,7 +138,7 @@ def check_hadamard_matches_exact_mean(local_size):
     a hop's error on group g of rank r is at most sqrt(S)/2 * (rotated absmax)/qmax <= sqrt(S)/2 * ||x_rg||/qmax,
     so ||out_g - mean_g|| <= sqrt(S)/(2W) * sum_r ||x_rg|| * (1/qmax1 [L > 1] + 1/qmax2 [M > 1]).
     Returns (largest ratio of error to bound, failures)."""
-    topo = LocoTopology.build(None, local_size=local_size)
+    topo = LocoTopology.build(local_size=local_size)
     failures, worst = [], 0.0
     for error_feedback in (True, False):
         cfg = LocoConfig(group_size=GROUP, hadamard=True, error_feedback=error_feedback)
@@ -163,7 +163,7 @@ def check_hadamard_matches_exact_mean(local_size):
 
 def check_wire_stats(local_size, intra_bits, inter_bits, reduces):
     """The reducer's telemetry after ``reduces`` reduces of the same bucket."""
-    topo = LocoTopology.build(None, local_size=local_size)
+    topo = LocoTopology.build(local_size=local_size)
     cfg = LocoConfig(group_size=GROUP, intra_node_bits=intra_bits, inter_node_bits=inter_bits)
     reducer = LocoReducer.for_topology(cfg, topo)
     for _ in range(reduces):
@@ -173,7 +173,7 @@ def check_wire_stats(local_size, intra_bits, inter_bits, reduces):
 
 def check_bad_layout_is_rejected(local_size):
     try:
-        LocoTopology.build(None, local_size=local_size)
+        LocoTopology.build(local_size=local_size)
     except LocoConfigError as err:
         return str(err)
     return None
@@ -240,7 +240,7 @@ def test_telemetry_counts_the_bytes_per_element_of_each_hop_scales_included(proc
 def check_profiler_ranges(local_size):
     """The ``deepspeed_loco.*`` ranges of a profile of one reduce, with their call counts."""
     from torch.profiler import ProfilerActivity, profile
-    topo = LocoTopology.build(None, local_size=local_size)
+    topo = LocoTopology.build(local_size=local_size)
     reducer = LocoReducer.for_topology(LocoConfig(group_size=GROUP), topo)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         reducer.reduce_scatter(_names(), _grads(topo.rank, torch.float32, 3))

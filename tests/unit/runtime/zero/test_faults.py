@@ -39,7 +39,7 @@ def _facts(state):
 
 # --------------------------------------------------------------------------- an exception in the middle of a reduce
 def exception_in_a_reduce():
-    topo = LocoTopology.build(None, local_size=2)
+    topo = LocoTopology.build(local_size=2)
     reducer = LocoReducer.for_topology(LocoConfig(group_size=GROUP), topo)
     names = _names()
     reducer.reduce_scatter(names, _grads(1))  # every parameter now has nonzero buffers
@@ -89,7 +89,7 @@ def collective_fails_in_a_reduce():
     their hop-1 kernels updated the buffers. The first, successful reduce runs over the ordinary subgroups (no
     short timeout to trip over on a loaded machine); the failing one over subgroups with a 2 s timeout, sharing the
     same error-feedback state (the buffers' layout depends only on W and L)."""
-    topo = LocoTopology.build(None, local_size=2)
+    topo = LocoTopology.build(local_size=2)
     short = _short_timeout_topology(2)
     reducer = LocoReducer.for_topology(LocoConfig(group_size=GROUP), topo)
     names = _names()
@@ -138,7 +138,7 @@ def test_a_collective_that_fails_mid_reduce_zeroes_that_ranks_buffers(process_po
 
 # ------------------------------------------------------------------------------------------ non-finite gradients
 def non_finite_through_the_reduce():
-    topo = LocoTopology.build(None, local_size=2)
+    topo = LocoTopology.build(local_size=2)
     out = {}
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         reducer = LocoReducer.for_topology(LocoConfig(group_size=GROUP), topo)
