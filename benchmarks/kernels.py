@@ -126,7 +126,8 @@ def random_error(rows, cols):
 
 
 def hop_args(config, error=True):
-    """``(args1, args2)``: the HopArgs of hop 1 (``intra`` bits) and hop 2 (``inter`` bits, also the final mean)."""
+    """``(args1, args2)``: the HopArgs of hop 1 (``intra`` bits) and hop 2 (``inter`` bits; its ``.mean()`` is the
+    final mean's)."""
     intra, inter, hadamard = parse_config(config)
     beta = BETA if error else 0.0
     args1 = HopArgs(WORLD, LOCAL, intra, GROUP, beta, hadamard)
