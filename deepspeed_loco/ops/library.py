@@ -7,7 +7,8 @@ below take the arguments by name; ``tests/unit/ops/test_op_signatures.py`` check
 CUDA implementations' Python signatures and the C++ binding's parameters, against the schemas):
 
 ``deepspeed_loco::quantize_bucket``
-    The first hop of a bucket (``intra_node``, or ``inter_node`` when ``L == 1``): partition, swizzle, [rotate,] compensate, quantize, update the errors, pack. Mutates
+    The first hop of a bucket (``intra_node``, or ``inter_node`` when ``L == 1``): partition, swizzle, [rotate,]
+    compensate, quantize, update the errors, pack. Mutates
     ``error_values``, ``error_scales`` and ``send`` uint8 ``(world_size, row_bytes)``; returns nothing.
 ``deepspeed_loco::requantize_bucket``
     A later hop: dequantize and sum the ``in_blocks`` received blocks of ``recv`` (``in_bits`` bits), compensate,

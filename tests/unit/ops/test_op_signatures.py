@@ -72,7 +72,8 @@ def registered(name: str) -> torch._C.FunctionSchema:
 @pytest.mark.parametrize("name", OPS)
 def test_schema_is_the_reference_signature(name):
     schema = registered(name)
-    assert schema == torch._C.parse_schema(f"{library.NAMESPACE}::{name}{library.schema_of(getattr(reference_impl, name))}")
+    derived = library.schema_of(getattr(reference_impl, name))
+    assert schema == torch._C.parse_schema(f"{library.NAMESPACE}::{name}{derived}")
     assert schema_arguments(schema) == python_arguments(getattr(reference_impl, name))
     assert [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write] == [
         n for n in library.MUTATED if n in inspect.signature(getattr(reference_impl, name)).parameters]
