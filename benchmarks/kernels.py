@@ -126,7 +126,8 @@ def random_error(rows, cols):
 
 
 def hop_args(config, error=True):
-    """``(args1, args2)``: the HopArgs of hop 1 (``intra`` bits) and hop 2 (``inter`` bits, also the final mean)."""
+    """``(args1, args2)``: the HopArgs of hop 1 (``intra`` bits) and hop 2 (``inter`` bits; its ``.mean()`` is the
+    final mean's)."""
     intra, inter, hadamard = parse_config(config)
     beta = BETA if error else 0.0
     args1 = HopArgs(WORLD, LOCAL, intra, GROUP, beta, hadamard)
@@ -144,7 +145,7 @@ def bucket_calls(grads, config, error=True):
     send1, send2 = wire1.empty(WORLD, "cuda"), wire2.empty(NODES, "cuda")
     hop1 = lambda: library.quantize_bucket_(grads, errors1, args1, wire1, send1)
     hop2 = lambda: library.requantize_bucket_(send1, wire1, errors2, args2, wire2, send2)
-    final = lambda: library.final_mean_bucket(send2, wire2, args2, numels, 3, grads[0].dtype)
+    final = lambda: library.final_mean_bucket(send2, wire2, args2.mean(), numels, 3, grads[0].dtype)
     hop1()
     hop2()
     return hop1, hop2, final, (errors1, errors2, send1, send2)

@@ -41,7 +41,7 @@ class LocoConfig(BaseModel):
 
     err_beta: moving-average weight of the old error, ``0 <= err_beta < 1`` (0 is classic error feedback).
     reset_T: all error buffers are zeroed every ``reset_T`` optimizer steps.
-    intra_node_bits / inter_node_bits: gradient bits on the intra-node (hop 1) and inter-node (hop 2) all-to-all.
+    intra_node_bits / inter_node_bits: gradient bits on the ``intra_node`` and ``inter_node`` hops.
     group_size: elements per quantization group (a power of two); one fp32 scale per group travels with the data.
     error_bits: storage of the error buffers, 8 (int8 with one fp32 scale per group) or 32 (fp32).
     error_feedback: False gives plain qgZ through the same path (the A/B baseline).

@@ -57,6 +57,21 @@ class HopArgs:
     in_bits: int = 0
     in_blocks: int = 0
 
+    def mean(self) -> "MeanArgs":
+        """The arguments of the final mean of the rows this hop sends (the last hop's: ``HopPlan.args(-1, ...)``)."""
+        return MeanArgs(self.world_size, self.bits, self.group_size, self.hadamard, self.grid)
+
+
+@dataclass(frozen=True)
+class MeanArgs:
+    """Everything the final mean needs besides tensors: ``W`` (the divisor and the partition), the last hop's wire
+    ``bits`` and ``group_size``, ``hadamard`` (rotate back) and the ``grid``."""
+    world_size: int
+    bits: int
+    group_size: int
+    hadamard: bool = False
+    grid: str = "symmetric"
+
 
 @dataclass(frozen=True)
 class Hop:
@@ -101,8 +116,8 @@ class HopPlan:
         return self.world_size // self.local_size
 
     def args(self, index: int, err_beta: float) -> HopArgs:
-        """The kernel arguments of hop ``index`` (the last hop's also serve the final mean): this plan's layout and
-        the error state's ``err_beta``."""
+        """The kernel arguments of hop ``index`` (the last hop's ``.mean()`` are the final mean's): this plan's
+        layout and the error state's ``err_beta``."""
         hop = self.hops[index]
         previous = self.hops[index - 1] if index > 0 else None
         return HopArgs(self.world_size, self.local_size, hop.bits, self.group_size, err_beta, self.hadamard,

@@ -3,9 +3,10 @@
 
 :func:`kernels_for` is the one dispatch point of the reducer: it returns the :class:`Kernels` (bucket entry points
 ``quantize_bucket_``, ``requantize_bucket_``, ``final_mean_bucket`` with ``loco_reference``'s signatures) for tensors
-on a device. They call the ops, which run the fused kernels on CUDA (``loco_cuda``, when the ``loco_ops`` extension
-builds and loads: tried once per process, built with ninja by ``op_builder.LocoBuilder``) and the reference on
-every other device. With the reference chosen for CUDA tensors the entry points are ``loco_reference``'s own. The
+on a device: :data:`CUDA` (the ops' entry points, which run the fused kernels, ``loco_cuda``, when the ``loco_ops``
+extension builds and loads: tried once per process, built with ninja by ``op_builder.LocoBuilder``) or
+:data:`REFERENCE` (``loco_reference``'s own entry points: every device but CUDA, and CUDA with the reference chosen;
+the ops' non-CUDA implementation computes the same bits, and stays for ``torch.compile`` and direct op calls). The
 choice is logged once per device type (logger ``deepspeed_loco``, INFO), with the reason, on rank 0 (a CUDA
 extension that failed to build or load: on each rank where it failed, naming the rank).
 
@@ -40,11 +41,10 @@ class Kernels:
     final_mean_bucket: Callable[..., List[torch.Tensor]]
 
 
-OPS_REFERENCE = Kernels("loco_reference", library.quantize_bucket_, library.requantize_bucket_,
-                        library.final_mean_bucket)  # the ops off CUDA: their implementation is the reference
-OPS_CUDA = Kernels("loco_cuda", library.quantize_bucket_, library.requantize_bucket_, library.final_mean_bucket)
 REFERENCE = Kernels("loco_reference", loco_reference.quantize_bucket_, loco_reference.requantize_bucket_,
-                    loco_reference.final_mean_bucket)  # CUDA tensors with the reference chosen: no op
+                    loco_reference.final_mean_bucket)  # the one route to the reference: no op
+CUDA = Kernels("loco_cuda", library.quantize_bucket_, library.requantize_bucket_,
+               library.final_mean_bucket)  # the ops, on CUDA tensors: the fused kernels
 
 _load_error: Optional[Tuple[Optional[BaseException]]] = None  # (None,) loaded; (exception,) failed; None: not tried
 _logged: Dict[str, str] = {}
@@ -58,14 +58,14 @@ def kernels_for(device: torch.device, mode: str = "auto") -> Kernels:
     if device.type != "cuda":
         _log_once(device.type, f"deepspeed_loco: PyTorch reference kernels for {device.type} tensors "
                   f"(the fused op is CUDA-only)")
-        return OPS_REFERENCE
+        return REFERENCE
     if mode == "reference":
         _log_once("cuda", f"deepspeed_loco: PyTorch reference kernels for CUDA tensors ({source}=reference)")
         return REFERENCE
     error = _cuda_load_error()
     if error is None:
         _log_once("cuda", "deepspeed_loco: fused CUDA kernels (loco_ops) for CUDA tensors")
-        return OPS_CUDA
+        return CUDA
     if mode == "cuda":
         raise RuntimeError(f"{source}=cuda but the loco_ops CUDA extension did not build or load") from error
     _log_once("cuda", f"deepspeed_loco: PyTorch reference kernels for CUDA tensors: the loco_ops CUDA extension did "

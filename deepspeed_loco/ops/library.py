@@ -1,10 +1,14 @@
 """LoCo's kernels as ``torch.library`` ops in the namespace ``deepspeed_loco``, and the bucket entry points that
 call them.
 
-Ops (explicit schemas: tensors, lists of tensors and scalars only; the mutated tensors are declared):
+Ops (schemas of tensors, lists of tensors and scalars only, the mutated tensors declared; each schema is derived from
+:mod:`deepspeed_loco.ops.reference_impl`'s annotated signature by :func:`schema_of`, and the fakes and entry points
+below take the arguments by name; ``tests/unit/ops/test_op_signatures.py`` checks the copies that must remain, the
+CUDA implementations' Python signatures and the C++ binding's parameters, against the schemas):
 
 ``deepspeed_loco::quantize_bucket``
-    Hop 1 of a bucket: partition, swizzle, [rotate,] compensate, quantize, update the errors, pack. Mutates
+    The first hop of a bucket (``intra_node``, or ``inter_node`` when ``L == 1``): partition, swizzle, [rotate,]
+    compensate, quantize, update the errors, pack. Mutates
     ``error_values``, ``error_scales`` and ``send`` uint8 ``(world_size, row_bytes)``; returns nothing.
 ``deepspeed_loco::requantize_bucket``
     A later hop: dequantize and sum the ``in_blocks`` received blocks of ``recv`` (``in_bits`` bits), compensate,
@@ -18,7 +22,8 @@ place: ``(2,)`` for the quantizing ops (``||input||^2``, quantization error powe
 (``||mean||^2``); :mod:`deepspeed_loco.ops.loco_reference` defines them. The live rho
 (:mod:`deepspeed_loco.runtime.comm.noise_stats`) passes it on measured steps only.
 
-The arguments' contract (shapes, dtypes, the error lists) is :mod:`deepspeed_loco.ops.reference_impl`'s.
+The arguments' names, order, types and contract (shapes, dtypes, the error lists) are
+:mod:`deepspeed_loco.ops.reference_impl`'s.
 Implementations: CUDA tensors run the fused kernels (:mod:`deepspeed_loco.ops.loco_cuda`); every other device runs
 the PyTorch reference (:mod:`deepspeed_loco.ops.reference_impl`); fake tensors (``torch.compile``, meta) get the
 output's shape from the fake implementations below, so a compiled reduce step traces the ops without a graph break.
@@ -27,54 +32,66 @@ The entry points :func:`quantize_bucket_`, :func:`requantize_bucket_` and :func:
 signatures of :mod:`deepspeed_loco.ops.loco_reference`'s bucket entry points (``HopArgs``, ``WireLayout``,
 ``ErrorBuffer``) and turn them into the ops' arguments; ``deepspeed_loco.ops.kernels_for`` hands them to the reducer.
 """
-from typing import List, Optional, Sequence, Tuple
+import inspect
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from deepspeed_loco.layout import HopArgs, WireLayout
+from deepspeed_loco.layout import HopArgs, MeanArgs, WireLayout
 from deepspeed_loco.ops import loco_cuda, loco_reference, reference_impl
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 
 NAMESPACE = "deepspeed_loco"
-_MUTATED = ("error_values", "error_scales", "send", "stats")
-_STATS = "Tensor(d!)? stats=None"  # the optional noise-statistics output, last in every schema
+MUTATED = ("error_values", "error_scales", "send", "stats")  # the tensors an op may write, wherever it takes them
 
-quantize_bucket_op = torch.library.custom_op(
-    f"{NAMESPACE}::quantize_bucket", reference_impl.quantize_bucket, mutates_args=_MUTATED,
-    schema="(Tensor[] grads, Tensor(a!)[] error_values, Tensor(b!)[] error_scales, Tensor(c!) send, int world_size, "
-    f"int local_size, int bits, int group_size, float err_beta, bool hadamard, str grid, {_STATS}) -> ()")
 
-requantize_bucket_op = torch.library.custom_op(
-    f"{NAMESPACE}::requantize_bucket", reference_impl.requantize_bucket, mutates_args=_MUTATED,
-    schema="(Tensor recv, Tensor(a!)[] error_values, Tensor(b!)[] error_scales, Tensor(c!) send, int[] widths, "
-    "int world_size, int local_size, int bits, int in_bits, int in_blocks, int group_size, float err_beta, "
-    f"str grid, {_STATS}) -> ()")
+def _mutated(impl: Callable) -> Tuple[str, ...]:
+    return tuple(name for name in MUTATED if name in inspect.signature(impl).parameters)
 
-final_mean_bucket_op = torch.library.custom_op(
-    f"{NAMESPACE}::final_mean_bucket", reference_impl.final_mean_bucket, mutates_args=("stats", ),
-    schema="(Tensor recv, int[] numels, int world_size, int bits, int group_size, bool hadamard, str grid, int rank, "
-    f"ScalarType out_dtype, {_STATS}) -> Tensor")
 
-quantize_bucket_op.register_kernel("cuda")(loco_cuda.quantize_bucket)
-requantize_bucket_op.register_kernel("cuda")(loco_cuda.requantize_bucket)
-final_mean_bucket_op.register_kernel("cuda")(loco_cuda.final_mean_bucket)
+def schema_of(impl: Callable) -> str:
+    """The op schema of ``impl``'s annotated signature (:mod:`deepspeed_loco.ops.reference_impl`, the one place
+    the ops' arguments are written): ``torch.library.infer_schema`` with the :data:`MUTATED` arguments it takes
+    marked, and ``int`` for its ``SymInt`` (the binding takes ``int64_t``; the ops take no symbolic sizes)."""
+    return torch.library.infer_schema(impl, mutates_args=_mutated(impl)).replace("SymInt", "int")
+
+
+def _define(impl: Callable, cuda_impl: Callable):
+    """``deepspeed_loco::<impl's name>``: its schema from ``impl``, which runs on every device but CUDA;
+    ``cuda_impl`` (of the same signature) on CUDA."""
+    op = torch.library.custom_op(f"{NAMESPACE}::{impl.__name__}", impl, schema=schema_of(impl),
+                                 mutates_args=_mutated(impl))
+    op.register_kernel("cuda")(cuda_impl)
+    return op
+
+
+quantize_bucket_op = _define(reference_impl.quantize_bucket, loco_cuda.quantize_bucket)
+requantize_bucket_op = _define(reference_impl.requantize_bucket, loco_cuda.requantize_bucket)
+final_mean_bucket_op = _define(reference_impl.final_mean_bucket, loco_cuda.final_mean_bucket)
+_FINAL_MEAN = inspect.signature(reference_impl.final_mean_bucket)
 
 
 @quantize_bucket_op.register_fake
-def _quantize_bucket_fake(grads, error_values, error_scales, send, world_size, local_size, bits, group_size, err_beta,
-                          hadamard, grid, stats=None) -> None:
-    return None
-
-
 @requantize_bucket_op.register_fake
-def _requantize_bucket_fake(recv, error_values, error_scales, send, widths, world_size, local_size, bits, in_bits,
-                            in_blocks, group_size, err_beta, grid, stats=None) -> None:
+def _mutating_fake(*args, **kwargs) -> None:
+    """The quantizing ops return nothing (they write their mutated arguments)."""
     return None
 
 
 @final_mean_bucket_op.register_fake
-def _final_mean_bucket_fake(recv, numels, world_size, bits, group_size, hadamard, grid, rank, out_dtype, stats=None):
-    return recv.new_empty(sum(-(-n // world_size) for n in numels), dtype=out_dtype)
+def _final_mean_bucket_fake(*args, **kwargs) -> torch.Tensor:
+    a = _FINAL_MEAN.bind(*args, **kwargs).arguments
+    return a["recv"].new_empty(sum(-(-n // a["world_size"]) for n in a["numels"]), dtype=a["out_dtype"])
+
+
+_ARGUMENTS = {op: tuple(a.name for a in op._opoverload._schema.arguments)
+              for op in (quantize_bucket_op, requantize_bucket_op, final_mean_bucket_op)}
+
+
+def _call(op, args: Union[HopArgs, MeanArgs], **tensors) -> Any:
+    """Runs ``op`` on its arguments by name: the hop's scalars (``args``' fields) and ``tensors`` (the rest)."""
+    values = {**vars(args), **tensors}
+    return op(*[values[name] for name in _ARGUMENTS[op]])
 
 
 # ------------------------------------------------------------------------------------------------ bucket entry points
@@ -88,7 +105,7 @@ def _error_lists(errors: Sequence[Optional[ErrorBuffer]]) -> Optional[Tuple[List
     return [e.values for e in errors], [e.scale for e in errors if e.scale is not None]
 
 
-def _check_wire(wire: WireLayout, args: HopArgs, bits: int, what: str) -> None:
+def _check_wire(wire: WireLayout, args: Union[HopArgs, MeanArgs], bits: int, what: str) -> None:
     if wire.bits != bits or wire.group_size != args.group_size:
         raise ValueError(f"LoCo ops: {what} has {wire.bits} bits and group size {wire.group_size}, the hop "
                          f"{bits} bits and group size {args.group_size}")
@@ -102,9 +119,8 @@ def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[Er
     if lists is None:
         return loco_reference.quantize_bucket_(grads, errors, args, wire, send, stats)
     _check_wire(wire, args, args.bits, "wire")
-    torch.ops.deepspeed_loco.quantize_bucket(list(grads), *lists, send, args.world_size, args.local_size, args.bits,
-                                             args.group_size, float(args.err_beta), bool(args.hadamard), args.grid,
-                                             stats)
+    _call(quantize_bucket_op, args, grads=list(grads), error_values=lists[0],
+          error_scales=lists[1], send=send, stats=stats)
 
 
 def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence[Optional[ErrorBuffer]],
@@ -119,17 +135,15 @@ def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence
     _check_wire(in_wire, args, args.in_bits, "in_wire")
     if in_wire.widths != wire.widths:
         raise ValueError("LoCo ops: in_wire and wire must have the same parameter widths")
-    torch.ops.deepspeed_loco.requantize_bucket(recv, *lists, send, list(wire.widths), args.world_size,
-                                               args.local_size, args.bits, args.in_bits, args.in_blocks,
-                                               args.group_size, float(args.err_beta), args.grid, stats)
+    _call(requantize_bucket_op, args, recv=recv, error_values=lists[0],
+          error_scales=lists[1], send=send, widths=list(wire.widths), stats=stats)
 
 
-def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numels: Sequence[int], rank: int,
+def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: MeanArgs, numels: Sequence[int], rank: int,
                       out_dtype: torch.dtype, stats: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """See :func:`deepspeed_loco.ops.loco_reference.final_mean_bucket`; runs ``deepspeed_loco::final_mean_bucket``.
     The partitions returned are views of one flat tensor (in parameter order)."""
     _check_wire(wire, args, args.bits, "wire")
-    flat = torch.ops.deepspeed_loco.final_mean_bucket(recv, list(numels), args.world_size, args.bits,
-                                                      args.group_size, bool(args.hadamard), args.grid, rank, out_dtype,
-                                                      stats)
+    flat = _call(final_mean_bucket_op, args, recv=recv, numels=list(numels), rank=rank,
+                 out_dtype=out_dtype, stats=stats)
     return list(flat.split([-(-n // args.world_size) for n in numels]))

@@ -16,7 +16,7 @@ other than float32/float16/bfloat16, or an error tensor without unit stride alon
 a bucket holds hundreds of tensors). A wire buffer without contiguous rows is taken by neither implementation: the
 reference raises a ValueError naming it.
 """
-from typing import List, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -63,17 +63,33 @@ def _error_bits(error_values: Sequence[torch.Tensor]) -> int:
     return 8 if error_values[0].dtype == torch.int8 else 32
 
 
+def binding_arguments(values: Mapping[str, Any]) -> List[Any]:
+    """The binding's arguments (``loco_binding.cpp``) for an op's arguments ``values`` (by name, in schema order):
+    the same values, with ``error_bits`` (:func:`_error_bits`) after ``error_scales``."""
+    out = []
+    for name, value in values.items():
+        out.append(value)
+        if name == "error_scales":
+            out.append(_error_bits(values["error_values"]))
+    return out
+
+
+def _run(function: str, values: Mapping[str, Any], tensors: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype]):
+    """``function`` of the binding on the op's arguments ``values``, or, when it cannot take ``tensors`` of
+    ``dtypes``, of :mod:`reference_impl` (logged once per reason)."""
+    reason = _unsupported(tensors, dtypes)
+    if reason is not None:
+        _fallback(function, reason)
+        return getattr(reference_impl, function)(**values)
+    return getattr(load(), function)(*binding_arguments(values))
+
+
+# The ops' CUDA implementations: reference_impl's signatures (tests/unit/ops/test_op_signatures.py checks them).
 def quantize_bucket(grads: List[torch.Tensor], error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
                     send: torch.Tensor, world_size: int, local_size: int, bits: int, group_size: int,
                     err_beta: float, hadamard: bool, grid: str, stats: Optional[torch.Tensor] = None) -> None:
     """``deepspeed_loco::quantize_bucket`` on CUDA; see :func:`reference_impl.quantize_bucket`."""
-    reason = _unsupported(grads + [send] + error_values + error_scales, [g.dtype for g in grads])
-    if reason is not None:
-        _fallback("quantize_bucket_", reason)
-        return reference_impl.quantize_bucket(grads, error_values, error_scales, send, world_size, local_size, bits,
-                                              group_size, err_beta, hadamard, grid, stats)
-    load().quantize_bucket(grads, error_values, error_scales, _error_bits(error_values), send, world_size, local_size,
-                           bits, group_size, err_beta, hadamard, grid, stats)
+    _run("quantize_bucket", dict(locals()), grads + [send] + error_values + error_scales, [g.dtype for g in grads])
 
 
 def requantize_bucket(recv: torch.Tensor, error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
@@ -81,24 +97,11 @@ def requantize_bucket(recv: torch.Tensor, error_values: List[torch.Tensor], erro
                       in_bits: int, in_blocks: int, group_size: int, err_beta: float, grid: str,
                       stats: Optional[torch.Tensor] = None) -> None:
     """``deepspeed_loco::requantize_bucket`` on CUDA; see :func:`reference_impl.requantize_bucket`."""
-    reason = _unsupported([recv, send] + error_values + error_scales, [])
-    if reason is not None:
-        _fallback("requantize_bucket_", reason)
-        return reference_impl.requantize_bucket(recv, error_values, error_scales, send, widths, world_size,
-                                                local_size, bits, in_bits, in_blocks, group_size, err_beta, grid,
-                                                stats)
-    load().requantize_bucket(recv, error_values, error_scales, _error_bits(error_values), send, list(widths),
-                             world_size, local_size, bits, in_bits, in_blocks, group_size, err_beta, grid, stats)
+    _run("requantize_bucket", dict(locals()), [recv, send] + error_values + error_scales, [])
 
 
 def final_mean_bucket(recv: torch.Tensor, numels: List[int], world_size: int, bits: int, group_size: int,
                       hadamard: bool, grid: str, rank: int, out_dtype: torch.dtype,
                       stats: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``deepspeed_loco::final_mean_bucket`` on CUDA; see :func:`reference_impl.final_mean_bucket`."""
-    reason = _unsupported([recv], [out_dtype])
-    if reason is not None:
-        _fallback("final_mean_bucket", reason)
-        return reference_impl.final_mean_bucket(recv, numels, world_size, bits, group_size, hadamard, grid, rank,
-                                                out_dtype, stats)
-    return load().final_mean_bucket(recv, list(numels), world_size, bits, group_size, hadamard, grid, rank, out_dtype,
-                                    stats)
+    return _run("final_mean_bucket", dict(locals()), [recv], [out_dtype])

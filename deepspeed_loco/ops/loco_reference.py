@@ -20,7 +20,7 @@ Outputs are written into views of the bucket's wire buffers: ``data`` uint8 ``(r
 
 Noise statistics (the live rho, :mod:`deepspeed_loco.runtime.comm.noise_stats`): every hop function and bucket
 entry point takes an optional ``stats``, fp32, to which it adds fp32 sums of squares. A quantizing hop's ``stats``
-has 2 elements: ``stats[0] += ||x||^2`` of the values it was given (hop 1: the gradient; a later hop: the fp32 sum of
+has 2 elements: ``stats[0] += ||x||^2`` of the values it was given (the first hop: the gradient; a later hop: the fp32 sum of
 the received blocks), before rotation and compensation; ``stats[1] += ||c - deq(quant(c))||^2``, the error its
 quantizer made on the compensated values ``c`` (``c = x`` without error feedback; in the rotated basis with
 ``hadamard``, which is orthonormal). The final mean's ``stats`` has 1 element: ``+= ||mean||^2`` of the fp32 mean
@@ -30,7 +30,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from deepspeed_loco.layout import HopArgs, WireLayout, padded_partition_size, partition_size, slot_to_row
+from deepspeed_loco.layout import HopArgs, MeanArgs, WireLayout, padded_partition_size, partition_size, slot_to_row
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 from deepspeed_loco.ops.hadamard import rotate, unrotate
 from deepspeed_loco.ops.quantizer import dequantize_groups, pack, quantize_groups, unpack
@@ -72,14 +72,15 @@ def compensate_and_quantize(c: torch.Tensor, error: Optional[ErrorBuffer], beta:
     return q, scale
 
 
-def hop1_(grad: torch.Tensor, error: Optional[ErrorBuffer], args: HopArgs, out_data: torch.Tensor,
+def quantize_(grad: torch.Tensor, error: Optional[ErrorBuffer], args: HopArgs, out_data: torch.Tensor,
           out_scale: torch.Tensor, stats: Optional[torch.Tensor] = None) -> None:
-    """Fused intra-node step: partition, swizzle, [rotate,] compensate, quantize, update the error, pack.
+    """The first hop's fused step on one gradient: partition, swizzle, [rotate,] compensate, quantize, update the
+    error, pack.
 
     ``grad``: any shape, fp32/fp16/bf16, ``N`` elements, partitioned over ``W = args.world_size`` ranks
     (``L = args.local_size`` per node). ``error``: ``(W, P')`` in slot order, or None.
     Writes ``out_data`` uint8 ``(W, P' * args.bits // 8)`` and ``out_scale`` fp32 ``(W, P' // args.group_size)`` in
-    slot order. With ``L == 1`` this is also the inter-node step of a one-rank-per-node world.
+    slot order. The first hop is ``intra_node`` when ``L > 1``, else ``inter_node`` (``deepspeed_loco.layout``).
     ``args.hadamard``: each group is rotated (``ops.hadamard.rotate``) first; everything downstream, the error
     buffers included, then lives in the rotated basis until :func:`final_mean` rotates back. ``args.grid``: the
     quantization grid of the wire values (``ops.quantizer.grid_levels``), the same on every hop. ``stats``: None or
@@ -107,10 +108,11 @@ def dequantize_sum(data: torch.Tensor, scale: torch.Tensor, blocks: int, bits: i
     return total
 
 
-def hop2_(recv_data: torch.Tensor, recv_scale: torch.Tensor, error: Optional[ErrorBuffer], args: HopArgs,
+def requantize_(recv_data: torch.Tensor, recv_scale: torch.Tensor, error: Optional[ErrorBuffer], args: HopArgs,
           out_data: torch.Tensor, out_scale: torch.Tensor, stats: Optional[torch.Tensor] = None) -> None:
-    """Fused inter-node step: dequantize and fp32-sum the ``B = args.in_blocks`` received blocks (``args.in_bits``
-    bits), compensate, quantize to ``args.bits``, update the error.
+    """A later hop's fused step on one parameter (the ``inter_node`` hop after ``intra_node``): dequantize and
+    fp32-sum the ``B = args.in_blocks`` received blocks (``args.in_bits`` bits), compensate, quantize to
+    ``args.bits``, update the error.
 
     ``recv_data`` uint8 ``(B*M, P' * in_bits // 8)``, ``recv_scale`` fp32 ``(B*M, P' // group_size)`` (block
     from local peer ``i`` = rows ``[i*M, (i+1)*M)``). ``error``: ``(M, P')`` or None.
@@ -125,7 +127,7 @@ def hop2_(recv_data: torch.Tensor, recv_scale: torch.Tensor, error: Optional[Err
     out_scale.copy_(scale)
 
 
-def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, args: HopArgs, numel: int, rank: int,
+def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, args: MeanArgs, numel: int, rank: int,
                out_dtype: torch.dtype, stats: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Dequantize, fp32-sum the received rows in order, [rotate back,] divide by ``W``: this rank's mean partition.
 
@@ -148,26 +150,27 @@ def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, args: HopArgs,
 
 # ------------------------------------------------------------------------------------------------ bucket entry points
 # The reducer calls these once per hop per bucket. ``wire.views(buffer, i, offset)`` is parameter ``i``'s slice of a
-# bucket's wire buffer (``deepspeed_loco.layout.WireLayout``); ``args`` is the hop's ``HopArgs``.
+# bucket's wire buffer (``deepspeed_loco.layout.WireLayout``); ``args`` is the hop's ``HopArgs`` (the final mean's
+# ``MeanArgs``).
 # ``stats``: None, or the fp32 sums of the module docstring over the whole bucket ((2,) for a quantizing hop, (1,) for
 # the final mean), added parameter by parameter.
 def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[ErrorBuffer]], args: HopArgs,
                      wire: WireLayout, send: torch.Tensor, stats: Optional[torch.Tensor] = None) -> None:
-    """The first hop of a bucket: :func:`hop1_` for every gradient, into ``send`` uint8 ``(W, wire.row_bytes)``."""
+    """The first hop of a bucket: :func:`quantize_` for every gradient, into ``send`` uint8 ``(W, wire.row_bytes)``."""
     for i, (grad, error, offset) in enumerate(zip(grads, errors, wire.offsets())):
-        hop1_(grad, error, args, *wire.views(send, i, offset), stats)
+        quantize_(grad, error, args, *wire.views(send, i, offset), stats)
 
 
 def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence[Optional[ErrorBuffer]],
                        args: HopArgs, wire: WireLayout, send: torch.Tensor,
                        stats: Optional[torch.Tensor] = None) -> None:
-    """A later hop of a bucket: :func:`hop2_` for every parameter, from the previous hop's ``recv`` into ``send``."""
+    """A later hop of a bucket: :func:`requantize_` for every parameter, from the previous hop's ``recv`` into ``send``."""
     for i, (error, offset) in enumerate(zip(errors, wire.offsets())):
         in_data, in_scale = in_wire.views(recv, i, offset)
-        hop2_(in_data, in_scale, error, args, *wire.views(send, i, offset), stats)
+        requantize_(in_data, in_scale, error, args, *wire.views(send, i, offset), stats)
 
 
-def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: HopArgs, numels: Sequence[int], rank: int,
+def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: MeanArgs, numels: Sequence[int], rank: int,
                       out_dtype: torch.dtype, stats: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """The last hop's received rows to this rank's mean partitions: :func:`final_mean` per parameter."""
     return [

@@ -8,7 +8,7 @@ of :mod:`deepspeed_loco.ops.loco_reference` with them, so the results are the re
 Error buffers as the ops take them: ``error_values`` empty (no error feedback) or one tensor per parameter, int8
 (with ``error_scales``, one fp32 ``(rows, cols // group_size)`` tensor per parameter) or fp32 (``error_scales``
 empty); both are updated in place. Wire buffers: uint8 ``(rows, row_bytes)`` of ``deepspeed_loco.layout.WireLayout``
-(the widths of hop 1 and of the final mean are the gradients' padded partitions,
+(the widths of the first hop and of the final mean are the gradients' padded partitions,
 ``deepspeed_loco.layout.padded_widths``). ``stats``: None, or the fp32 noise statistics each op adds to (``(2,)`` for
 the quantizing ops, ``(1,)`` for the final mean; :mod:`deepspeed_loco.ops.loco_reference`'s docstring).
 """
@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from deepspeed_loco.layout import HopArgs, WireLayout, padded_widths
+from deepspeed_loco.layout import HopArgs, MeanArgs, WireLayout, padded_widths
 from deepspeed_loco.ops import loco_reference
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 
@@ -39,7 +39,7 @@ def error_buffers(error_values: Sequence[torch.Tensor], error_scales: Sequence[t
 def quantize_bucket(grads: List[torch.Tensor], error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
                     send: torch.Tensor, world_size: int, local_size: int, bits: int, group_size: int,
                     err_beta: float, hadamard: bool, grid: str, stats: Optional[torch.Tensor] = None) -> None:
-    """Hop 1 (``loco_reference.quantize_bucket_``) into ``send`` uint8 ``(world_size, row_bytes)``."""
+    """The first hop (``loco_reference.quantize_bucket_``) into ``send`` uint8 ``(world_size, row_bytes)``."""
     args = HopArgs(world_size, local_size, bits, group_size, err_beta, hadamard, grid)
     wire = WireLayout(padded_widths([g.numel() for g in grads], world_size, group_size), bits, group_size)
     errors = error_buffers(error_values, error_scales, len(grads), group_size)
@@ -63,7 +63,7 @@ def final_mean_bucket(recv: torch.Tensor, numels: List[int], world_size: int, bi
                       stats: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The final mean (``loco_reference.final_mean_bucket``): this rank's mean partitions, concatenated,
     ``out_dtype`` ``(sum of ceil(numel / world_size),)``."""
-    args = HopArgs(world_size, 1, bits, group_size, 0.0, hadamard, grid)
+    args = MeanArgs(world_size, bits, group_size, hadamard, grid)
     wire = WireLayout(padded_widths(numels, world_size, group_size), bits, group_size)
     parts = loco_reference.final_mean_bucket(recv, wire, args, numels, rank, out_dtype, stats)
     return torch.cat(parts) if parts else recv.new_empty(0, dtype=out_dtype)

@@ -149,8 +149,7 @@ class LocoReducer:
                 recv = hop.exchange(send)
             self.stats.sent(hop, wire)
         with record_function(profiler_range(None, "final_mean_bucket")):
-            return kernels.final_mean_bucket(recv, wire, plan.args(len(plan.hops) - 1, err_beta), numels, self.rank,
-                                             dtype, mean_stats)
+            return kernels.final_mean_bucket(recv, wire, args.mean(), numels, self.rank, dtype, mean_stats)
 
 
 def _check_gradients(names: Sequence[str], grads: Sequence[torch.Tensor]) -> None:

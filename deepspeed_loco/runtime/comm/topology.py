@@ -2,7 +2,7 @@
 exchanges of the hop plan's hops over them."""
 import os
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Mapping, Optional
 
 import torch.distributed as dist
 
@@ -11,12 +11,28 @@ from deepspeed_loco.layout import INTER_NODE, INTRA_NODE
 from deepspeed_loco.runtime.comm.exchange import ProcessGroupExchange
 
 
+LAUNCHER_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE")  # the launchers' ranks-per-node variables, in precedence order
+
+
+def ranks_per_node(configured: Optional[int], world_size: int, device_count: int,
+                   environ: Mapping[str, str] = os.environ) -> int:
+    """The one default rule for ranks per node ``L``: ``configured`` (``zeropp_loco_param.local_world_size``) when
+    set, else the first of :data:`LAUNCHER_VARS` set in ``environ``, else the accelerator count ``device_count``
+    capped at ``world_size`` (1 without accelerators)."""
+    if configured is not None:
+        return configured
+    for var in LAUNCHER_VARS:
+        if environ.get(var):
+            return int(environ[var])
+    return min(device_count, world_size) or 1
+
+
 @dataclass(frozen=True)
 class LocoTopology:
     """Rank ``rank = node * L + local`` of a group of ``W = M * L`` ranks.
 
-    ``intra_group``: the ``L`` ranks of this node (hop 1). ``inter_group``: the ``M`` ranks with this local
-    index, one per node (hop 2). Either is None where its hop does not exist (``L == 1`` or ``M == 1``).
+    ``intra_group``: the ``L`` ranks of this node (the ``intra_node`` hop). ``inter_group``: the ``M`` ranks
+    with this local index, one per node (the ``inter_node`` hop). Either is None where its hop does not exist (``L == 1`` or ``M == 1``).
     """
     world_size: int
     local_size: int
@@ -49,14 +65,10 @@ class LocoTopology:
         return f"W={self.world_size} (M={self.num_nodes} nodes x L={self.local_size} ranks)"
 
     @classmethod
-    def build(cls, group: Optional[dist.ProcessGroup] = None, local_size: Optional[int] = None) -> "LocoTopology":
-        """Creates the intra- and inter-node subgroups of ``group`` (a collective call on every rank of the job).
-
-        ``local_size``: ranks per node; None reads the launcher's ``LOCAL_WORLD_SIZE`` (1 if unset).
-        """
+    def build(cls, group: Optional[dist.ProcessGroup] = None, *, local_size: int) -> "LocoTopology":
+        """Creates the intra- and inter-node subgroups of ``group`` (None: the default group; a collective call on
+        every rank of the job); ``local_size``: ranks per node (:func:`ranks_per_node`)."""
         world_size = dist.get_world_size(group)
-        if local_size is None:
-            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         check_layout(world_size, local_size)
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world_size))
         rank = dist.get_rank(group)

@@ -7,7 +7,6 @@ Every touch of DeepSpeed itself goes through :mod:`deepspeed_loco.runtime.zero.d
 """
 import itertools
 import logging
-import os
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
@@ -32,13 +31,9 @@ ReduceObserver = Callable[[Sequence[str], Sequence[torch.Tensor], Sequence[torch
 
 
 def resolve_local_size(config: LocoConfig, world_size: int) -> int:
-    """Ranks per node: the config's ``local_world_size``, else the launcher's, else the accelerator count."""
-    if config.local_world_size is not None:
-        return config.local_world_size
-    for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
-        if os.environ.get(var):
-            return int(os.environ[var])
-    return min(deepspeed_seam.local_device_count(), world_size) or 1
+    """Ranks per node of this job (:func:`~deepspeed_loco.runtime.comm.topology.ranks_per_node` with the
+    accelerator count)."""
+    return topology.ranks_per_node(config.local_world_size, world_size, deepspeed_seam.local_device_count())
 
 
 def check_hpz_partition(ds_config: Mapping, config: LocoConfig) -> None:
@@ -82,7 +77,7 @@ class LocoHook:
         self.config = config
         group = deepspeed_seam.data_parallel_group(optimizer)
         world_size = torch.distributed.get_world_size(group)
-        self.topology = LocoTopology.build(group, resolve_local_size(config, world_size))
+        self.topology = LocoTopology.build(group, local_size=resolve_local_size(config, world_size))
         self.reducer = LocoReducer.for_topology(config, self.topology)
         self.plan: HopPlan = self.reducer.plan
         self.state: ErrorFeedbackState = self.reducer.state

@@ -15,7 +15,7 @@ import secrets
 import pytest
 import torch
 
-from deepspeed_loco.layout import HopArgs, WireLayout
+from deepspeed_loco.layout import HopArgs, MeanArgs, WireLayout
 from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 from tests.unit.ops.adversarial import adversarial_groups
@@ -228,7 +228,7 @@ def test_final_mean_matches_reference(cuda, dtype, group_size, bits, rows, numel
     gen, seed = _generator()
     cols = ref.padded_partition_size(numel, world, group_size)
     recv_data, recv_scale = _recv(rows, cols, bits, group_size, gen)
-    _run_final(cuda, recv_data, recv_scale, HopArgs(world, 1, bits, group_size, 0.8, grid=grid), numel, rank, dtype,
+    _run_final(cuda, recv_data, recv_scale, MeanArgs(world, bits, group_size, grid=grid), numel, rank, dtype,
                seed)
 
 
@@ -242,7 +242,7 @@ def test_final_mean_with_hadamard_matches_reference(cuda, dtype, group_size, bit
     gen, seed = _generator()
     cols = ref.padded_partition_size(numel, world, group_size)
     recv_data, recv_scale = _recv(rows, cols, bits, group_size, gen)
-    _run_final(cuda, recv_data, recv_scale, HopArgs(world, 1, bits, group_size, 0.8, True, grid), numel, rank, dtype,
+    _run_final(cuda, recv_data, recv_scale, MeanArgs(world, bits, group_size, True, grid), numel, rank, dtype,
                seed)
 
 
@@ -267,7 +267,7 @@ def test_non_finite_inputs_match_reference(cuda, dtype, error_bits, hadamard, gr
     recv_scale[2, 5] = float("inf")
     _run_hop2(cuda, recv_data, recv_scale, _error_buffer(2, 256, 32, error_bits, gen),
               _hop2_args(4, 2, 4, 4, 32, 0.8, grid), seed)
-    out = _run_final(cuda, recv_data, recv_scale, HopArgs(4, 1, 4, 32, 0.8, hadamard, grid), 1000, 1, dtype, seed)
+    out = _run_final(cuda, recv_data, recv_scale, MeanArgs(4, 4, 32, hadamard, grid), 1000, 1, dtype, seed)
     assert out.isnan().any()
 
 
@@ -321,8 +321,8 @@ def test_bucket_of_many_parameters_in_one_launch_per_hop(cuda, bits, in_bits, ha
     for gpu, cpu in zip(gpu_errors, errors2):
         _check_error(gpu, cpu, seed)
 
-    outs = cuda.final_mean_bucket(actual, wire, args2, numels, 4, torch.bfloat16)
-    wants = ref.final_mean_bucket(expected, wire, args2, numels, 4, torch.bfloat16)
+    outs = cuda.final_mean_bucket(actual, wire, args2.mean(), numels, 4, torch.bfloat16)
+    wants = ref.final_mean_bucket(expected, wire, args2.mean(), numels, 4, torch.bfloat16)
     assert len(outs) == len(numels)
     for i, (out, want) in enumerate(zip(outs, wants)):
         assert out.shape == want.shape and _bits_equal(out, want, nan_payload=False), (i, seed)
@@ -333,7 +333,7 @@ def test_dispatcher_picks_the_cuda_kernels_and_logs_one_line(cuda, caplog, monke
     monkeypatch.delenv("DS_LOCO_KERNELS", raising=False)
     ops._reset()
     with caplog.at_level("INFO", logger="deepspeed_loco"):
-        assert ops.kernels_for(torch.device("cuda")) is ops.OPS_CUDA
+        assert ops.kernels_for(torch.device("cuda")) is ops.CUDA
         assert ops.kernels_for(torch.device("cuda", 0)).name == "loco_cuda"
     lines = [r.getMessage() for r in caplog.records if r.name == "deepspeed_loco"]
     assert len(lines) == 1 and "fused CUDA kernels" in lines[0], lines
@@ -409,17 +409,17 @@ def test_more_than_2_31_elements(cuda):
     send = wire.empty(1, "cuda")
     cuda.quantize_bucket_([grad], [error], args, wire, send)
     data, scale = wire.views(send, 0, 0)
-    [out] = cuda.final_mean_bucket(send, wire, args, [numel], 0, torch.bfloat16)
+    [out] = cuda.final_mean_bucket(send, wire, args.mean(), [numel], 0, torch.bfloat16)
     assert out.shape == (numel,)
     for (a, b), (values, scales) in zip(windows, before):
         lo, hi = a * group_size, min(b * group_size, numel)
         window_error = ErrorBuffer(values.clone(), scales.clone(), group_size)
         want_data = torch.empty(1, (b - a) * group_size * bits // 8, dtype=torch.uint8)
         want_scale = torch.empty(1, b - a)
-        ref.hop1_(grad[lo:hi].cpu(), window_error, args, want_data, want_scale)
+        ref.quantize_(grad[lo:hi].cpu(), window_error, args, want_data, want_scale)
         assert torch.equal(data[:, lo * bits // 8:b * group_size * bits // 8].cpu(), want_data), (a, seed)
         assert _bits_equal(scale[:, a:b], want_scale), (a, seed)
         assert torch.equal(error.values[:, lo:b * group_size].cpu(), window_error.values), (a, seed)
         assert _bits_equal(error.scale[:, a:b], window_error.scale), (a, seed)
-        want_out = ref.final_mean(want_data, want_scale, args, hi - lo, 0, torch.bfloat16)
+        want_out = ref.final_mean(want_data, want_scale, args.mean(), hi - lo, 0, torch.bfloat16)
         assert _bits_equal(out[lo:hi], want_out, nan_payload=False), (a, seed)

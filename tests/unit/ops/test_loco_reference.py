@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from deepspeed_loco.layout import HopArgs
+from deepspeed_loco.layout import HopArgs, MeanArgs
 from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 from deepspeed_loco.ops.quantizer import dequantize_groups, pack, quantize_groups, unpack
@@ -48,7 +48,7 @@ def test_hop1_with_beta_zero_keeps_dequant_plus_error_equal_to_compensated_input
     data = torch.empty(world, width * bits // 8, dtype=torch.uint8)
     scale = torch.empty(world, width // S)
     old = error.dequantize().clone()
-    ref.hop1_(grad, error, HopArgs(world, local, bits, S, 0.0, grid=grid), data, scale)
+    ref.quantize_(grad, error, HopArgs(world, local, bits, S, 0.0, grid=grid), data, scale)
     c = ref.partition_rows(grad, world, S)[ref.slot_to_row(world, local)] + old
     q = unpack(data, bits)
     sent = dequantize_groups(q, scale, S, grid)
@@ -75,7 +75,7 @@ def test_hop2_sums_blocks_then_compensates_with_beta_zero_identity():
     out_data = torch.empty(nodes, width * bits // 8, dtype=torch.uint8)
     out_scale = torch.empty(nodes, width // S)
     args = HopArgs(local * nodes, local, bits, S, 0.0, in_bits=bits_in, in_blocks=local)
-    ref.hop2_(recv_data, recv_scale, error, args, out_data, out_scale)
+    ref.requantize_(recv_data, recv_scale, error, args, out_data, out_scale)
     deq_in = dequantize_groups(q_in, s_in, S).view(local, nodes, width)
     c = deq_in[0] + deq_in[1] + deq_in[2] + old
     q = unpack(out_data, bits)
@@ -108,7 +108,7 @@ def test_final_mean_divides_by_world_and_zeroes_past_numel():
     rows = torch.zeros(2, S)
     rows[:, :3] = torch.tensor([8.0, 4.0, 4.0])
     q, scale = quantize_groups(rows, 8, S)
-    out = ref.final_mean(pack(q, 8), scale, HopArgs(world, 1, 8, S, 0.0), numel, rank, torch.float32)
+    out = ref.final_mean(pack(q, 8), scale, MeanArgs(world, 8, S), numel, rank, torch.float32)
     assert out.tolist() == [4.0, 0.0, 0.0]
 
 

@@ -370,6 +370,24 @@ def test_version_1_files_load_with_their_hop1_hop2_keys(world, local):
         checkpoint.load_state_dict(fresh, v1, fresh_params)
 
 
+def test_a_format_1_state_dict_as_written_then_loads_into_the_named_hops():
+    """A format-1 dict as deepspeed-loco wrote it before the hops had names (literal keys, fp32 errors, W = 4,
+    L = 2): "hop1" is the intra_node buffer (W rows), "hop2" the inter_node one (M rows)."""
+    cols = 192  # the padded partition of 700 elements over 4 ranks in groups of 32
+    hop1 = torch.arange(4 * cols, dtype=torch.float32).view(4, cols)
+    hop2 = -torch.arange(2 * cols, dtype=torch.float32).view(2, cols)
+    v1 = {"format": "deepspeed_loco.error_feedback", "version": 1, "step": 5,
+          "signature": {"world_size": 4, "local_size": 2, "group_size": GROUP, "error_bits": 32, "hadamard": False,
+                        "error_feedback": True, "intra_node_bits": 4, "inter_node_bits": 4},
+          "params": {"w": {"ds_id": 0, "numel": 700, "hop1": {"values": hop1.clone(), "scale": None},
+                           "hop2": {"values": hop2.clone(), "scale": None}}}}
+    state = new_state(LocoConfig(group_size=GROUP, error_bits=32))
+    checkpoint.load_state_dict(state, v1, {"w": torch.nn.Parameter(torch.zeros(100, 7))})
+    buffers = state.buffers_for("w", 700, "cpu")
+    assert state.step == 5 and set(buffers) == {"intra_node", "inter_node"}
+    assert torch.equal(buffers["intra_node"].values, hop1) and torch.equal(buffers["inter_node"].values, hop2)
+
+
 def test_load_allocates_buffers_on_parameters_that_have_none_yet():
     state, params = filled_state()
     fresh = ErrorFeedbackState(state.config, state.plan)
