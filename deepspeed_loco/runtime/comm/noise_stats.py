@@ -1,5 +1,5 @@
 """rho measured live: the quantization error power of the communicated mean over the gradient's own sampling-noise
-power, from a few scalars each rank's reduce already has (``/work/shared/design/loco.md``, "rho against the batch").
+power, from a few scalars each rank's reduce already has (``docs/config.md``, "rho measured live").
 
 Per measured optimizer step every rank's reduces add, on the device (:class:`ReduceSums`, filled by the ops'
 ``stats`` outputs, :mod:`deepspeed_loco.ops.loco_reference`):
