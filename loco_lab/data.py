@@ -8,6 +8,8 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
+from deepspeed_loco.simulation.text_windows import byte_windows
+
 PLAYS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plays")
 TRAIN_PLAYS = ("hamlet", "julius_caesar", "much_ado_about_nothing", "othello")
 VALIDATION_PLAYS = ("macbeth", "midsummer_nights_dream")
@@ -111,7 +113,7 @@ class ByteCorpus:
         starts = torch.randint(0, self.train.numel() - seq_len - 1, (global_batch, ), generator=gen)
         per_rank = global_batch // world_size
         mine = starts[rank * per_rank:(rank + 1) * per_rank]
-        return _windows(self.train, mine, seq_len)
+        return byte_windows(self.train, mine, seq_len)
 
     def validation_batches(self, windows: int, seq_len: int, rank: int, world_size: int, batch: int):
         """Rank ``rank``'s share of ``windows`` evenly spaced validation windows, in batches of ``batch``.
@@ -123,7 +125,7 @@ class ByteCorpus:
         last = self.validation.numel() - seq_len - 1
         starts = torch.linspace(0, last, windows).long()[rank::world_size]
         for i in range(0, starts.numel(), batch):
-            yield _windows(self.validation, starts[i:i + batch], seq_len)
+            yield byte_windows(self.validation, starts[i:i + batch], seq_len)
 
 
 def load_corpus(text: Optional[str], seq_len: int) -> ByteCorpus:
@@ -147,7 +149,3 @@ def _check_parts(source: str, held_out: str, train: int, validation: int, seq_le
                          f"(one window of context + 1 bytes each)")
 
 
-def _windows(data: torch.Tensor, starts: torch.Tensor, seq_len: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    index = starts[:, None] + torch.arange(seq_len + 1)[None, :]
-    chunk = data[index].long()
-    return chunk[:, :-1], chunk[:, 1:]

@@ -8,6 +8,13 @@ HELD_OUT_SHARE = 0.1  # the text's last tenth
 HELD_OUT_WINDOWS = 64
 
 
+def byte_windows(data: torch.Tensor, starts: torch.Tensor, seq_len: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The windows of the 1-D byte tensor ``data`` at ``starts``: ``(x, y)``, int64 ``(len(starts), seq_len)``,
+    ``y`` the bytes after ``x``'s."""
+    windows = data[starts[:, None] + torch.arange(seq_len + 1)].long()
+    return windows[:, :-1], windows[:, 1:]
+
+
 class TextWindows:
     """The bytes of ``path``: the first 90% train, the last 10% held out. A batch is ``(x, y)``, both int64
     ``(batch, seq_len)``, ``y`` the bytes after ``x``'s. Picklable (the text is read again in each process).
@@ -33,7 +40,7 @@ class TextWindows:
         generator = torch.Generator().manual_seed(0)
         while True:
             starts = torch.randint(0, train.numel() - self.seq_len, (self.global_batch, ), generator=generator)
-            yield self._windows(train, starts)
+            yield byte_windows(train, starts, self.seq_len)
 
     def held_out_loss(self, model: torch.nn.Module, loss_fn: Callable) -> float:
         """The mean of ``loss_fn(model, batch)`` over up to 64 evenly spaced held-out windows, 16 per batch."""
@@ -41,13 +48,8 @@ class TextWindows:
         last = held_out.numel() - self.seq_len - 1
         starts = torch.linspace(0, last, min(HELD_OUT_WINDOWS, last + 1)).long()
         device = next(model.parameters()).device
-        return statistics.fmean(float(loss_fn(model, tuple(t.to(device) for t in self._windows(held_out, chunk))))
+        return statistics.fmean(float(loss_fn(model, tuple(t.to(device) for t in byte_windows(held_out, chunk, self.seq_len))))
                                 for chunk in starts.split(16))
-
-    def _windows(self, data: torch.Tensor, starts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        index = starts[:, None] + torch.arange(self.seq_len + 1)
-        windows = data[index]
-        return windows[:, :-1], windows[:, 1:]
 
     def _parts(self) -> Tuple[torch.Tensor, torch.Tensor]:
         if self._data is None:
