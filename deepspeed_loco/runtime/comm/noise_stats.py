@@ -215,7 +215,7 @@ class LiveRho:
                 self.estimator.add(sample)
                 fresh = self.estimator.estimate()
         if self.enabled and self.log_every and step % self.log_every == 0:
-            estimate = self.estimator.estimate()
+            estimate = fresh or self.estimator.estimate()
             if estimate is not None:
                 log_rank0(describe(estimate, self.bits, self.world_size, self.estimator.rank_batch,
                                    self.error_feedback))
