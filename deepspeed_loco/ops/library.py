@@ -33,6 +33,7 @@ signatures of :mod:`deepspeed_loco.ops.loco_reference`'s bucket entry points (``
 ``ErrorBuffer``) and turn them into the ops' arguments; ``deepspeed_loco.ops.kernels_for`` hands them to the reducer.
 """
 import inspect
+import re
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -52,8 +53,12 @@ def _mutated(impl: Callable) -> Tuple[str, ...]:
 def schema_of(impl: Callable) -> str:
     """The op schema of ``impl``'s annotated signature (:mod:`deepspeed_loco.ops.reference_impl`, the one place
     the ops' arguments are written): ``torch.library.infer_schema`` with the :data:`MUTATED` arguments it takes
-    marked, and ``int`` for its ``SymInt`` (the binding takes ``int64_t``; the ops take no symbolic sizes)."""
-    return torch.library.infer_schema(impl, mutates_args=_mutated(impl)).replace("SymInt", "int")
+    marked, ``int`` for its ``SymInt`` (the binding takes ``int64_t``; the ops take no symbolic sizes), and no
+    default for a mutated optional tensor (``stats``): the dispatcher leaves out of the Python kernels' arguments
+    every trailing argument equal to its default, and torch 2.11's version bump of mutated arguments then indexes
+    past their end (``IndexError``); :func:`_call` always passes every argument."""
+    schema = torch.library.infer_schema(impl, mutates_args=_mutated(impl)).replace("SymInt", "int")
+    return re.sub(r"(Tensor\(a\d+!\)\? \w+)=None", r"\1", schema)
 
 
 def _define(impl: Callable, cuda_impl: Callable):

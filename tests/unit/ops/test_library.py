@@ -58,7 +58,7 @@ def _hop1_args(device, error_bits, hadamard, grid, dtype=torch.float32, world=4,
 @pytest.mark.parametrize("hadamard,grid", [(False, "symmetric"), (True, "midrise")])
 def test_opcheck_quantize_bucket(device, error_bits, hadamard, grid):
     torch.library.opcheck(torch.ops.deepspeed_loco.quantize_bucket.default,
-                          _hop1_args(device, error_bits, hadamard, grid))
+                          _hop1_args(device, error_bits, hadamard, grid) + (None, ))  # stats: no default, always passed
 
 
 @pytest.mark.parametrize("error_bits", [0, 8, 32])
@@ -74,7 +74,8 @@ def test_opcheck_requantize_bucket(device, error_bits, grid):
     values, scales = _errors(nodes, widths, error_bits, device, gen)
     send = WireLayout(tuple(widths), bits, GROUP).empty(nodes, device).zero_()
     torch.library.opcheck(torch.ops.deepspeed_loco.requantize_bucket.default,
-                          (recv, values, scales, send, widths, world, local, bits, in_bits, local, GROUP, 0.5, grid))
+                          (recv, values, scales, send, widths, world, local, bits, in_bits, local, GROUP, 0.5, grid,
+                           None))
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
@@ -86,7 +87,8 @@ def test_opcheck_final_mean_bucket(device, out_dtype, hadamard, grid):
     recv = _with_scales(torch.randint(0, 256, (world, wire.row_bytes), dtype=torch.uint8, generator=gen), wire,
                         gen).to(device)
     torch.library.opcheck(torch.ops.deepspeed_loco.final_mean_bucket.default,
-                          (recv, list(NUMELS), world, bits, GROUP, hadamard, grid, 1, out_dtype))
+                          (recv, list(NUMELS), world, bits, GROUP, hadamard, grid, 1, out_dtype,
+                           None))
 
 
 def _with_scales(buffer, wire, gen):
