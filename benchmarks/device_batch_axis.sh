@@ -3,12 +3,15 @@
 # (2 x 8) with full precision, plain 4/4 and LoCo 4/4 at the global batches in BATCHES (sequences of 256 bytes),
 # seeds 0-2, STEPS steps, the learning rate of the study's rule, on the large corpus; then one model's plain step at
 # the largest batch (the simulator's yardstick). Carry .whl/ (benchmarks/device_wheelhouse.sh) and
-# .corpus_large.tar.xz (benchmarks/corpus/README.md). Usage (repository root, on the GPU machine):
+# .corpus_large.tar.xz (benchmarks/corpus/README.md). ARMS: the arms (default full,plain4,loco4); SOLO=0 skips the
+# solo run, BASELINE=0 the yardstick (3 steps of the last arm alone at the largest batch: step time and peak memory without neighbours).
+# Usage (repository root, on the GPU machine):
 #   BATCHES="4096 1024" STEPS=80 LAUNCH_BUDGET=400 PAR=3 OUT=$OUT bash benchmarks/device_batch_axis.sh
 set -o pipefail
 OUT=${OUT:-device_out}
 BATCHES=${BATCHES:-4096 1024}
 STEPS=${STEPS:-80}
+ARMS=${ARMS:-full,plain4,loco4}
 mkdir -p "$OUT" .corpus_large
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 tar xJf .corpus_large.tar.xz -C .corpus_large && echo "corpus files: $(ls .corpus_large | wc -l)"
@@ -21,11 +24,12 @@ B="size=medium,text=.corpus_large,nodes=2,local=8,warmup=$warmup,eval_every=$(( 
 matrices=()
 for batch in $BATCHES; do
     mode=loop; [ "$batch" -lt 256 ] && mode=vmap  # one rank's pass fills the GPU from 16 sequences on
-    matrices+=(--matrix "ba16_b$batch:$STEPS:0,1,2:full,plain4,loco4:$B,micro_batch=$(( batch / 16 )),lr=$(lr_for "$batch"),grad_mode=$mode")
+    matrices+=(--matrix "ba16_b$batch:$STEPS:0,1,2:$ARMS:$B,micro_batch=$(( batch / 16 )),lr=$(lr_for "$batch"),grad_mode=$mode")
 done
 largest=$(echo "$BATCHES" | tr ' ' '\n' | sort -n | tail -1)
-T="--size medium --text .corpus_large --nodes 2 --local 8 --micro-batch $(( largest / 16 )) --stream-nodes 1 --arm loco4"
-SOLO="$T --grad-mode loop --steps 3 --eval-every 3 --eval-windows 16" BUDGET_S=${LAUNCH_BUDGET:-400} PARALLEL=${PAR:-3} \
+T="--size medium --text .corpus_large --nodes 2 --local 8 --micro-batch $(( largest / 16 )) --stream-nodes 1 --arm ${ARMS##*,}"
+solo="$T --grad-mode loop --steps 3 --eval-every 3 --eval-windows 16"; [ "${SOLO:-1}" = 0 ] && solo=""
+SOLO="$solo" BUDGET_S=${LAUNCH_BUDGET:-400} PARALLEL=${PAR:-3} \
     PROBE=0 OUT=$OUT bash benchmarks/device_convergence_sim.sh "${matrices[@]}" 2>&1 | tee -a "$OUT/log"
-PYTHONPATH=/tmp/site:$PWD timeout 60 python3 benchmarks/convergence_sim.py baseline --size medium --text .corpus_large \
+[ "${BASELINE:-1}" = 0 ] || PYTHONPATH=/tmp/site:$PWD timeout 60 python3 benchmarks/convergence_sim.py baseline --size medium --text .corpus_large \
     --nodes 2 --local 8 --micro-batch $(( largest / 16 )) --out "$OUT/baseline.jsonl" 2>&1 | tail -1
