@@ -82,6 +82,10 @@ _LOCO_116M = Provenance("tags map125m_w4, map125m_w16, map125m_w64 (116M): 2/2 a
                         "batch of 64 sequences of 256 tokens, 100-200 steps", MAP_RUNS, MAP_DATE)
 _LOCO_4BIT = Provenance("every 4/4 regime of the map (0.87M, 10.8M, 116M; W = 4-256; 100-1000 steps) and its 8/4 "
                         "and 4/8 arms", MAP_RUNS, MAP_DATE)
+_BATCH_AXIS = Provenance("tags ba16_b64, ba16_b256, ba16_b1024, ba16_b4096 (10.8M, W = 16 as 2 x 8): full, plain "
+                         "4/4 and LoCo 4/4 at global batches of 64-4096 sequences of 256 tokens (16K to 1M tokens a "
+                         "step), 60 steps, seeds 0-2, held-out text of the larger corpus",
+                         "benchmarks/results/batch_axis/runs/stage1.jsonl", "2026-12-06")
 _LOCO_8_2H = Provenance("every 8/2 + Hadamard regime of the map (0.87M at W = 16 and at a global batch of 512; "
                         "10.8M at W = 4-256)", MAP_RUNS, MAP_DATE)
 
@@ -102,9 +106,12 @@ MAP = (
             "LoCo - plain at 116M +0.0521 [-0.0598, +0.1640] (3 regimes, 18 seeds); +0.1065 [+0.0613, +0.1516] at "
             "W = 16 over 100 steps", (_LOCO_116M,)),
     Finding(LOCO_IDLE, (4, 8), (4, 8), None, None, (0, None),
-            "LoCo did not lower the loss at 4 bits or more (at 4/4 it raised the 116M model's)",
+            "LoCo did not lower the loss at 4 bits or more (at 4/4 it raised the 116M model's); at global batches "
+            "of up to 1M tokens a step, where rho passes 1, no difference was resolved either way",
             "LoCo - plain at 4/4, pooled: +0.0008 [-0.0018, +0.0034] (8 regimes, 30 seeds); at 116M +0.0246 "
-            "[+0.0074, +0.0417] (2 regimes, 8 seeds)", (_LOCO_4BIT, _LOCO_116M)),
+            "[+0.0074, +0.0417] (2 regimes, 8 seeds); on the batch axis (10.8M, 60 steps, rho 1.9 at 1024 and 7.3 "
+            "at 4096 sequences) -0.0231 [-0.1715, +0.1252] at 4096 (3 seeds), seeds as blocks over the 4 batches "
+            "-0.0088 [-0.0546, +0.0371]", (_LOCO_4BIT, _LOCO_116M, _BATCH_AXIS)),
     Finding(LOCO_IDLE, (8, 8), (2, 2), True, None, (0, None),
             "LoCo did not lower the loss at 8/2 + Hadamard, also where plain qgZ lost loss",
             "LoCo - plain at 8/2 + Hadamard, pooled: -0.0009 [-0.0040, +0.0023] (6 regimes, 23 seeds)",
