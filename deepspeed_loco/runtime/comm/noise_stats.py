@@ -61,7 +61,8 @@ class ReduceSums:
     """One rank's noise statistics of one optimizer step's reduces: the ops' sums, fp32 ``(2H + 1,)`` on the
     gradients' device, ``[in_1, Q_1, in_2, Q_2, ..., ||out||^2]`` summed over buckets and micro-steps (``in_h``: sum
     of squares of hop ``h``'s input, ``in_1 = S_r``; allocated as zeros by the first reduce that uses them), and
-    ``sample``, the shared sample of coordinates (:class:`~deepspeed_loco.runtime.comm.error_sample.MeanErrorSample`)."""
+    ``sample``, the shared sample of coordinates
+    (:class:`~deepspeed_loco.runtime.comm.error_sample.MeanErrorSample`)."""
 
     def __init__(self, hops: int, sample: MeanErrorSample):
         self.hops, self.sample = hops, sample
