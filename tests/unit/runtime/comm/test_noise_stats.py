@@ -21,8 +21,9 @@ def _cluster(nodes, local, bits, error_feedback=True):
                                        error_feedback=error_feedback), nodes, local)
 
 
-def _grads(world, shapes, gen, signal=0.3):
-    return [[torch.randn(shape, generator=gen) + signal for shape in shapes] for _ in range(world)]
+def _grads(world, shapes, gen):
+    """``[r][i]``: rank ``r``'s gradient of shape ``shapes[i]``, fp32, unit noise about a signal of 0.3."""
+    return [[torch.randn(shape, generator=gen) + 0.3 for shape in shapes] for _ in range(world)]
 
 
 def _measure(cluster, step, grads, micro_steps=1):
