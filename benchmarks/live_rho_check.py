@@ -9,9 +9,10 @@ Every regime trains the bundled byte-level model (``loco_lab``, size ``tiny`` by
 * live rho: the same ratio from the ranks' sums alone, as a real run computes it (``ArmResult.live_*``; numerator
   and denominator averaged over the steps before dividing).
 
-Plain qgZ arms compare like with like: the communicated mean's error is the quantizers' error. For a LoCo arm the
-live rho is the quantizers' error on the compensated values while the communicated mean's error also carries the
-remembered error, so its ratio is expected above 1 by about ``(1 - err_beta) / (1 + err_beta)`` (0.11 at 0.8).
+Every arm compares like with like: the live numerator is the communicated mean's own error, estimated on a shared
+sample of coordinates (``deepspeed_loco.runtime.comm.error_sample``), so for a LoCo arm it includes the remembered
+error as the exact rho does. (The earlier live numerator, the quantizers' error on the compensated values, left the
+remembered error out; the ``(1 - err_beta) / (1 + err_beta)`` excess once expected of LoCo arms no longer applies.)
 
     python3 benchmarks/live_rho_check.py              # the default regimes, a few minutes on 2 CPU cores
     python3 benchmarks/live_rho_check.py --steps 20 --arms plain4 --layouts 2x2

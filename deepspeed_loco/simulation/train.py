@@ -100,7 +100,7 @@ class _ArmRun:
             result.rank_batch = result.rank_batch or _leading_size(micro[0])
             measured = self._measures_noise(step)
             if measured:
-                self.cluster.measure_noise()
+                self.cluster.measure_noise(step)
             exact, spread, losses, means = self._step_gradients(model, wrapper, named, micro)
             if measured:
                 self._record_noise(result, step, self.cluster.noise_totals(self.device))
@@ -199,8 +199,8 @@ class _ArmRun:
         every = self.cluster.config.rho_every if self.cluster is not None else 0
         return bool(every) and step % every == 0 and bool(self.cluster.plan.hops)
 
-    def _record_noise(self, result: ArmResult, step: int, totals: List[float]) -> None:
-        sample = NoiseSample.from_totals(totals, self.world, 1)
+    def _record_noise(self, result: ArmResult, step: int, totals: torch.Tensor) -> None:
+        sample = NoiseSample.from_totals(totals, len(self.cluster.plan.hops), self.world, 1)
         if sample is not None:  # not finite: an overflow, skipped as a real run skips it
             result.live_rho_steps.append(step)
             result.live_hop_error_sq.append(list(sample.hop_error_sq))

@@ -131,6 +131,10 @@ class LocoReducer:
         self._touched = any(b is not None for b in buffers)  # the kernels below update the buffers in place
         recv = wire = None
         hop_stats, mean_stats = self.noise.views(device) if self.noise is not None else ([None] * len(plan.hops), None)
+        sample = self.noise.sample if self.noise is not None else None
+        picks = sample.pick(names, numels) if sample is not None else None
+        if picks is not None:
+            sample.take_inputs(picks, grads)
         for index, hop in enumerate(plan.hops):
             errors = [b and b[hop.name] for b in buffers]
             args, in_wire, wire = plan.args(index, err_beta), wire, hop.wire(widths, plan.group_size)
@@ -149,7 +153,10 @@ class LocoReducer:
                 recv = hop.exchange(send)
             self.stats.sent(hop, wire)
         with record_function(profiler_range(None, "final_mean_bucket")):
-            return kernels.final_mean_bucket(recv, wire, args.mean(), numels, self.rank, dtype, mean_stats)
+            means = kernels.final_mean_bucket(recv, wire, args.mean(), numels, self.rank, dtype, mean_stats)
+        if picks is not None:
+            sample.take_outputs(picks, means)
+        return means
 
 
 def _check_gradients(names: Sequence[str], grads: Sequence[torch.Tensor]) -> None:

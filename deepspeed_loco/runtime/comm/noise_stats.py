@@ -1,43 +1,47 @@
 """rho measured live: the quantization error power of the communicated mean over the gradient's own sampling-noise
-power, from a few scalars each rank's reduce already has (``docs/config.md``, "rho measured live").
+power, from what each rank's reduce already has (``docs/config.md``, "rho measured live").
 
-Per measured optimizer step every rank's reduces add, on the device (:class:`ReduceSums`, filled by the ops'
-``stats`` outputs, :mod:`deepspeed_loco.ops.loco_reference`):
+On a measured optimizer step every rank's reduces keep (:class:`ReduceSums`):
 
-* ``S_r = ||g_r||^2``, its own gradient before quantization (hop 1's input);
-* ``Q_r^h = ||c - deq(quant(c))||^2``, the error its quantizer made at hop ``h`` (``c`` the compensated values;
-  the input itself for plain qgZ);
-* ``O_r = ||out_r||^2``, its partitions of the communicated mean (their sum over ranks is ``||mean||^2``).
+* the ops' sums (their ``stats`` outputs, :mod:`deepspeed_loco.ops.loco_reference`), over buckets and micro-steps:
+  ``S_r = ||g_r||^2`` (its gradient before quantization), ``Q_r^h = ||c - deq(quant(c))||^2`` (the error its
+  quantizer made at hop ``h``; ``c`` the compensated values, the input itself for plain qgZ) and ``O_r = ||out_r||^2``
+  (its partitions of the communicated mean);
+* a shared sample of coordinates (:mod:`deepspeed_loco.runtime.comm.error_sample`): its gradient there and, where
+  it owns them, the communicated mean, from the first micro-step.
 
-One all-reduce (sum) of these ``2H + 1`` floats per measured step gives (:meth:`NoiseSample.from_totals`), per
-micro-step, with ``W`` ranks and ``b`` samples per rank and micro-step:
+One all-reduce (sum) of these ``2H + 1`` floats and ``3`` floats per sampled coordinate per measured step gives
+(:meth:`NoiseSample.from_totals`), per micro-step, with ``W`` ranks and ``b`` samples per rank and micro-step:
 
-* error power of the mean from hop ``h``: ``E_h = sum_r Q_r^h / W^2``. Every hop's error enters the mean with the
-  factor ``1/W``: the final sum adds hop 1's dequantized rows of all ranks (and hop 2's re-quantized node sums, which
-  carry hop 1's errors and add hop 2's) and divides by ``W`` once (``loco_reference.final_mean``); errors of
-  different ranks and hops are independent, so they add in power;
-* sampling-noise power of the exact mean, ``N = tr(Sigma) / (W b)``: with ``s = mean_r S_r`` and ``m = ||exact
-  mean||^2 = ||mean||^2 - sum_h E_h``, ``E[s] = ||G||^2 + tr(Sigma) / b`` and ``E[m] = ||G||^2 + tr(Sigma) / (W b)``
+* the error power of the mean ``E = ||mean - exact mean||^2``, estimated on the sample, where the exact mean is known
+  (the sum of the ranks' values over ``W``). It counts every rank's and hop's error as they add up in the mean,
+  correlated or not: ranks' rounding errors correlate where the signal dominates (one grid, similar values), and
+  the sum of ``Q_r^h / W^2``, which assumes they do not, read up to 1.7x low (``benchmarks/live_rho_check.py``).
+  ``E`` is split between the hops in proportion to their quantizers' error, ``sum_r Q_r^h``;
+* the sampling-noise power of the exact mean, ``N = tr(Sigma) / (W b)``, two ways combined by inverse variance:
+  on the sample, as the ranks' variance per coordinate over ``W``; and from the full sums, with ``s = mean_r S_r``
+  and ``m = ||exact mean||^2``, ``E[s] = ||G||^2 + tr(Sigma) / b`` and ``E[m] = ||G||^2 + tr(Sigma) / (W b)``
   (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training", appendix A), so ``N = (s - m) / (W - 1)``,
-  which is exactly ``sum_r ||g_r - mean||^2 / (W (W - 1))`` when ``m`` is the exact mean's norm;
+  ``m`` being ``sum_r O_r`` less the sampled excess ``||mean||^2 - ||exact mean||^2``. The full sums win where the
+  error is small against the noise, the sample where it is large (there the excess swamps ``s - m``);
 * ``||G||^2 = m - N`` and the noise scale ``B_noise = tr(Sigma) / ||G||^2 = W b N / ||G||^2`` in samples (sequences);
-* ``rho_h = E_h / N`` and ``rho = sum_h E_h / N``.
+* ``rho_h = E_h / N`` and ``rho = E / N``.
 
-Gradient accumulation: each micro-step's reduce carries one micro-batch of ``b`` samples per rank, and the sums run
-over the ``A`` micro-steps of the optimizer step, then are divided by ``A``. The accumulated gradient's error and
-noise are sums of ``A`` independent micro-step terms, so both powers grow ``A``-fold and rho per micro-step is rho of
-the accumulated step. Absolute powers are in the units of the reduced gradient (an fp16 loss scale and DeepSpeed's
+Gradient accumulation: each micro-step's reduce carries one micro-batch of ``b`` samples per rank; the sums run over
+the ``A`` micro-steps of the optimizer step and are divided by ``A``, the sample is of one micro-step. The
+accumulated gradient's error and noise are sums of ``A`` micro-step terms, so rho per micro-step is rho of the
+accumulated step. Absolute powers are in the units of the reduced gradient (an fp16 loss scale and DeepSpeed's
 ``1 / A`` included); rho and ``B_noise`` are ratios and free of them.
 
-Single steps are noisy (``N`` is a difference): :class:`RhoEstimator` averages numerator and denominator over a
-window of measured steps before dividing (as McCandlish et al. do) and gives the ratio estimator's standard error.
-:class:`LiveRho` runs it in a real run: arms the reducer on every ``rho_every``-th step, makes the one all-reduce,
-logs a line every ``rho_log_every`` steps.
+Single steps are noisy: :class:`RhoEstimator` averages numerator and denominator over a window of measured steps
+before dividing (as McCandlish et al. do) and gives the ratio estimator's standard error. :class:`LiveRho` runs it in
+a real run: arms the reducer on every ``rho_every``-th step, makes the one all-reduce, logs a line every
+``rho_log_every`` steps.
 
-With error feedback, ``Q`` is the quantizer's error on the compensated values, what plain qgZ's error would be at the
-same state; the communicated mean's own error also carries the remembered error (about ``(1 - beta) / (1 + beta)``
-more power in a steady state). rho answers "is the quantizer's error large against the sampling noise", so it tells a
-plain-qgZ user whether error feedback could matter.
+With error feedback, ``E`` is the communicated mean's own error: the quantizer's error on the compensated values and
+the remembered error those carry (about ``(1 - beta) / (1 + beta)`` more power than the quantizer's error alone in a
+steady state), what reaches the optimizer. rho answers "is the error large against the sampling noise", so it tells
+a plain-qgZ user whether error feedback could matter.
 """
 import math
 from collections import deque
@@ -47,18 +51,21 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from deepspeed_loco.runtime.comm.error_sample import FIELDS, MeanErrorSample, SampledPowers
 from deepspeed_loco.utils.logging import log_rank0, logger
 
 WINDOW = 10  # measured steps a live estimate averages over
 
 
 class ReduceSums:
-    """One rank's noise statistics of one optimizer step's reduces, summed over buckets and micro-steps: fp32
-    ``(2H + 1,)`` on the gradients' device, ``[in_1, Q_1, in_2, Q_2, ..., ||out||^2]`` (``in_h``: sum of squares of
-    hop ``h``'s input, ``in_1 = S_r``). Allocated as zeros by the first reduce that uses it."""
+    """One rank's noise statistics of one optimizer step's reduces: the ops' sums, fp32 ``(2H + 1,)`` on the
+    gradients' device, ``[in_1, Q_1, in_2, Q_2, ..., ||out||^2]`` summed over buckets and micro-steps (``in_h``: sum
+    of squares of hop ``h``'s input, ``in_1 = S_r``; allocated as zeros by the first reduce that uses them), and
+    ``sample``, the shared sample of coordinates
+    (:class:`~deepspeed_loco.runtime.comm.error_sample.MeanErrorSample`)."""
 
-    def __init__(self, hops: int):
-        self.hops = hops
+    def __init__(self, hops: int, sample: MeanErrorSample):
+        self.hops, self.sample = hops, sample
         self.tensor: Optional[torch.Tensor] = None
 
     def views(self, device) -> Tuple[List[torch.Tensor], torch.Tensor]:
@@ -68,9 +75,11 @@ class ReduceSums:
         return [self.tensor[2 * h:2 * h + 2] for h in range(self.hops)], self.tensor[2 * self.hops:]
 
     def take(self, device) -> torch.Tensor:
-        """The sums (zeros on ``device`` if no reduce ran), as a tensor the caller owns; this object starts empty."""
+        """The sums (zeros if no reduce ran) followed by the sample's vector, one fp32 tensor on ``device`` that
+        the caller owns (what the all-reduce sums); this object starts empty."""
         tensor, self.tensor = self.tensor, None
-        return torch.zeros(2 * self.hops + 1, dtype=torch.float32, device=device) if tensor is None else tensor
+        sums = torch.zeros(2 * self.hops + 1, dtype=torch.float32, device=device) if tensor is None else tensor
+        return torch.cat([sums.to(device), self.sample.vector(device)])
 
 
 @dataclass(frozen=True)
@@ -87,21 +96,31 @@ class NoiseSample:
         return sum(self.hop_error_sq)
 
     @classmethod
-    def from_totals(cls, totals: Sequence[float], world_size: int, micro_steps: int) -> Optional["NoiseSample"]:
-        """From the sums over ranks of :class:`ReduceSums` (``2H + 1`` floats) of ``micro_steps`` micro-steps on
-        ``world_size >= 2`` ranks; None when a sum is not finite (an fp16 overflow step)."""
-        if world_size < 2 or micro_steps < 1 or len(totals) % 2 != 1:
-            raise ValueError(f"NoiseSample: {len(totals)} totals (must be 2H + 1), world_size {world_size} (>= 2), "
-                             f"micro_steps {micro_steps} (>= 1)")
-        if not all(math.isfinite(t) for t in totals):
+    def from_totals(cls, totals: torch.Tensor, hops: int, world_size: int,
+                    micro_steps: int) -> Optional["NoiseSample"]:
+        """From the sum over ranks of :meth:`ReduceSums.take` (``2H + 1`` sums of ``micro_steps`` micro-steps, then the
+        sample's values) on ``world_size >= 2`` ranks; None when a value is not finite (an fp16 overflow step)."""
+        if world_size < 2 or micro_steps < 1 or hops < 1 or totals.numel() < 2 * hops + 1 or (
+                totals.numel() - 2 * hops - 1) % FIELDS:
+            raise ValueError(f"NoiseSample: {totals.numel()} totals (must be 2H + 1 = {2 * hops + 1} sums and "
+                             f"{FIELDS} values per sampled coordinate), world_size {world_size} (>= 2), micro_steps "
+                             f"{micro_steps} (>= 1)")
+        if not bool(torch.isfinite(totals).all()):
             return None
-        hops = len(totals) // 2
-        per_step = [t / micro_steps for t in totals]
-        hop_error = tuple(per_step[2 * h + 1] / world_size**2 for h in range(hops))
-        rank_sq = per_step[0] / world_size  # mean over ranks of ||g_r||^2
-        exact_sq = per_step[2 * hops] - sum(hop_error)  # ||exact mean||^2
-        noise = (rank_sq - exact_sq) / (world_size - 1)
-        return cls(hop_error, noise, exact_sq - noise)
+        sums = (totals[:2 * hops + 1].double() / micro_steps).tolist()
+        p = SampledPowers.of(totals[2 * hops + 1:], world_size)
+        quantizer = [sums[2 * h + 1] for h in range(hops)]
+        shares = [q / sum(quantizer) if sum(quantizer) > 0 else 1 / hops for q in quantizer]
+        # N from the full sums, (s - m) / (W - 1) with m = ||mean||^2 less the sampled excess (its variance the
+        # excess's over (W - 1)^2), and on the sample: combined by inverse variance (module docstring)
+        exact_sq = sums[2 * hops] - p.excess_sq
+        full = (sums[0] / world_size - exact_sq) / (world_size - 1)
+        full_var = p.excess_var / (world_size - 1)**2
+        if full_var == 0 or p.noise_var == 0:  # one of them exact: no error on the wire, or one sampled value
+            noise = full if full_var == 0 else p.noise_sq
+        else:
+            noise = (full / full_var + p.noise_sq / p.noise_var) / (1 / full_var + 1 / p.noise_var)
+        return cls(tuple(p.error_sq * share for share in shares), noise, exact_sq - noise)
 
 
 @dataclass(frozen=True)
@@ -199,7 +218,8 @@ class LiveRho:
     def _arm(self, step: int) -> None:
         """Gives the reducer a fresh :class:`ReduceSums` if optimizer step ``step`` is measured, else none."""
         measured = self.enabled and step % self.every == 0
-        self.reducer.noise = ReduceSums(len(self.reducer.plan.hops)) if measured else None
+        self.reducer.noise = ReduceSums(len(self.reducer.plan.hops), MeanErrorSample(
+            step, self.reducer.rank, self.world_size)) if measured else None
 
     def on_step(self, step: int) -> Optional[RhoEstimate]:
         """After optimizer step ``step`` (1-based): if it was measured, one all-reduce of its sums and the updated
@@ -208,7 +228,7 @@ class LiveRho:
         if sums is not None:
             totals = sums.take(self.device)
             dist.all_reduce(totals, group=self.group)
-            sample = NoiseSample.from_totals(totals.tolist(), self.world_size, self.micro_steps)
+            sample = NoiseSample.from_totals(totals, len(self.reducer.plan.hops), self.world_size, self.micro_steps)
             if sample is None:
                 logger.debug(f"deepspeed-loco: live rho: step {step}'s sums are not finite (overflow); skipped")
             else:

@@ -194,3 +194,17 @@ def test_a_spec_is_frozen_and_checked_when_built():
         SimulationSpec(3, ["full"], 2)
     with pytest.raises(TypeError, match="simulate: spec = .* is invalid: it must be a SimulationSpec"):
         simulate(setup)
+
+
+def test_live_rho_of_measured_steps_is_the_exact_error_and_spread_when_every_coordinate_is_sampled():
+    """Hidden 16: no parameter above the sample's 256 coordinates, so on the steps ``rho_every`` measures the live
+    error is the communicated mean's exact error (LoCo's remembered error included) and the live noise the ranks'
+    exact spread ``(mean_r ||g_r||^2 - ||exact mean||^2) / (W - 1)``, to fp32 rounding."""
+    setup = TrainingSetup(lambda: toy_model(16), _data, nodes=2, local=2, loss_fn=_loss,
+                          loco={"group_size": 32, "rho_every": 2})
+    for result in simulate(SimulationSpec(setup, ["plain2", "loco4"], 6, 0)):
+        assert result.live_rho_steps == [2, 4, 6]
+        for step, errors, noise in zip(result.live_rho_steps, result.live_hop_error_sq, result.live_noise_sq):
+            exact_sq = result.mean_grad_sq[step - 1]
+            assert sum(errors) == pytest.approx(result.grad_rel_errors[step - 1]**2 * exact_sq, rel=1e-4)
+            assert noise == pytest.approx((result.rank_grad_sq[step - 1] - exact_sq) / (WORLD - 1), rel=1e-4)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.runtime.comm.error_sample import MeanErrorSample
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.noise_stats import ReduceSums
 from deepspeed_loco.runtime.comm.topology import LocoTopology
@@ -27,8 +28,8 @@ CASES = [  # dtype, intra bits, inter bits, hadamard, error_bits
 
 
 def check_cuda_matches_cpu_reference(local_size, steps=3):
-    """Returns (kernel module used for CUDA tensors, failures). The live rho's sums (measured on the last step) of the
-    fused kernels agree with the reference's to fp32 summation order (rtol 1e-5)."""
+    """Returns (kernel module used for CUDA tensors, failures). The live rho's sums and sampled values (measured on
+    the last step) of the fused kernels agree with the reference's to fp32 summation order (rtol 1e-5)."""
     from deepspeed_loco.ops import kernels_for
     torch.cuda.set_device(0)
     topo = LocoTopology.build(local_size=local_size)
@@ -42,8 +43,9 @@ def check_cuda_matches_cpu_reference(local_size, steps=3):
         for step in range(steps):
             grads = [torch.randn(shape, generator=gen).to(dtype) for shape in SHAPES]
             if step == steps - 1:
-                cpu_reducer.noise, gpu_reducer.noise = ReduceSums(len(cpu_reducer.plan.hops)), ReduceSums(
-                    len(gpu_reducer.plan.hops))
+                cpu_reducer.noise, gpu_reducer.noise = [
+                    ReduceSums(len(r.plan.hops), MeanErrorSample(step, topo.rank, topo.world_size))
+                    for r in (cpu_reducer, gpu_reducer)]
             want = cpu_reducer.reduce_scatter(names, grads)
             got = gpu_reducer.reduce_scatter(names, [g.cuda() for g in grads])
             for shape, w, g in zip(SHAPES, want, got):

@@ -1,14 +1,18 @@
 """The live rho in a real DeepSpeed ZeRO-3 engine: 4 gloo processes, 2 nodes x 2 ranks, through ``csv_monitor``.
 
 Each rank also observes its own reduces (a reduce observer: the gradients it fed in and the partitions it got back),
-so the test recomputes the estimator's gradient and mean powers independently and checks the engine's sample
-against them, with gradient accumulation and with plain qgZ (``error_feedback: false``).
+so the test recomputes the estimator's inputs independently, the full sums and, from the gathered gradients and means
+at the coordinates the step samples, the communicated mean's error and the ranks' spread, and checks the engine's
+sample against them, with gradient accumulation and with plain qgZ (``error_feedback: false``). The first layer's
+weight (429 elements) is sampled, the other parameters are taken whole.
 """
 import csv
 import logging
 
 import pytest
 import torch
+
+from deepspeed_loco.runtime.comm.error_sample import sample_indices
 
 WORLD, STEPS, MICRO = 4, 4, 8
 
@@ -27,9 +31,32 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+def _sampled_powers(first, step):
+    """fp64 ``[error, noise, excess]`` of ``first`` (``{name: (gradient, partition)}``, each parameter's first
+    reduce of optimizer step ``step``) at the coordinates :func:`sample_indices` picks, weighted: from the full
+    gradients' sums over ranks and the gathered mean (one all-reduce per parameter, in name order on every rank)."""
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    powers = torch.zeros(3, dtype=torch.float64)
+    for name in sorted(first):
+        grad, partition = first[name]
+        numel, width = grad.numel(), partition.numel()
+        mean = torch.zeros(world * width, dtype=torch.float64)
+        mean[rank * width:(rank + 1) * width] = partition
+        rows = torch.stack([grad, grad * grad, mean[:numel]])
+        torch.distributed.all_reduce(rows)
+        g_sum, g_sq, mean = rows
+        exact = g_sum / world
+        terms = torch.stack([(mean - exact).pow(2), (g_sq - g_sum * exact) / (world * (world - 1)),
+                             mean.pow(2) - exact.pow(2)])
+        indices, weight = sample_indices(name, numel, step)
+        powers += weight * terms[:, indices].sum(1)
+    return powers
+
+
 def train(out_dir, error_feedback, accum, rho_every):
-    """``STEPS`` optimizer steps; returns per measured step the engine's sample and the directly computed powers
-    (all-reduced), and the live-rho lines this rank logged."""
+    """``STEPS`` optimizer steps; returns per measured step the directly computed powers (all-reduced: sum
+    ``||g||^2``, sum ``||partition||^2``, reduces, then :func:`_sampled_powers`) and the engine's sample, and the
+    live-rho lines this rank logged."""
     import deepspeed_loco
     from deepspeed_loco.utils.logging import logger
     cfg = {
@@ -48,12 +75,15 @@ def train(out_dir, error_feedback, accum, rho_every):
     engine, _, _, _ = deepspeed_loco.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     hook = deepspeed_loco.loco_hook(engine)
     direct = torch.zeros(3, dtype=torch.float64)  # sum ||g||^2, sum ||partition||^2, reduces
+    first = {}  # name: (gradient, partition) of the parameter's first reduce in the step, fp64
 
     def observe(names, grads, partitions):
         if hook.reducer.noise is not None:  # a measured step
             direct[0] += sum(float(g.double().pow(2).sum()) for g in grads)
             direct[1] += sum(float(p.double().pow(2).sum()) for p in partitions)
             direct[2] += 1
+            for name, grad, partition in zip(names, grads, partitions):
+                first.setdefault(name, (grad.double().reshape(-1), partition.double()))
 
     hook.add_reduce_observer(observe)
     gen = torch.Generator().manual_seed(torch.distributed.get_rank())
@@ -66,6 +96,8 @@ def train(out_dir, error_feedback, accum, rho_every):
                 engine.step()
             totals = direct.clone()
             torch.distributed.all_reduce(totals)
+            totals = torch.cat([totals, _sampled_powers(first, step)])
+            first.clear()
             sample = hook.live_rho.estimator.samples[-1] if hook.live_rho.estimator.samples else None
             records.append((step, totals.tolist(), None if sample is None else
                             (sample.hop_error_sq, sample.noise_sq, sample.grad_sq)))
@@ -86,13 +118,16 @@ def test_engine_reports_rho_per_hop_and_noise_scale_through_the_monitor(process_
                                                                         accum):
     results = process_pool(WORLD).run(train, tmp_path, error_feedback, accum, 1)
     records, lines = results[0]
-    for step, (grad_sq, mean_sq, reduces), sample in records:
+    for step, (grad_sq, mean_sq, reduces, error, sampled_noise, excess), sample in records:
         hop_error, noise, signal = sample
         assert reduces > 0 and reduces % accum == 0  # every micro-step reduced, and was measured
-        # the estimator's algebra over the directly observed powers, per micro-step
-        rank_sq, out_sq = grad_sq / (WORLD * accum), mean_sq / accum
-        exact_sq = out_sq - sum(hop_error)
-        assert noise == pytest.approx((rank_sq - exact_sq) / (WORLD - 1), rel=1e-4)
+        # the error is the sampled error of the first micro-step's mean; the noise lies between the full sums'
+        # estimate, (mean_r ||g_r||^2 - ||exact mean||^2) / (W - 1) per micro-step, and the sampled spread
+        assert sum(hop_error) == pytest.approx(error, rel=1e-4)
+        exact_sq = mean_sq / accum - excess
+        full = (grad_sq / (WORLD * accum) - exact_sq) / (WORLD - 1)
+        slack = 1e-4 * max(abs(full), abs(sampled_noise))
+        assert min(full, sampled_noise) - slack <= noise <= max(full, sampled_noise) + slack
         assert signal == pytest.approx(exact_sq - noise, rel=1e-4)
         assert all(e > 0 for e in hop_error) and noise > 0
     assert all(r[0] == records for r in results)  # every rank holds the same sample (one all-reduce)
