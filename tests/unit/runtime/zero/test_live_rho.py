@@ -53,7 +53,7 @@ def _sampled_powers(first, step):
     return powers
 
 
-def train(out_dir, error_feedback, accum, rho_every):
+def train(out_dir, error_feedback, accum, rho_every, hpz=0):
     """``STEPS`` optimizer steps; returns per measured step the directly computed powers (all-reduced: sum
     ``||g||^2``, sum ``||partition||^2``, reduces, then :func:`_sampled_powers`) and the engine's sample, and the
     live-rho lines this rank logged."""
@@ -66,13 +66,15 @@ def train(out_dir, error_feedback, accum, rho_every):
         "zero_optimization": {"stage": 3, "reduce_bucket_size": 10_000, "zero_quantized_gradients": True,
                               "zeropp_loco_param": {"group_size": 32, "intra_node_bits": 4, "inter_node_bits": 2,
                                                     "error_feedback": error_feedback, "rho_every": rho_every,
-                                                    "rho_log_every": 2}},
+                                                    "rho_log_every": 2},
+                              "zero_hpz_partition_size": hpz},
         "csv_monitor": {"enabled": True, "output_path": str(out_dir), "job_name": "job"},
     }
     handler = _Lines()
     logger.addHandler(handler)
     model = _model()
     engine, _, _, _ = deepspeed_loco.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    assert engine.zero_hpz_partition_size() in ((hpz, ) if hpz > 1 else (0, 1))  # hpZ on where asked
     hook = deepspeed_loco.loco_hook(engine)
     direct = torch.zeros(3, dtype=torch.float64)  # sum ||g||^2, sum ||partition||^2, reduces
     first = {}  # name: (gradient, partition) of the parameter's first reduce in the step, fp64
@@ -113,10 +115,12 @@ def _read(folder, name):
     return [(int(step), float(value)) for step, value in rows[1:]]
 
 
-@pytest.mark.parametrize("error_feedback,accum", [(False, 2), (True, 1)])
+@pytest.mark.parametrize("error_feedback,accum,hpz", [(False, 2, 0), (True, 1, 0), (True, 1, 2)])
 def test_engine_reports_rho_per_hop_and_noise_scale_through_the_monitor(process_pool, tmp_path, error_feedback,
-                                                                        accum):
-    results = process_pool(WORLD).run(train, tmp_path, error_feedback, accum, 1)
+                                                                        accum, hpz):
+    """With plain qgZ and gradient accumulation, with LoCo, and with LoCo under hpZ (a secondary weight partition
+    of 2 ranks, inside each node)."""
+    results = process_pool(WORLD).run(train, tmp_path, error_feedback, accum, 1, hpz)
     records, lines = results[0]
     for step, (grad_sq, mean_sq, reduces, error, sampled_noise, excess), sample in records:
         hop_error, noise, signal = sample
