@@ -17,8 +17,8 @@ CUDA implementations' Python signatures and the C++ binding's parameters, agains
     The last hop's received rows to this rank's mean partitions, concatenated: returns ``out_dtype``
     ``(sum of ceil(numel / world_size),)``.
 
-Every op takes, last, an optional fp32 ``stats`` (None by default) that it adds its noise statistics to, mutated in
-place: ``(2,)`` for the quantizing ops (``||input||^2``, quantization error power), ``(1,)`` for the final mean
+Every op takes, last, an optional fp32 ``stats`` (None: nothing computed; no default, every call passes it) that
+it adds its noise statistics to, mutated in place: ``(2,)`` for the quantizing ops (``||input||^2``, quantization error power), ``(1,)`` for the final mean
 (``||mean||^2``); :mod:`deepspeed_loco.ops.loco_reference` defines them. The live rho
 (:mod:`deepspeed_loco.runtime.comm.noise_stats`) passes it on measured steps only.
 
@@ -33,7 +33,6 @@ signatures of :mod:`deepspeed_loco.ops.loco_reference`'s bucket entry points (``
 ``ErrorBuffer``) and turn them into the ops' arguments; ``deepspeed_loco.ops.kernels_for`` hands them to the reducer.
 """
 import inspect
-import re
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -53,12 +52,11 @@ def _mutated(impl: Callable) -> Tuple[str, ...]:
 def schema_of(impl: Callable) -> str:
     """The op schema of ``impl``'s annotated signature (:mod:`deepspeed_loco.ops.reference_impl`, the one place
     the ops' arguments are written): ``torch.library.infer_schema`` with the :data:`MUTATED` arguments it takes
-    marked, ``int`` for its ``SymInt`` (the binding takes ``int64_t``; the ops take no symbolic sizes), and no
-    default for a mutated optional tensor (``stats``): the dispatcher leaves out of the Python kernels' arguments
-    every trailing argument equal to its default, and torch 2.11's version bump of mutated arguments then indexes
-    past their end (``IndexError``); :func:`_call` always passes every argument."""
-    schema = torch.library.infer_schema(impl, mutates_args=_mutated(impl)).replace("SymInt", "int")
-    return re.sub(r"(Tensor\(a\d+!\)\? \w+)=None", r"\1", schema)
+    marked, and ``int`` for its ``SymInt`` (the binding takes ``int64_t``; the ops take no symbolic sizes). The
+    signatures give no argument a default, so neither does the schema: the dispatcher leaves out of a Python kernel's
+    arguments every trailing one equal to its default, and torch 2.11's version bump of the mutated arguments then
+    indexes past their end (``IndexError`` on ``stats=None``); :func:`_call` always passes every argument."""
+    return torch.library.infer_schema(impl, mutates_args=_mutated(impl)).replace("SymInt", "int")
 
 
 def _define(impl: Callable, cuda_impl: Callable):

@@ -87,7 +87,7 @@ def _run(function: str, values: Mapping[str, Any], tensors: Sequence[torch.Tenso
 # The ops' CUDA implementations: reference_impl's signatures (tests/unit/ops/test_op_signatures.py checks them).
 def quantize_bucket(grads: List[torch.Tensor], error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
                     send: torch.Tensor, world_size: int, local_size: int, bits: int, group_size: int,
-                    err_beta: float, hadamard: bool, grid: str, stats: Optional[torch.Tensor] = None) -> None:
+                    err_beta: float, hadamard: bool, grid: str, stats: Optional[torch.Tensor]) -> None:
     """``deepspeed_loco::quantize_bucket`` on CUDA; see :func:`reference_impl.quantize_bucket`."""
     _run("quantize_bucket", dict(locals()), grads + [send] + error_values + error_scales, [g.dtype for g in grads])
 
@@ -95,13 +95,13 @@ def quantize_bucket(grads: List[torch.Tensor], error_values: List[torch.Tensor],
 def requantize_bucket(recv: torch.Tensor, error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
                       send: torch.Tensor, widths: List[int], world_size: int, local_size: int, bits: int,
                       in_bits: int, in_blocks: int, group_size: int, err_beta: float, grid: str,
-                      stats: Optional[torch.Tensor] = None) -> None:
+                      stats: Optional[torch.Tensor]) -> None:
     """``deepspeed_loco::requantize_bucket`` on CUDA; see :func:`reference_impl.requantize_bucket`."""
     _run("requantize_bucket", dict(locals()), [recv, send] + error_values + error_scales, [])
 
 
 def final_mean_bucket(recv: torch.Tensor, numels: List[int], world_size: int, bits: int, group_size: int,
                       hadamard: bool, grid: str, rank: int, out_dtype: torch.dtype,
-                      stats: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      stats: Optional[torch.Tensor]) -> torch.Tensor:
     """``deepspeed_loco::final_mean_bucket`` on CUDA; see :func:`reference_impl.final_mean_bucket`."""
     return _run("final_mean_bucket", dict(locals()), [recv], [out_dtype])

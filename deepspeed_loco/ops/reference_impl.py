@@ -38,7 +38,7 @@ def error_buffers(error_values: Sequence[torch.Tensor], error_scales: Sequence[t
 
 def quantize_bucket(grads: List[torch.Tensor], error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
                     send: torch.Tensor, world_size: int, local_size: int, bits: int, group_size: int,
-                    err_beta: float, hadamard: bool, grid: str, stats: Optional[torch.Tensor] = None) -> None:
+                    err_beta: float, hadamard: bool, grid: str, stats: Optional[torch.Tensor]) -> None:
     """The first hop (``loco_reference.quantize_bucket_``) into ``send`` uint8 ``(world_size, row_bytes)``."""
     args = HopArgs(world_size, local_size, bits, group_size, err_beta, hadamard, grid)
     wire = WireLayout(padded_widths([g.numel() for g in grads], world_size, group_size), bits, group_size)
@@ -49,7 +49,7 @@ def quantize_bucket(grads: List[torch.Tensor], error_values: List[torch.Tensor],
 def requantize_bucket(recv: torch.Tensor, error_values: List[torch.Tensor], error_scales: List[torch.Tensor],
                       send: torch.Tensor, widths: List[int], world_size: int, local_size: int, bits: int,
                       in_bits: int, in_blocks: int, group_size: int, err_beta: float, grid: str,
-                      stats: Optional[torch.Tensor] = None) -> None:
+                      stats: Optional[torch.Tensor]) -> None:
     """A later hop (``loco_reference.requantize_bucket_``): ``recv`` uint8 ``(in_blocks * rows, in_row_bytes)`` on
     the wire of ``in_bits`` bits into ``send`` uint8 ``(rows, row_bytes)`` on ``bits`` bits (both of ``widths``)."""
     args = HopArgs(world_size, local_size, bits, group_size, err_beta, False, grid, in_bits, in_blocks)
@@ -60,7 +60,7 @@ def requantize_bucket(recv: torch.Tensor, error_values: List[torch.Tensor], erro
 
 def final_mean_bucket(recv: torch.Tensor, numels: List[int], world_size: int, bits: int, group_size: int,
                       hadamard: bool, grid: str, rank: int, out_dtype: torch.dtype,
-                      stats: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      stats: Optional[torch.Tensor]) -> torch.Tensor:
     """The final mean (``loco_reference.final_mean_bucket``): this rank's mean partitions, concatenated,
     ``out_dtype`` ``(sum of ceil(numel / world_size),)``."""
     args = MeanArgs(world_size, bits, group_size, hadamard, grid)

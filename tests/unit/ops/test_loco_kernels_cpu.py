@@ -340,9 +340,9 @@ def test_cuda_wrappers_fall_back_to_the_reference_for_cpu_tensors_with_a_warning
     wire = WireLayout(tuple(ref.padded_partition_size(g.numel(), 4, 32) for g in grads), 4, 32)
     send, want = wire.empty(4, "cpu"), wire.empty(4, "cpu")
     with caplog.at_level(logging.WARNING, logger="deepspeed_loco"):
-        loco_cuda.quantize_bucket(grads, [], [], send, 4, 2, 4, 32, 0.8, False, "midrise")
+        loco_cuda.quantize_bucket(grads, [], [], send, 4, 2, 4, 32, 0.8, False, "midrise", None)
         out = loco_cuda.final_mean_bucket(send, [g.numel() for g in grads], 4, 4, 32, False, "midrise", 1,
-                                          torch.float32)
+                                          torch.float32, None)
     ref.quantize_bucket_(grads, [None, None], args, wire, want)
     assert torch.equal(send, want)
     expected = ref.final_mean_bucket(send, wire, args.mean(), [g.numel() for g in grads], 1, torch.float32)
