@@ -18,9 +18,9 @@ CUDA implementations' Python signatures and the C++ binding's parameters, agains
     ``(sum of ceil(numel / world_size),)``.
 
 Every op takes, last, an optional fp32 ``stats`` (None: nothing computed; no default, every call passes it) that
-it adds its noise statistics to, mutated in place: ``(2,)`` for the quantizing ops (``||input||^2``, quantization error power), ``(1,)`` for the final mean
-(``||mean||^2``); :mod:`deepspeed_loco.ops.loco_reference` defines them. The live rho
-(:mod:`deepspeed_loco.runtime.comm.noise_stats`) passes it on measured steps only.
+it adds its noise statistics to, mutated in place: ``(2,)`` for the quantizing ops (``||input||^2``, quantization
+error power), ``(1,)`` for the final mean (``||mean||^2``); :mod:`deepspeed_loco.ops.loco_reference` defines them.
+The live rho (:mod:`deepspeed_loco.runtime.comm.noise_stats`) passes it on measured steps only.
 
 The arguments' names, order, types and contract (shapes, dtypes, the error lists) are
 :mod:`deepspeed_loco.ops.reference_impl`'s.
