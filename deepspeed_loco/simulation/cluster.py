@@ -112,7 +112,7 @@ class SimulatedCluster:
         """Every rank's reducer adds the noise statistics of optimizer step ``step``'s reduces until
         :meth:`noise_totals` (:class:`~deepspeed_loco.runtime.comm.noise_stats.ReduceSums`)."""
         for rank, reducer in enumerate(self.reducers):
-            reducer.noise = ReduceSums(len(self.plan.hops), MeanErrorSample(step, rank, self.world_size))
+            reducer.noise = ReduceSums(len(self.plan.hops), MeanErrorSample(step, rank))
 
     def noise_totals(self, device) -> torch.Tensor:
         """The sums over ranks of the statistics since :meth:`measure_noise` (the live rho's all-reduce), in rank

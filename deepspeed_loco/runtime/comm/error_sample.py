@@ -42,11 +42,11 @@ class MeanErrorSample:
     with its gradients, :meth:`take_outputs` with its mean partitions; :meth:`vector` for the all-reduce. Only each
     parameter's first reduce of the step is sampled (one micro-step: rho per micro-step is rho of the step)."""
 
-    def __init__(self, step: int, rank: int, world_size: int):
-        self.step, self.rank, self.world_size = step, rank, world_size
+    def __init__(self, step: int, rank: int):
+        self.step, self.rank = step, rank
         self._seen: set = set()
         self._values: List[torch.Tensor] = []  # per sampled parameter fp32 (FIELDS, picked), sqrt(w)-scaled
-        self._pending: Dict[int, Tuple[torch.Tensor, float, torch.Tensor]] = {}
+        self._pending: Dict[int, torch.Tensor] = {}  # position in the reduce: sqrt(w) g, until its outputs come
 
     def pick(self, names: Sequence[str], numels: Sequence[int]) -> List[Optional[Tuple[torch.Tensor, float]]]:
         """Per parameter of a reduce, ``(indices, weight)`` if it is sampled in it, else None."""
@@ -62,8 +62,8 @@ class MeanErrorSample:
         for position, (pick, grad) in enumerate(zip(picks, grads)):
             if pick is not None:
                 indices, weight = pick
-                values = grad.reshape(-1).index_select(0, indices.to(grad.device)).float() * math.sqrt(weight)
-                self._pending[position] = (indices, weight, values)
+                picked = grad.reshape(-1).index_select(0, indices.to(grad.device))
+                self._pending[position] = picked.float() * math.sqrt(weight)
 
     def take_outputs(self, picks, outputs: Sequence[torch.Tensor]) -> None:
         """Adds ``sqrt(w) out`` at the picked coordinates this rank owns: ``outputs[i]`` is parameter ``i``'s
@@ -71,7 +71,7 @@ class MeanErrorSample:
         for position, (pick, out) in enumerate(zip(picks, outputs)):
             if pick is None:
                 continue
-            indices, weight, g = self._pending.pop(position)
+            (indices, weight), g = pick, self._pending.pop(position)
             width = out.numel()
             local = indices - self.rank * width
             owned = (local >= 0) & (local < width)

@@ -219,7 +219,7 @@ class LiveRho:
         """Gives the reducer a fresh :class:`ReduceSums` if optimizer step ``step`` is measured, else none."""
         measured = self.enabled and step % self.every == 0
         self.reducer.noise = ReduceSums(len(self.reducer.plan.hops), MeanErrorSample(
-            step, self.reducer.rank, self.world_size)) if measured else None
+            step, self.reducer.rank)) if measured else None
 
     def on_step(self, step: int) -> Optional[RhoEstimate]:
         """After optimizer step ``step`` (1-based): if it was measured, one all-reduce of its sums and the updated

@@ -24,7 +24,7 @@ def rank_vectors(step: int, names: Sequence[str], grads: Sequence[Sequence[torch
     ``step``; ``grads[r][i]`` rank ``r``'s gradient of parameter ``names[i]``, ``means[i]`` its flat mean."""
     world, vectors = len(grads), []
     for rank in range(world):
-        sample = MeanErrorSample(step, rank, world)
+        sample = MeanErrorSample(step, rank)
         picks = sample.pick(names, [m.numel() for m in means])
         sample.take_inputs(picks, grads[rank])
         sample.take_outputs(picks, [partition(m, rank, world) for m in means])

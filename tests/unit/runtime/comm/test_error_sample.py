@@ -107,7 +107,7 @@ def test_each_picked_coordinate_comes_from_exactly_the_rank_that_owns_it():
 
 def test_a_parameter_reduced_again_in_the_same_step_is_sampled_once():
     gen = torch.Generator().manual_seed(1)
-    sample = MeanErrorSample(5, 0, 2)
+    sample = MeanErrorSample(5, 0)
     first = [torch.randn(10, generator=gen), torch.randn(1000, generator=gen)]
     picks = sample.pick(["a", "b"], [10, 1000])
     sample.take_inputs(picks, first)
@@ -121,11 +121,11 @@ def test_a_parameter_reduced_again_in_the_same_step_is_sampled_once():
     assert g.numel() == 10 + PER_TENSOR + 20
     indices, weight = sample_indices("b", 1000, 5)
     assert torch.equal(g[10:10 + PER_TENSOR], first[1][indices] * math.sqrt(weight))  # the first reduce's values
-    assert MeanErrorSample(6, 0, 2).pick(["b"], [1000])[0] is not None  # the next step samples it again
+    assert MeanErrorSample(6, 0).pick(["b"], [1000])[0] is not None  # the next step samples it again
 
 
 def test_a_reduce_that_took_its_inputs_but_not_its_outputs_gives_no_vector():
-    sample = MeanErrorSample(1, 0, 2)
+    sample = MeanErrorSample(1, 0)
     sample.take_inputs(sample.pick(["a"], [300]), [torch.randn(300)])
     with pytest.raises(RuntimeError, match="not its outputs"):
         sample.vector("cpu")

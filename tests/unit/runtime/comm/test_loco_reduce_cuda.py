@@ -44,7 +44,7 @@ def check_cuda_matches_cpu_reference(local_size, steps=3):
             grads = [torch.randn(shape, generator=gen).to(dtype) for shape in SHAPES]
             if step == steps - 1:
                 cpu_reducer.noise, gpu_reducer.noise = [
-                    ReduceSums(len(r.plan.hops), MeanErrorSample(step, topo.rank, topo.world_size))
+                    ReduceSums(len(r.plan.hops), MeanErrorSample(step, topo.rank))
                     for r in (cpu_reducer, gpu_reducer)]
             want = cpu_reducer.reduce_scatter(names, grads)
             got = gpu_reducer.reduce_scatter(names, [g.cuda() for g in grads])

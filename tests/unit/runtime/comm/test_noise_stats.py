@@ -205,7 +205,7 @@ def test_log_line_says_what_rho_means(rho, error_feedback, words):
 
 
 def test_reduce_sums_lay_out_hops_then_the_mean_then_the_sample():
-    sums = ReduceSums(2, MeanErrorSample(1, 0, 2))
+    sums = ReduceSums(2, MeanErrorSample(1, 0))
     assert sums.take("cpu").tolist() == [0.0] * 5  # no reduce ran
     hops, mean = sums.views("cpu")
     hops[1][1] += 3.0
