@@ -10,9 +10,9 @@ before it, outputs passed in excluded). Then, on the same shapes, DeepSpeed's ow
 ``quantized_reduction`` and ``dequantize`` (alone, and with the torch mean over nodes that follows it) from the
 QuantizerBuilder of the installed DeepSpeed, called as ``all_to_all_quant_reduce`` calls them (they read the
 gradient as fp16 whatever its dtype, so their bf16 rows are timings only), the ratio of ours to theirs, and the
-issue-23 kernel targets, met or not (after the bucket table). Last, a per-bucket table (one launch per hop per bucket): one
-Llama-2-7B decoder layer's gradients, 256 tensors of 4096 elements and one tensor of 1,048,576, our three kernels
-without and with error feedback against DeepSpeed's two kernels on the same tensors.
+issue-23 kernel targets, met or not (after the bucket table). Last, a per-bucket table (one launch per hop per
+bucket): one Llama-2-7B decoder layer's gradients, 256 tensors of 4096 elements and one tensor of 1,048,576, our
+three kernels without and with error feedback against DeepSpeed's two kernels on the same tensors.
 
 Inputs rotate over enough copies to exceed the L2 cache several times; times are CUDA-event medians of the GPU
 time alone: a spin kernel queued before each start event keeps the GPU busy while the host prepares the call, so
@@ -118,7 +118,8 @@ def parse_config(text):
 
 
 def random_error(rows, cols):
-    """A CUDA int8 error buffer ``(rows, cols)`` with random values and scales (timing on zeros can flatter a kernel)."""
+    """A CUDA int8 error buffer ``(rows, cols)`` with random values and scales (timing on zeros can flatter a
+    kernel)."""
     error = ErrorBuffer.zeros(rows, cols, GROUP, 8, "cuda")
     error.values.random_(-127, 128)
     error.scale.uniform_(0, 1e-3)
@@ -435,7 +436,8 @@ def print_ratios(rows, configs):
 def profile_hop1():
     """Hop 1 at the largest shape, bf16, 4/4: LoCo (twice), plain, LoCo + Hadamard, one launch each."""
     grad = [torch.randn(SHAPES[-1], device="cuda", dtype=torch.bfloat16)]
-    loco, plain, rotated = bucket_calls(grad, "4/4"), bucket_calls(grad, "4/4", error=False), bucket_calls(grad, "4/4+H")
+    loco, plain = bucket_calls(grad, "4/4"), bucket_calls(grad, "4/4", error=False)
+    rotated = bucket_calls(grad, "4/4+H")
     for call in (loco[0], loco[0], plain[0], rotated[0]):
         call()
     torch.cuda.synchronize()
@@ -449,8 +451,8 @@ def main():
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS),
                         help="intra/inter bits, '+H' for the Hadamard rotation")
     parser.add_argument("--profile-hop1", action="store_true",
-                        help="only run hop 1 at (16384, 16384) bf16 4/4 (each set-up launch, then LoCo twice, plain, LoCo + "
-                             "Hadamard) for a profiler: skip the first 4 launches")
+                        help="only run hop 1 at (16384, 16384) bf16 4/4 (each set-up launch, then LoCo twice, plain, "
+                             "LoCo + Hadamard) for a profiler: skip the first 4 launches")
     parser.add_argument("--variant", type=str, action="append", default=[],
                         help="extra nvcc flags of a further build whose LoCo rows (largest shape) are printed too; "
                              "repeatable")

@@ -6,8 +6,8 @@ Every regime trains the bundled byte-level model (``loco_lab``, size ``tiny`` by
 * exact rho: the mean over steps of ``||communicated mean - exact mean||^2`` over the mean over steps of the exact
   sampling-noise power of the mean, ``sum_r ||g_r - exact mean||^2 / (W (W - 1))``, both from the simulator, which
   knows every rank's gradient (``ArmResult``'s ``grad_rel_errors``, ``rank_grad_sq``, ``mean_grad_sq``);
-* live rho: the same ratio from the ranks' sums alone, as a real run computes it (``ArmResult.live_*``; numerator
-  and denominator averaged over the steps before dividing).
+* live rho: the same ratio from the ranks' sums and shared sample alone, as a real run computes it
+  (``ArmResult.live_*``; numerator and denominator averaged over the steps before dividing).
 
 Every arm compares like with like: the live numerator is the communicated mean's own error, estimated on a shared
 sample of coordinates (``deepspeed_loco.runtime.comm.error_sample``), so for a LoCo arm it includes the remembered

@@ -11,6 +11,6 @@ from deepspeed_loco.layout.wire import WireLayout, describe_hop_cost, wire_bytes
 
 __all__ = [
     "INTER_NODE", "INTRA_NODE", "Exchange", "Hop", "HopArgs", "HopPlan", "MeanArgs", "plan_hops", "resolve_grid",
-    "SCALE_BYTES", "packed_bytes", "padded_partition_size", "padded_widths", "partition_size", "slot_to_row", "WireLayout",
-    "describe_hop_cost", "wire_bytes_per_element"
+    "SCALE_BYTES", "packed_bytes", "padded_partition_size", "padded_widths", "partition_size", "slot_to_row",
+    "WireLayout", "describe_hop_cost", "wire_bytes_per_element"
 ]

@@ -20,9 +20,9 @@ Outputs are written into views of the bucket's wire buffers: ``data`` uint8 ``(r
 
 Noise statistics (the live rho, :mod:`deepspeed_loco.runtime.comm.noise_stats`): every hop function and bucket
 entry point takes an optional ``stats``, fp32, to which it adds fp32 sums of squares. A quantizing hop's ``stats``
-has 2 elements: ``stats[0] += ||x||^2`` of the values it was given (the first hop: the gradient; a later hop: the fp32 sum of
-the received blocks), before rotation and compensation; ``stats[1] += ||c - deq(quant(c))||^2``, the error its
-quantizer made on the compensated values ``c`` (``c = x`` without error feedback; in the rotated basis with
+has 2 elements: ``stats[0] += ||x||^2`` of the values it was given (the first hop: the gradient; a later hop: the
+fp32 sum of the received blocks), before rotation and compensation; ``stats[1] += ||c - deq(quant(c))||^2``, the
+error its quantizer made on the compensated values ``c`` (``c = x`` without error feedback; in the rotated basis with
 ``hadamard``, which is orthonormal). The final mean's ``stats`` has 1 element: ``+= ||mean||^2`` of the fp32 mean
 partitions, before the cast to the output dtype. A group holding a non-finite value makes the sums non-finite.
 """
@@ -50,7 +50,8 @@ def partition_rows(grad: torch.Tensor, world_size: int, group_size: int) -> torc
 
 def compensate_and_quantize(c: torch.Tensor, error: Optional[ErrorBuffer], beta: float, bits: int,
                             group_size: int, grid: str = "symmetric", stats: Optional[torch.Tensor] = None):
-    """One LoCo step on fp32 ``c`` ``(rows, n)``: ``c += e``; quantize on ``grid``; ``e <- beta*e + (1-beta)*(c - deq)``.
+    """One LoCo step on fp32 ``c`` ``(rows, n)``: ``c += e``; quantize on ``grid``;
+    ``e <- beta*e + (1-beta)*(c - deq)``.
 
     Returns ``(q int8 (rows, n), scale fp32 (rows, n // group_size))`` and updates ``error`` in place
     (``error is None``: plain quantization). ``stats``: None, or fp32 ``(2,)`` whose ``[1]`` gains the quantization
@@ -164,7 +165,8 @@ def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[Er
 def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence[Optional[ErrorBuffer]],
                        args: HopArgs, wire: WireLayout, send: torch.Tensor,
                        stats: Optional[torch.Tensor] = None) -> None:
-    """A later hop of a bucket: :func:`requantize_` for every parameter, from the previous hop's ``recv`` into ``send``."""
+    """A later hop of a bucket: :func:`requantize_` for every parameter, from the previous hop's ``recv`` into
+    ``send``."""
     for i, (error, offset) in enumerate(zip(errors, wire.offsets())):
         in_data, in_scale = in_wire.views(recv, i, offset)
         requantize_(in_data, in_scale, error, args, *wire.views(send, i, offset), stats)

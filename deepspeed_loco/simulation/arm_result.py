@@ -25,7 +25,7 @@ class ArmResult:
     ``W``. The live rho of a qgZ arm (:mod:`deepspeed_loco.runtime.comm.noise_stats`, on the steps its
     ``rho_every`` measures): ``live_rho_steps`` the steps, and per such step ``live_hop_error_sq`` (error power of the
     mean per hop), ``live_noise_sq`` (``tr(Sigma) / (W b)``) and ``live_grad_sq`` (``||G||^2``), estimated from the
-    ranks' sums alone, as a real run does.
+    ranks' sums and shared sample of coordinates alone, as a real run does.
     """
     key: str
     label: str

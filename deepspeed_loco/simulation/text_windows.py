@@ -48,8 +48,9 @@ class TextWindows:
         last = held_out.numel() - self.seq_len - 1
         starts = torch.linspace(0, last, min(HELD_OUT_WINDOWS, last + 1)).long()
         device = next(model.parameters()).device
-        return statistics.fmean(float(loss_fn(model, tuple(t.to(device) for t in byte_windows(held_out, chunk, self.seq_len))))
-                                for chunk in starts.split(16))
+        batches = (tuple(t.to(device) for t in byte_windows(held_out, chunk, self.seq_len))
+                   for chunk in starts.split(16))
+        return statistics.fmean(float(loss_fn(model, batch)) for batch in batches)
 
     def _parts(self) -> Tuple[torch.Tensor, torch.Tensor]:
         if self._data is None:

@@ -110,7 +110,8 @@ class NoiseSample:
         sums = (totals[:2 * hops + 1].double() / micro_steps).tolist()
         p = SampledPowers.of(totals[2 * hops + 1:], world_size)
         quantizer = [sums[2 * h + 1] for h in range(hops)]
-        shares = [q / sum(quantizer) if sum(quantizer) > 0 else 1 / hops for q in quantizer]
+        total = sum(quantizer)
+        shares = [q / total if total > 0 else 1 / hops for q in quantizer]
         # N from the full sums, (s - m) / (W - 1) with m = ||mean||^2 less the sampled excess (its variance the
         # excess's over (W - 1)^2), and on the sample: combined by inverse variance (module docstring)
         exact_sq = sums[2 * hops] - p.excess_sq

@@ -32,7 +32,8 @@ class LocoTopology:
     """Rank ``rank = node * L + local`` of a group of ``W = M * L`` ranks.
 
     ``intra_group``: the ``L`` ranks of this node (the ``intra_node`` hop). ``inter_group``: the ``M`` ranks
-    with this local index, one per node (the ``inter_node`` hop). Either is None where its hop does not exist (``L == 1`` or ``M == 1``).
+    with this local index, one per node (the ``inter_node`` hop). Either is None where its hop does not exist
+    (``L == 1`` or ``M == 1``).
     """
     world_size: int
     local_size: int

@@ -196,7 +196,8 @@ def _hop2_args(world, local, in_bits, bits, group_size, beta, grid):
 
 @pytest.mark.parametrize("world,local,in_bits,bits,error_bits,beta,group_size,grid", [
     (world, local, in_bits, bits, error_bits, beta, GROUPS[i % len(GROUPS)], GRIDS[i // 3 % 2])
-    for i, ((world, local), in_bits, bits, (error_bits, beta)) in enumerate(itertools.product(LAYOUTS, BITS, BITS, ERRORS))
+    for i, ((world, local), in_bits, bits, (error_bits, beta))
+    in enumerate(itertools.product(LAYOUTS, BITS, BITS, ERRORS))
 ])
 def test_hop2_matches_reference(cuda, world, local, in_bits, bits, error_bits, beta, group_size, grid):
     gen, seed = _generator()

@@ -1,8 +1,9 @@
 """What of the fused-kernel code can be checked without a GPU.
 
-* The kernels' element arithmetic (``deepspeed_loco/csrc/quantization/loco_kernels.cuh``, namespace ``loco::math``: the
-  reciprocal-with-exact-fallback quantizer, the LoCo update, the bit packing, the Hadamard signs) built as host C++ with g++ and
-  compared bit for bit with the reference on adversarial inputs (ties, denormal and huge scales, non-finite groups).
+* The kernels' element arithmetic (``deepspeed_loco/csrc/quantization/loco_kernels.cuh``, namespace ``loco::math``:
+  the reciprocal-with-exact-fallback quantizer, the LoCo update, the bit packing, the Hadamard signs) built as host
+  C++ with g++ and compared bit for bit with the reference on adversarial inputs (ties, denormal and huge scales,
+  non-finite groups).
 * The builder (sources found, fast math stripped), the dispatcher (reference on CPU, one log line,
   ``DS_LOCO_KERNELS``) and the CUDA wrappers' fallback to the reference for tensors they do not cover.
 """
