@@ -4,7 +4,8 @@
 # seeds 0-2, STEPS steps, the learning rate of the study's rule, on the large corpus; then one model's plain step at
 # the largest batch (the simulator's yardstick). Carry .whl/ (benchmarks/device_wheelhouse.sh) and
 # .corpus_large.tar.xz (benchmarks/corpus/README.md). ARMS: the arms (default full,plain4,loco4); SOLO=0 skips the
-# solo run, BASELINE=0 the yardstick (3 steps of the last arm alone at the largest batch: step time and peak memory without neighbours).
+# solo run (3 steps of the last arm alone at the largest batch: step time and peak memory without neighbours);
+# BASELINE=0 skips the yardstick.
 # Usage (repository root, on the GPU machine):
 #   BATCHES="4096 1024" STEPS=80 LAUNCH_BUDGET=400 PAR=3 OUT=$OUT bash benchmarks/device_batch_axis.sh
 set -o pipefail
