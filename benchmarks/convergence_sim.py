@@ -63,7 +63,8 @@ SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "size": str, "micro_batch": int, "lr": float, "warmup": int, "group_size": int, "err_beta": float,
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
     "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float,
-    "ef_from": int, "stream_nodes": int, "variant": str, "grad_mode": str
+    "ef_from": int, "stream_nodes": int, "variant": str, "grad_mode": str, "save_at": int, "resume_from": int,
+    "state_dir": str
 }
 
 
@@ -103,6 +104,14 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                         "micro-batches, where one rank's pass fills the GPU; simulate's grad_mode)")
     p.add_argument("--warmup-frac", dest="warmup_frac", type=float, default=0.0,
                    help="if > 0, the warm-up is this share of the steps (overrides --warmup)")
+    p.add_argument("--save-at", dest="save_at", type=int, default=0,
+                   help="a branched study's trunk: save the model and optimizer after this step, for --resume-from "
+                        "(benchmarks/branch_state.py; 0: never)")
+    p.add_argument("--resume-from", dest="resume_from", type=int, default=0,
+                   help="a branched study's branch: start from the state the trunk of this tag and seed saved after "
+                        "this step and train the steps after it (0: from scratch)")
+    p.add_argument("--state-dir", dest="state_dir", default=".branch_states",
+                   help="where --save-at writes and --resume-from reads the saved states")
 
 
 def parse_args(argv=None):
@@ -192,6 +201,7 @@ def run_one(args) -> dict:
     from loco_lab.data import load_corpus
     from loco_lab.model import SIZES, ByteLlama, count_parameters, mean_loss
 
+    import branch_state
     from compensation_variants import install
 
     torch.set_num_threads(1)
@@ -204,9 +214,11 @@ def run_one(args) -> dict:
     world = args.nodes * args.local
     corpus = load_corpus(args.text, cfg.seq_len)
     global_batch = args.micro_batch * world
+    trunk = _Trunk(args, branch_state)
+    first = trunk.resumed.step if trunk.resumed else 0  # steps done before this run's first
 
     def batches():
-        for step in range(args.steps):
+        for step in range(first, args.steps):
             yield corpus.train_batch(step, args.seed, global_batch, cfg.seq_len, 0, 1)
 
     validation = [(x.to(device), y.to(device))
@@ -217,10 +229,11 @@ def run_one(args) -> dict:
         return mean_loss(model, validation, autocast)
 
     def optimizer(params):
-        return torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+        return trunk.optimizer(torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1))
 
     def schedule(opt):
         def factor(step):  # linear warm-up from 0, then cosine from 1 down to 0.1 at the last step
+            step += first
             if step < args.warmup:
                 return (step + 1) / args.warmup
             progress = (step - args.warmup) / max(1, args.steps - args.warmup)
@@ -233,17 +246,20 @@ def run_one(args) -> dict:
     started = time.monotonic()
 
     def progress(result, step, loss):  # one log line per evaluation: a run stopped by a budget shows how far it got
+        trunk.after_step(first + step)
         if result.validation and result.validation[-1][0] == step:
-            print(f"[{args.tag}] {result.key} seed {args.seed}: step {step}/{args.steps} val "
+            print(f"[{args.tag}] {result.key} seed {args.seed}: step {first + step}/{args.steps} val "
                   f"{result.validation[-1][1]:.4f} at {time.monotonic() - started:.0f} s", flush=True)
 
-    setup = TrainingSetup(lambda: ByteLlama(cfg), batches, nodes=args.nodes, local=args.local, loco=loco,
+    setup = TrainingSetup(lambda: trunk.model(ByteLlama(cfg)), batches, nodes=args.nodes, local=args.local, loco=loco,
                           optimizer_fn=optimizer, scheduler_fn=schedule, eval_fn=evaluate,
                           eval_every=args.eval_every, device=device, grad_clip=1.0, autocast_dtype=autocast,
                           rank_chunk=args.rank_chunk or None, stream_nodes=bool(args.stream_nodes),
                           grad_mode=args.grad_mode)
     experiments = Experiments(world, args.local, hops, args.ef_from, bool(args.diagnostics))
-    (result, ) = simulate(SimulationSpec(setup, [arm], args.steps, args.seed), experiments, on_step=progress)
+    (result, ) = simulate(SimulationSpec(setup, [arm], args.steps - first, args.seed), experiments,
+                          on_step=progress)
+    result.validation = [(first + step, loss) for step, loss in result.validation]  # steps of the whole schedule
     kernels = kernels_for(device).name
     record = {
         "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,
@@ -253,7 +269,7 @@ def run_one(args) -> dict:
                   "lr": args.lr, "warmup": args.warmup, "dtype": args.dtype, "group_size": args.group_size,
                   "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops, "ef_from": args.ef_from,
                   "variant": args.variant,
-                  "quant_grid": args.quant_grid, "grad_mode": args.grad_mode,
+                  "quant_grid": args.quant_grid, "grad_mode": args.grad_mode, "resumed_from": first,
                   "eval_windows": args.eval_windows, "device": torch.cuda.get_device_name(device)
                   if device.type == "cuda" else "cpu", "kernels": kernels},
         "final_val_loss": result.final_val_loss,
@@ -266,7 +282,7 @@ def run_one(args) -> dict:
         "series": {name: _windowed(getattr(result, name)) for name in
                    ("grad_rel_errors", "sum_rel_errors", "nonzero_fractions", "update_rms", "released_fractions")},
         "update_rms_max": max(result.update_rms),
-        "noise_scale": gradient_noise_scale(result, first_step=args.warmup + 1),
+        "noise_scale": gradient_noise_scale(result, first_step=max(1, args.warmup + 1 - first)),
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "bytes_per_step": result.bytes_per_step,
         "full_precision_bytes_per_step": result.full_precision_bytes_per_step,
@@ -280,8 +296,43 @@ def run_one(args) -> dict:
         fcntl.flock(f, fcntl.LOCK_UN)
     print(f"[{args.tag}] {result.key} seed {args.seed}: val {result.final_val_loss:.4f} "
           f"grad err {record['grad_rel_error_mean']:.4f} sum err {record['sum_rel_error_final']:.4f} "
-          f"{1000 * result.wall_s / args.steps:.0f} ms/step ({kernels})", flush=True)
+          f"{1000 * result.wall_s / (args.steps - first):.0f} ms/step ({kernels})", flush=True)
     return record
+
+
+class _Trunk:
+    """A run's part in a branched study (``--save-at``, ``--resume-from``; :mod:`branch_state`): restores the model
+    and optimizer it builds from the saved state (a branch), and saves them after step ``--save-at`` (a trunk)."""
+
+    def __init__(self, args, branch_state):
+        self.args, self.store, self.saved = args, branch_state, None
+        if args.save_at and not 0 < args.save_at < args.steps:
+            raise SystemExit(f"--save-at {args.save_at}: it must be a step in [1, {args.steps}) (--steps)")
+        path = lambda step: branch_state.state_path(args.state_dir, args.tag, args.seed, step)  # noqa: E731
+        self.save_path = path(args.save_at) if args.save_at else None
+        self.resumed = (branch_state.load(path(args.resume_from), branch_state.settings_of(args))
+                        if args.resume_from else None)
+        self.built = {}
+
+    def model(self, model):
+        """``model`` (just built), with the saved weights when resuming; kept to be saved."""
+        if self.resumed:
+            model.load_state_dict(self.resumed.model)
+        self.built["model"] = model
+        return model
+
+    def optimizer(self, optimizer):
+        """``optimizer`` (just built), with the saved state when resuming; kept to be saved."""
+        if self.resumed:
+            optimizer.load_state_dict(self.resumed.optimizer)
+        self.built["optimizer"] = optimizer
+        return optimizer
+
+    def after_step(self, step: int) -> None:
+        """Saves the state after step ``step`` of the schedule if it is ``--save-at``'s."""
+        if self.save_path and step == self.args.save_at:
+            self.store.save(self.save_path, step, self.built["model"], self.built["optimizer"],
+                            self.store.settings_of(self.args))
 
 
 def baseline(args) -> dict:

@@ -5,9 +5,13 @@
 # the largest batch (the simulator's yardstick). Carry .whl/ (benchmarks/device_wheelhouse.sh) and
 # .corpus_large.tar.xz (benchmarks/corpus/README.md). ARMS: the arms (default full,plain4,loco4); SOLO=0 skips the
 # solo run (3 steps of the last arm alone at the largest batch: step time and peak memory without neighbours);
-# BASELINE=0 skips the yardstick.
+# BASELINE=0 skips the yardstick. TAG: the tags' prefix (default ba16: ba16_b<batch>); SEEDS (default 0,1,2); EXTRA:
+# more matrix settings, later ones win (a branched study's trunk: save_at=K, its branches: resume_from=K; the states
+# stay in .branch_states/ on the machine between calls).
 # Usage (repository root, on the GPU machine):
 #   BATCHES="4096 1024" STEPS=80 LAUNCH_BUDGET=400 PAR=3 OUT=$OUT bash benchmarks/device_batch_axis.sh
+#   TAG=ba16br ARMS=full EXTRA=save_at=100,eval_every=20 SOLO=0 BASELINE=0 BATCHES=4096 STEPS=160 ... (trunk)
+#   TAG=ba16br ARMS=plain4,loco4 EXTRA=resume_from=100,eval_every=20 SOLO=0 BASELINE=0 BATCHES=4096 STEPS=160 ...
 set -o pipefail
 OUT=${OUT:-device_out}
 BATCHES=${BATCHES:-4096 1024}
@@ -25,7 +29,7 @@ B="size=medium,text=.corpus_large,nodes=2,local=8,warmup=$warmup,eval_every=$(( 
 matrices=()
 for batch in $BATCHES; do
     mode=loop; [ "$batch" -lt 256 ] && mode=vmap  # one rank's pass fills the GPU from 16 sequences on
-    matrices+=(--matrix "ba16_b$batch:$STEPS:0,1,2:$ARMS:$B,micro_batch=$(( batch / 16 )),lr=$(lr_for "$batch"),grad_mode=$mode")
+    matrices+=(--matrix "${TAG:-ba16}_b$batch:$STEPS:${SEEDS:-0,1,2}:$ARMS:$B,micro_batch=$(( batch / 16 )),lr=$(lr_for "$batch"),grad_mode=$mode${EXTRA:+,$EXTRA}")
 done
 largest=$(echo "$BATCHES" | tr ' ' '\n' | sort -n | tail -1)
 T="--size medium --text .corpus_large --nodes 2 --local 8 --micro-batch $(( largest / 16 )) --stream-nodes 1 --arm ${ARMS##*,}"

@@ -1,0 +1,71 @@
+"""A branched study (benchmarks/branch_state.py through ``convergence_sim.py run --save-at / --resume-from``): a
+branch resumed from the trunk's saved state trains exactly the trunk's remaining steps (same bits on the CPU), and a
+branch whose settings differ from the trunk's is refused, naming the setting."""
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+FLAGS = ["--device", "cpu", "--size", "tiny", "--nodes", "2", "--local", "2", "--micro-batch", "2", "--steps", "6",
+         "--warmup", "2", "--eval-every", "1", "--eval-windows", "4", "--seed", "3", "--group-size", "32"]
+
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks")
+
+
+@pytest.fixture(scope="module")
+def sim(benchmark_module):
+    """convergence_sim, with its folder on the path while a test runs (``run_one`` imports its siblings as the script
+    does)."""
+    sys.path.insert(0, BENCHMARKS)
+    yield benchmark_module("convergence_sim")
+    sys.path.remove(BENCHMARKS)
+
+
+@pytest.fixture(scope="module")
+def runs(sim, tmp_path_factory):
+    """The trunk (full, 6 steps, saved after step 3), a full branch and a plain 4/4 branch resumed from it."""
+    folder = tmp_path_factory.mktemp("branch")
+    threads = torch.get_num_threads()
+    out, states = str(folder / "runs.jsonl"), str(folder / "states")
+    try:
+        for arm, extra in (("full", ["--save-at", "3"]), ("full", ["--resume-from", "3"]),
+                           ("plain4", ["--resume-from", "3"])):
+            sim.run_one(sim.parse_args(["run", "--arm", arm, "--tag", "t", "--out", out, "--state-dir", states,
+                                        *FLAGS, *extra]))
+    finally:
+        torch.set_num_threads(threads)
+    trunk, full, plain = [json.loads(line) for line in open(out)]
+    return trunk, full, plain, states
+
+
+def test_a_branch_trains_exactly_the_steps_after_the_saved_one(runs):
+    trunk, full, _, _ = runs
+    assert trunk["setup"]["resumed_from"] == 0 and full["setup"]["resumed_from"] == 3
+    assert len(trunk["train_losses"]) == 6 and full["train_losses"] == trunk["train_losses"][3:]
+    assert [s for s, _ in full["validation"]] == [4, 5, 6]  # steps of the whole schedule
+    assert full["validation"] == [list(v) for v in trunk["validation"][3:]]
+    assert full["final_val_loss"] == trunk["final_val_loss"]
+
+
+def test_a_quantized_branch_starts_from_the_same_state_and_departs(runs):
+    trunk, _, plain, _ = runs
+    assert plain["key"] == "plain4" and plain["setup"]["resumed_from"] == 3
+    # the first step's loss is taken before the first update, on the saved weights: the same bits as the trunk's
+    assert plain["train_losses"][0] == trunk["train_losses"][3]
+    assert plain["grad_rel_error_mean"] > 0 and plain["final_val_loss"] != trunk["final_val_loss"]
+
+
+def test_a_branch_with_other_settings_or_no_trunk_is_refused(sim, runs):
+    *_, states = runs
+    with pytest.raises(ValueError, match=r"differs from the run that saved it in lr = 0\.002 \(the state's: 0\.001\)"):
+        sim.run_one(sim.parse_args(["run", "--arm", "plain4", "--tag", "t", "--out", "/dev/null", "--state-dir",
+                                    states, *FLAGS, "--lr", "2e-3", "--resume-from", "3"]))
+    with pytest.raises(FileNotFoundError, match="run the trunk"):
+        sim.run_one(sim.parse_args(["run", "--arm", "plain4", "--tag", "t", "--out", "/dev/null", "--state-dir",
+                                    states, *FLAGS, "--resume-from", "2"]))
+    with pytest.raises(SystemExit, match=r"--save-at 6: it must be a step in \[1, 6\)"):
+        sim.run_one(sim.parse_args(["run", "--arm", "full", "--tag", "t", "--out", "/dev/null", "--state-dir",
+                                    states, *FLAGS, "--save-at", "6"]))
