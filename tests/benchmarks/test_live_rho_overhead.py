@@ -2,6 +2,7 @@
 and the vector it packs is the live rho's all-reduce: 2H + 1 sums and 3 values per sampled coordinate."""
 import torch
 
+
 def test_the_overhead_benchmark_times_the_reduces_and_packs_the_all_reduce(benchmark_module):
     overhead = benchmark_module("live_rho_overhead")
     threads = torch.get_num_threads()
