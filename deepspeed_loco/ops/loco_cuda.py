@@ -9,7 +9,7 @@ over every parameter of the bucket, on the current CUDA stream: the binding writ
 wire buffer and update the error buffers in place with no other temporary in device memory. Outputs are
 bit-identical to the reference evaluated on the CPU, on both quantization grids.
 
-The scalars are validated by the config and again at the binding against ``loco_limits.h`` (``ValueError``
+The scalars are validated by the config and again at the binding against ``loco_limits.h`` (``RuntimeError``
 naming the argument). Calls the kernels cannot take run the reference instead, and each distinct reason is logged
 once (WARNING, logger ``deepspeed_loco``): a tensor off CUDA or on different devices, a gradient or output dtype
 other than float32/float16/bfloat16, or an error tensor without unit stride along its rows (checked in the binding:

@@ -2,17 +2,16 @@
 // torch.library ops deepspeed_loco::quantize_bucket_, requantize_bucket_ and final_mean_bucket (registered in
 // deepspeed_loco/ops/library.py; called through deepspeed_loco/ops/loco_cuda.py). Every argument is a tensor, a list
 // of tensors or a scalar (the ops' schemas): no Python object is read here. The binding boundary is where everything
-// is validated (LOCO_CHECK: ValueError naming the argument): the hop's scalars against the limits of loco_limits.h
-// (the one source of the limits; Python reads the same file), the wire widths, devices, dtypes, shapes and strides.
-// It then writes the bucket's parameter table (loco::BucketItem) to the device with one asynchronous copy and
-// launches one kernel on the current CUDA stream.
+// is validated (TORCH_CHECK with the argument's name): the hop's scalars against the limits of loco_limits.h (the
+// one source of the limits; Python reads the same file), the wire widths, devices, dtypes, shapes and strides. It
+// then writes the bucket's parameter table (loco::BucketItem) to the device with one asynchronous copy and launches
+// one kernel on the current CUDA stream.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
 #include <cstring>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -20,14 +19,6 @@
 #include "loco_limits.h"
 
 namespace py = pybind11;
-
-// An invalid argument: std::invalid_argument with the message, which pybind11 raises as ValueError. Not TORCH_CHECK:
-// the c10::Error it throws records the C++ call stack first, and under torch 2.11 on the GPU image that crashed the
-// process (segfault) from this extension instead of raising (benchmarks/RESULTS.md, "The CUDA reduce on one GPU").
-#define LOCO_CHECK(cond, ...)                                                  \
-    do {                                                                       \
-        if (!(cond)) throw std::invalid_argument(::c10::str(__VA_ARGS__));     \
-    } while (0)
 
 namespace {
 
@@ -60,20 +51,20 @@ bool valid_bits(int64_t bits) { return one_of(bits, loco::limits::kWireBits); }
 loco::HopArgs hop_args(int64_t world, int64_t local, int64_t bits, int64_t group, double beta, bool hadamard,
                        const std::string& grid, int64_t in_bits, int64_t in_blocks, bool needs_input) {
     loco::HopArgs h{};
-    LOCO_CHECK(world >= 1 && local >= 1 && world % local == 0, "LoCo kernels: world_size = ", world,
+    TORCH_CHECK(world >= 1 && local >= 1 && world % local == 0, "LoCo kernels: world_size = ", world,
                 " must be a positive multiple of local_size = ", local);
-    LOCO_CHECK(valid_bits(bits), "LoCo kernels: bits = ", bits, " must be ", listed(loco::limits::kWireBits));
-    LOCO_CHECK(group >= loco::limits::kMinGroupSize && group <= loco::limits::kMaxGroupSize &&
+    TORCH_CHECK(valid_bits(bits), "LoCo kernels: bits = ", bits, " must be ", listed(loco::limits::kWireBits));
+    TORCH_CHECK(group >= loco::limits::kMinGroupSize && group <= loco::limits::kMaxGroupSize &&
                     (group & (group - 1)) == 0,
                 "LoCo kernels: group_size = ", group, " must be a power of two from ", loco::limits::kMinGroupSize,
                 " to ", loco::limits::kMaxGroupSize);
-    LOCO_CHECK(beta >= 0.0 && beta < 1.0, "LoCo kernels: err_beta = ", beta, " must satisfy 0 <= err_beta < 1");
-    LOCO_CHECK(grid == "symmetric" || grid == "midrise", "LoCo kernels: grid = '", grid,
+    TORCH_CHECK(beta >= 0.0 && beta < 1.0, "LoCo kernels: err_beta = ", beta, " must satisfy 0 <= err_beta < 1");
+    TORCH_CHECK(grid == "symmetric" || grid == "midrise", "LoCo kernels: grid = '", grid,
                 "' must be 'symmetric' or 'midrise'");
     if (needs_input) {
-        LOCO_CHECK(valid_bits(in_bits), "LoCo kernels: in_bits = ", in_bits, " must be ",
+        TORCH_CHECK(valid_bits(in_bits), "LoCo kernels: in_bits = ", in_bits, " must be ",
                     listed(loco::limits::kWireBits));
-        LOCO_CHECK(in_blocks >= 1, "LoCo kernels: in_blocks = ", in_blocks, " must be positive");
+        TORCH_CHECK(in_blocks >= 1, "LoCo kernels: in_blocks = ", in_blocks, " must be positive");
     }
     h.world = (int)world;
     h.local = (int)local;
@@ -99,7 +90,7 @@ Wire wire_layout(const std::vector<int64_t>& widths, const loco::HopArgs& h, int
     out.widths = widths;
     int64_t columns = 0;
     for (const int64_t width : out.widths) {
-        LOCO_CHECK(width >= 0 && width % h.group_size == 0, "LoCo kernels: ", what, " width ", width,
+        TORCH_CHECK(width >= 0 && width % h.group_size == 0, "LoCo kernels: ", what, " width ", width,
                     " is not a multiple of the group size");
         out.offsets.push_back(columns);
         columns += width;
@@ -113,14 +104,14 @@ Wire wire_layout(const std::vector<int64_t>& widths, const loco::HopArgs& h, int
 std::vector<int64_t> padded_widths(const std::vector<int64_t>& numels, const loco::HopArgs& h) {
     std::vector<int64_t> widths;
     for (const int64_t numel : numels) {
-        LOCO_CHECK(numel >= 0, "LoCo kernels: numel = ", numel, " is negative");
+        TORCH_CHECK(numel >= 0, "LoCo kernels: numel = ", numel, " is negative");
         widths.push_back(ceil_div(ceil_div(numel, h.world), h.group_size) * h.group_size);
     }
     return widths;
 }
 
 void check_on(const at::Tensor& t, const at::Device& device, const char* what) {
-    LOCO_CHECK(t.is_cuda() && t.device() == device, "LoCo kernels: ", what, " must be on ", device, ", got ",
+    TORCH_CHECK(t.is_cuda() && t.device() == device, "LoCo kernels: ", what, " must be on ", device, ", got ",
                 t.device());
 }
 
@@ -128,12 +119,12 @@ void check_on(const at::Tensor& t, const at::Device& device, const char* what) {
 void check_matrix(const at::Tensor& t, at::ScalarType dtype, int64_t rows, int64_t width, const at::Device& device,
                   const char* what) {
     check_on(t, device, what);
-    LOCO_CHECK(t.scalar_type() == dtype, "LoCo kernels: ", what, " must be ", dtype, ", got ", t.scalar_type());
-    LOCO_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == width, "LoCo kernels: ", what, " must have shape (",
+    TORCH_CHECK(t.scalar_type() == dtype, "LoCo kernels: ", what, " must be ", dtype, ", got ", t.scalar_type());
+    TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == width, "LoCo kernels: ", what, " must have shape (",
                 rows, ", ", width, "), got ", t.sizes());
-    LOCO_CHECK(width <= 1 || t.stride(1) == 1, "LoCo kernels: ", what,
+    TORCH_CHECK(width <= 1 || t.stride(1) == 1, "LoCo kernels: ", what,
                 " must have unit stride along a row, got strides ", t.strides());
-    LOCO_CHECK(t.stride(0) >= 0, "LoCo kernels: ", what, " has a negative row stride");
+    TORCH_CHECK(t.stride(0) >= 0, "LoCo kernels: ", what, " has a negative row stride");
 }
 
 // The kernels' view of a wire buffer uint8 (rows, row_bytes): packed values, then the fp32 scales of each row.
@@ -141,7 +132,7 @@ loco::WireArgs wire_args(const at::Tensor& buffer, const Wire& w, int64_t rows, 
                          const char* what) {
     check_matrix(buffer, at::kByte, rows, w.row_bytes, device, what);
     uint8_t* data = buffer.data_ptr<uint8_t>();
-    LOCO_CHECK(buffer.stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(data + w.data_bytes) % 4 == 0,
+    TORCH_CHECK(buffer.stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(data + w.data_bytes) % 4 == 0,
                 "LoCo kernels: the scales of ", what, " must be 4-byte aligned (row stride ", buffer.stride(0), ")");
     return loco::WireArgs{data, buffer.stride(0), reinterpret_cast<float*>(data + w.data_bytes), buffer.stride(0) / 4};
 }
@@ -150,19 +141,19 @@ loco::WireArgs wire_args(const at::Tensor& buffer, const Wire& w, int64_t rows, 
 void set_errors(std::vector<loco::BucketItem>& items, const std::vector<at::Tensor>& values,
                 const std::vector<at::Tensor>& scales, int64_t error_bits, int64_t rows, const Wire& w,
                 int64_t group_size, const at::Device& device) {
-    LOCO_CHECK(error_bits == 0 || one_of(error_bits, loco::limits::kErrorBits), "LoCo kernels: error_bits = ",
+    TORCH_CHECK(error_bits == 0 || one_of(error_bits, loco::limits::kErrorBits), "LoCo kernels: error_bits = ",
                 error_bits, " must be 0, ", listed(loco::limits::kErrorBits));
     if (error_bits == 0) {
-        LOCO_CHECK(values.empty(), "LoCo kernels: error values given with error_bits = 0");
+        TORCH_CHECK(values.empty(), "LoCo kernels: error values given with error_bits = 0");
         return;
     }
-    LOCO_CHECK(values.size() == items.size(), "LoCo kernels: ", values.size(), " error buffers for ", items.size(),
+    TORCH_CHECK(values.size() == items.size(), "LoCo kernels: ", values.size(), " error buffers for ", items.size(),
                 " parameters");
-    LOCO_CHECK(error_bits == 32 || scales.size() == items.size(), "LoCo kernels: int8 error needs its scales");
+    TORCH_CHECK(error_bits == 32 || scales.size() == items.size(), "LoCo kernels: int8 error needs its scales");
     for (size_t i = 0; i < items.size(); ++i) {
         const int64_t cols = w.widths[i];
         check_matrix(values[i], error_bits == 8 ? at::kChar : at::kFloat, rows, cols, device, "error values");
-        LOCO_CHECK(reinterpret_cast<uintptr_t>(values[i].data_ptr()) % 16 == 0 &&
+        TORCH_CHECK(reinterpret_cast<uintptr_t>(values[i].data_ptr()) % 16 == 0 &&
                         values[i].stride(0) * values[i].element_size() % 16 == 0,
                     "LoCo kernels: error values must start 16-byte aligned with rows a multiple of 16 bytes apart "
                     "(row stride ", values[i].stride(0), ")");
@@ -186,7 +177,7 @@ at::Tensor upload(std::vector<loco::BucketItem>& items, int64_t rows, int64_t gr
     for (loco::BucketItem item : items) {
         if (item.cols == 0) continue;
         // the kernels index a parameter's pairs (and a block's overhang past them) in 32 bits
-        LOCO_CHECK(loco::row_groups(rows, item.cols, (int)group_size) <= 0x7fffffffLL - loco::kBlock,
+        TORCH_CHECK(loco::row_groups(rows, item.cols, (int)group_size) <= 0x7fffffffLL - loco::kBlock,
                     "LoCo kernels: a parameter of ", rows, " x ", item.cols, " columns has 2^31 or more groups; use a "
                     "larger group_size");
         item.groups = loco::fast_divisor((uint32_t)(item.cols / group_size));
@@ -194,7 +185,7 @@ at::Tensor upload(std::vector<loco::BucketItem>& items, int64_t rows, int64_t gr
         total += loco::blocks_for(rows, item.cols, (int)group_size, chunks);
         kept.push_back(item);
     }
-    LOCO_CHECK(total <= 0x7fffffffLL, "LoCo kernels: ", total, " blocks exceed one launch; use smaller buckets");
+    TORCH_CHECK(total <= 0x7fffffffLL, "LoCo kernels: ", total, " blocks exceed one launch; use smaller buckets");
     *blocks = total;
     items = kept;
     const int64_t bytes = (int64_t)(kept.size() * sizeof(loco::BucketItem));
@@ -203,7 +194,7 @@ at::Tensor upload(std::vector<loco::BucketItem>& items, int64_t rows, int64_t gr
     return host.to(device, /*non_blocking=*/true);
 }
 
-void raise_if(const char* message) { if (message != nullptr) throw std::runtime_error(message); }
+void raise_if(const char* message) { TORCH_CHECK(message == nullptr, message); }
 
 // Why the kernels cannot take these tensors, or "" when they can: the first tensor off CUDA or on another device than
 // the first, or a 2-D tensor without unit stride along its rows. The wrapper (loco_cuda.py) then runs the reference;
@@ -227,7 +218,7 @@ std::string unsupported(const std::vector<at::Tensor>& tensors) {
 at::Tensor stats_partials(const c10::optional<at::Tensor>& stats, int64_t n, int64_t blocks, const at::Device& device) {
     if (!stats.has_value()) return at::Tensor();
     const at::Tensor& s = *stats;
-    LOCO_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.size(0) == n && s.device() == device,
+    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.size(0) == n && s.device() == device,
                 "LoCo kernels: stats must be float32 (", n, ",) on ", device, ", got ", s.scalar_type(), " ",
                 s.sizes(), " on ", s.device());
     return at::empty({blocks, n}, s.options());
@@ -244,7 +235,7 @@ int dtype_code(at::ScalarType t, const char* what) {
         case at::kFloat: return loco::kFloat32;
         case at::kHalf: return loco::kFloat16;
         case at::kBFloat16: return loco::kBFloat16;
-        default: LOCO_CHECK(false, "LoCo kernels: ", what, " must be float32, float16 or bfloat16, got ", t);
+        default: TORCH_CHECK(false, "LoCo kernels: ", what, " must be float32, float16 or bfloat16, got ", t);
     }
 }
 
@@ -255,7 +246,7 @@ void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at:
                      int64_t local, int64_t bits, int64_t group_size, double err_beta, bool hadamard,
                      const std::string& grid, const c10::optional<at::Tensor>& stats) {
     const loco::HopArgs h = hop_args(world, local, bits, group_size, err_beta, hadamard, grid, 0, 0, false);
-    LOCO_CHECK(!grads.empty(), "LoCo kernels: a bucket without gradients");
+    TORCH_CHECK(!grads.empty(), "LoCo kernels: a bucket without gradients");
     std::vector<int64_t> numels;
     for (const at::Tensor& grad : grads) numels.push_back(grad.numel());
     const Wire w = wire_layout(padded_widths(numels, h), h, h.bits, "wire");
@@ -265,7 +256,7 @@ void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at:
     std::vector<loco::BucketItem> items(grads.size());
     for (size_t i = 0; i < grads.size(); ++i) {
         check_on(grads[i], device, "grad");
-        LOCO_CHECK(grads[i].scalar_type() == grads[0].scalar_type(), "LoCo kernels: the gradients of a bucket must "
+        TORCH_CHECK(grads[i].scalar_type() == grads[0].scalar_type(), "LoCo kernels: the gradients of a bucket must "
                     "share one dtype, got ", grads[0].scalar_type(), " and ", grads[i].scalar_type());
         contiguous.push_back(grads[i].contiguous());
         loco::BucketItem& item = items[i];
@@ -327,8 +318,8 @@ at::Tensor final_mean_bucket(const at::Tensor& recv, const std::vector<int64_t>&
                              at::ScalarType out_dtype, const c10::optional<at::Tensor>& stats) {
     const loco::HopArgs h = hop_args(world, 1, bits, group_size, 0.0, hadamard, grid, 0, 0, false);
     const Wire w = wire_layout(padded_widths(numels, h), h, h.bits, "wire");
-    LOCO_CHECK(rank >= 0 && rank < h.world, "LoCo kernels: rank = ", rank, " must be in [0, ", h.world, ")");
-    LOCO_CHECK(recv.dim() == 2 && recv.size(0) >= 1, "LoCo kernels: recv must be 2-D with rows, got ", recv.sizes());
+    TORCH_CHECK(rank >= 0 && rank < h.world, "LoCo kernels: rank = ", rank, " must be in [0, ", h.world, ")");
+    TORCH_CHECK(recv.dim() == 2 && recv.size(0) >= 1, "LoCo kernels: recv must be 2-D with rows, got ", recv.sizes());
     const int dtype = dtype_code(out_dtype, "out_dtype");
     const at::Device device = recv.device();
     const loco::WireArgs in = wire_args(recv, w, recv.size(0), device, "recv");

@@ -379,10 +379,10 @@ def test_invalid_arguments_raise_at_the_binding(cuda):
     grad = torch.randn(500, device="cuda")
     wire = WireLayout((288,), 4, 48)  # P = 250, P' = 288 = 6 groups of 48
     send = wire.empty(2, "cuda")
-    with pytest.raises(ValueError, match="group_size = 48 must be a power of two from 32 to 4096"):
+    with pytest.raises(RuntimeError, match="group_size = 48 must be a power of two from 32 to 4096"):
         cuda.quantize_bucket_([grad], [None], HopArgs(2, 2, 4, 48, 0.8), wire, send)
     wire = WireLayout((256,), 5, 32)
-    with pytest.raises(ValueError, match="bits = 5 must be 2, 3, 4 or 8"):
+    with pytest.raises(RuntimeError, match="bits = 5 must be 2, 3, 4 or 8"):
         cuda.quantize_bucket_([grad], [None], HopArgs(2, 2, 5, 32, 0.8), wire, wire.empty(2, "cuda"))
 
 
