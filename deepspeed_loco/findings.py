@@ -86,6 +86,11 @@ _BATCH_AXIS = Provenance("tags ba16_b64, ba16_b256, ba16_b1024, ba16_b4096 (10.8
                          "4/4 and LoCo 4/4 at global batches of 64-4096 sequences of 256 tokens (16K to 1M tokens a "
                          "step), 60 steps, seeds 0-2, held-out text of the larger corpus",
                          "benchmarks/results/batch_axis/runs/stage1.jsonl", "2026-12-06")
+_BATCH_AXIS_BRANCHED = Provenance("tag ba16br_b4096 (10.8M, W = 16 as 2 x 8, 4096 sequences of 256 tokens: 1M tokens "
+                                  "a step): per seed a full-precision trunk of 140 steps saved after step 100, and "
+                                  "plain and LoCo at 4/4 and 2/2 resumed from it for steps 101-140, seeds 0-2",
+                                  "benchmarks/results/batch_axis/runs/stage2b.jsonl", "2026-12-06")
+LARGEST_2BIT_MAP_BATCH = 256 * 256  # tokens a step: the largest global batch at which the map measured LoCo at 2/2
 _LOCO_8_2H = Provenance("every 8/2 + Hadamard regime of the map (0.87M at W = 16 and at a global batch of 512; "
                         "10.8M at W = 4-256)", MAP_RUNS, MAP_DATE)
 
@@ -99,6 +104,12 @@ MAP = (
             "LoCo - plain at 10.8M -0.0098 [-0.0153, -0.0043] over 1000 steps at W = 16 (7 seeds; survives a "
             "false-discovery correction), with seeds as blocks over its 5 regimes -0.0037 [-0.0271, +0.0196]; at "
             "0.87M -0.0164 [-0.0272, -0.0057] over 1000 steps at W = 16 (a cost, +0.0079, after 100)", (_LOCO_2BIT,)),
+    Finding(LOCO_UNPROVEN, (2, 2), (2, 2), False, "midrise", (0, GAIN_MAX_PARAMS),
+            "LoCo's gain at 2 bits was measured at global batches of up to 64K tokens a step; at 1M tokens a step "
+            "plain qgZ lost loss, and LoCo, switched on mid-run, was still behind plain 40 steps later",
+            "at 4096 sequences (1M tokens a step, 10.8M, W = 16), 40 steps branched from a shared state: plain - "
+            "full +0.0238 [+0.0067, +0.0408], LoCo - plain +0.0086 [+0.0049, +0.0123] (3 seeds)",
+            (_BATCH_AXIS_BRANCHED,), tokens_per_step=(LARGEST_2BIT_MAP_BATCH, None)),
     Finding(LOCO_UNPROVEN, (2, 2), (2, 2), False, "midrise", (GAIN_MAX_PARAMS, None),
             f"LoCo's gain at 2 bits was resolved only up to {GAIN_RESOLVED_UP_TO}, and at 116M LoCo from step 1 "
             "started behind plain qgZ (an early burst of larger updates) and was still behind after 100 steps on 16 "
@@ -106,12 +117,14 @@ MAP = (
             "LoCo - plain at 116M +0.0521 [-0.0598, +0.1640] (3 regimes, 18 seeds); +0.1065 [+0.0613, +0.1516] at "
             "W = 16 over 100 steps", (_LOCO_116M,)),
     Finding(LOCO_IDLE, (4, 8), (4, 8), None, None, (0, None),
-            "LoCo did not lower the loss at 4 bits or more (at 4/4 it raised the 116M model's); at global batches "
-            "of up to 1M tokens a step, where rho passes 1, no difference was resolved either way",
+            "LoCo did not lower the loss at 4 bits or more (at 4/4 it raised the 116M model's); at 1M tokens a step, "
+            "where rho passes 1, plain 4/4 matched full precision and LoCo changed nothing (both shown equivalent "
+            "within 0.01 nats)",
             "LoCo - plain at 4/4, pooled: +0.0008 [-0.0018, +0.0034] (8 regimes, 30 seeds); at 116M +0.0246 "
-            "[+0.0074, +0.0417] (2 regimes, 8 seeds); on the batch axis (10.8M, 60 steps, rho 1.9 at 1024 and 7.3 "
-            "at 4096 sequences) -0.0231 [-0.1715, +0.1252] at 4096 (3 seeds), seeds as blocks over the 4 batches "
-            "-0.0088 [-0.0546, +0.0371]", (_LOCO_4BIT, _LOCO_116M, _BATCH_AXIS)),
+            "[+0.0074, +0.0417] (2 regimes, 8 seeds); at 4096 sequences (1M tokens a step, 10.8M, rho 2), 40 steps "
+            "branched from a shared state: LoCo - plain -0.0009 [-0.0025, +0.0007], plain - full +0.0013 [-0.0009, "
+            "+0.0036] (3 seeds); 60-step runs at 64-4096 sequences resolved nothing (+-0.07)",
+            (_LOCO_4BIT, _LOCO_116M, _BATCH_AXIS, _BATCH_AXIS_BRANCHED)),
     Finding(LOCO_IDLE, (8, 8), (2, 2), True, None, (0, None),
             "LoCo did not lower the loss at 8/2 + Hadamard, also where plain qgZ lost loss",
             "LoCo - plain at 8/2 + Hadamard, pooled: -0.0009 [-0.0040, +0.0023] (6 regimes, 23 seeds)",

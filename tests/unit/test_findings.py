@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from deepspeed_loco.findings import (GAIN_MAX_PARAMS, LOCO_IDLE, LOCO_PAYS, LOCO_UNPROVEN, MAP, READINGS,
-                                     UPDATE_BURST, read_map)
+from deepspeed_loco.findings import (GAIN_MAX_PARAMS, LARGEST_2BIT_MAP_BATCH, LOCO_IDLE, LOCO_PAYS, LOCO_UNPROVEN,
+                                     MAP, READINGS, UPDATE_BURST, read_map)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL, LARGE = 10_818_432, 116_430_720  # the map's 10.8M and 116M models
@@ -34,15 +34,27 @@ def _reading(*args, **kwargs):
 ])
 def test_read_map_at_and_around_each_rows_thresholds(bits, hadamard, grid, params, reading):
     assert _reading(bits, hadamard, grid, params) == reading
-    assert _reading(bits, hadamard, grid, params, tokens_per_step=16384) == reading  # no row is bounded in batch
+    assert _reading(bits, hadamard, grid, params, tokens_per_step=16384) == reading  # the map's own batch
 
 
 def test_rows_never_overlap_over_every_setting():
     hops = [[b] for b in (2, 3, 4, 8)] + [list(p) for p in itertools.product((2, 3, 4, 8), repeat=2)]
     sizes = (1, SMALL, GAIN_MAX_PARAMS, GAIN_MAX_PARAMS + 1, LARGE)
-    settings = itertools.product(hops, (False, True), ("midrise", "symmetric"), sizes)
-    for bits, hadamard, grid, params in settings:
-        read_map(bits, hadamard, grid, params)  # raises where two rows match
+    batches = (None, 16384, LARGEST_2BIT_MAP_BATCH, LARGEST_2BIT_MAP_BATCH + 1, 1 << 20)
+    settings = itertools.product(hops, (False, True), ("midrise", "symmetric"), sizes, batches)
+    for bits, hadamard, grid, params, tokens in settings:
+        read_map(bits, hadamard, grid, params, tokens)  # raises where two rows match
+
+
+def test_loco_at_2_bits_is_unproven_above_the_largest_batch_the_map_measured_it_at():
+    """The batch axis at 1M tokens a step: plain 2/2 lost loss and LoCo, switched on mid-run, stayed behind."""
+    for params in (SMALL, GAIN_MAX_PARAMS):
+        assert _reading([2, 2], False, "midrise", params) == LOCO_PAYS  # batch unknown: the map's rows
+        assert _reading([2, 2], False, "midrise", params, LARGEST_2BIT_MAP_BATCH) == LOCO_PAYS
+        row = read_map([2, 2], False, "midrise", params, LARGEST_2BIT_MAP_BATCH + 1)
+        assert row.reading == LOCO_UNPROVEN and "1M tokens a step" in row.summary
+    assert _reading([2, 2], False, "midrise", LARGE, 1 << 20) == LOCO_UNPROVEN
+    assert _reading([4, 4], False, "symmetric", SMALL, 1 << 20) == LOCO_IDLE
 
 
 def test_a_row_bounded_in_global_batch_is_read_only_where_the_batch_is_known_and_wins_there():
