@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from deepspeed_loco.runtime.comm.error_sample import PER_TENSOR, MeanErrorSample, SampledPowers, sample_indices
+from deepspeed_loco.runtime.comm.error_sample import (PER_TENSOR, MeanErrorSample, SampledPowers, sample_indices,
+                                                      sample_many)
 from tests.unit.runtime.comm.ranks_by_hand import partition, rank_vectors, summed_vectors
 
 
@@ -23,6 +24,18 @@ def test_sample_indices_are_a_deterministic_increasing_sample_in_range_weighted_
     else:
         assert not torch.equal(indices, sample_indices("layers.0.weight", numel, 8)[0])
         assert not torch.equal(indices, sample_indices("layers.1.weight", numel, 7)[0])
+
+
+def test_parameters_sampled_together_get_what_each_gets_alone():
+    """``sample_many`` computes the large tensors' coordinates in one pass: row for row what each name alone gives,
+    and a name repeated in one reduce is sampled once (its first place)."""
+    names, numels = ["a", "b", "c", "d", "e"], [10, 1000, PER_TENSOR, 123_457, PER_TENSOR + 1]
+    together = sample_many(names, numels, 3)
+    for name, numel, (indices, weight) in zip(names, numels, together):
+        alone, alone_weight = sample_many([name], [numel], 3)[0]
+        assert torch.equal(indices, alone) and weight == alone_weight
+    picks = MeanErrorSample(3, 0).pick(["b", "d", "b"], [1000, 123_457, 1000])
+    assert torch.equal(picks[0][0], together[1][0]) and torch.equal(picks[1][0], together[3][0]) and picks[2] is None
 
 
 def test_every_coordinate_is_picked_with_probability_one_over_the_weight():
