@@ -100,7 +100,8 @@ GAIN_RESOLVED_UP_TO = f"{GAIN_RESOLVED_AT / 1e6:.1f}M parameters"  # that size, 
 
 MAP = (
     Finding(LOCO_PAYS, (2, 2), (2, 2), False, "midrise", (0, GAIN_MAX_PARAMS),
-            f"plain qgZ lost loss at 2 bits and LoCo won part of it back at models of up to {GAIN_RESOLVED_UP_TO}",
+            f"plain qgZ lost loss at 2 bits and LoCo won part of it back at models of up to {GAIN_RESOLVED_UP_TO} "
+            "and global batches of up to 64K tokens a step (at 1M tokens a step, not within 40 steps)",
             "LoCo - plain at 10.8M -0.0098 [-0.0153, -0.0043] over 1000 steps at W = 16 (7 seeds; survives a "
             "false-discovery correction), with seeds as blocks over its 5 regimes -0.0037 [-0.0271, +0.0196]; at "
             "0.87M -0.0164 [-0.0272, -0.0057] over 1000 steps at W = 16 (a cost, +0.0079, after 100)", (_LOCO_2BIT,)),
