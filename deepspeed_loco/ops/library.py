@@ -32,6 +32,7 @@ The entry points :func:`quantize_bucket_`, :func:`requantize_bucket_` and :func:
 signatures of :mod:`deepspeed_loco.ops.loco_reference`'s bucket entry points (``HopArgs``, ``WireLayout``,
 ``ErrorBuffer``) and turn them into the ops' arguments; ``deepspeed_loco.ops.kernels_for`` hands them to the reducer.
 """
+import dataclasses
 import inspect
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
@@ -91,9 +92,14 @@ _ARGUMENTS = {op: tuple(a.name for a in op._opoverload._schema.arguments)
               for op in (quantize_bucket_op, requantize_bucket_op, final_mean_bucket_op)}
 
 
+_SCALARS = {kind: tuple(f.name for f in dataclasses.fields(kind)) for kind in (HopArgs, MeanArgs)}
+
+
 def _call(op, args: Union[HopArgs, MeanArgs], **tensors) -> Any:
-    """Runs ``op`` on its arguments by name: the hop's scalars (``args``' fields) and ``tensors`` (the rest)."""
-    values = {**vars(args), **tensors}
+    """Runs ``op`` on its arguments by name: the hop's scalars (``args``' fields) and ``tensors`` (the rest). The
+    fields are read by name, not through ``vars(args)``, which torch.compile cannot trace in torch 2.11."""
+    values = {name: getattr(args, name) for name in _SCALARS[type(args)]}
+    values.update(tensors)
     return op(*[values[name] for name in _ARGUMENTS[op]])
 
 

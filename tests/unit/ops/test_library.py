@@ -199,6 +199,21 @@ def test_compiled_reducer_has_no_graph_break_and_is_bit_identical(device, monkey
     """``LocoReducer.reduce_scatter`` itself (the plan's hops through ``kernels_for``'s entry points, profiler ranges,
     error state) under ``torch.compile(fullgraph=True)``: one graph, and the same means and error buffers as eager
     over two steps. The exchanges are the identity (one rank's view of a 2 x 2 world)."""
+    _check_compiled_reducer(device, monkeypatch)
+
+
+def test_compiled_reducer_through_the_ops_has_no_graph_break_on_the_cpu(monkeypatch):
+    """The same through the ``deepspeed_loco`` ops (the entry points CUDA tensors take, here on CPU tensors, which
+    the ops run with the reference), so that the CPU run checks what a compiled CUDA reduce traces: torch 2.11
+    could not trace the ops' argument packing (``vars`` of the hop's arguments) and broke the graph there."""
+    from deepspeed_loco import ops
+    from deepspeed_loco.runtime.comm import loco_reduce
+
+    monkeypatch.setattr(loco_reduce, "kernels_for", lambda device, mode="auto": ops.CUDA)
+    _check_compiled_reducer("cpu", monkeypatch)
+
+
+def _check_compiled_reducer(device, monkeypatch):
     import types
 
     import torch._dynamo
