@@ -305,7 +305,7 @@ class _Trunk:
     and optimizer it builds from the saved state (a branch), and saves them after step ``--save-at`` (a trunk)."""
 
     def __init__(self, args, branch_state):
-        self.args, self.store, self.saved = args, branch_state, None
+        self.args, self.store = args, branch_state
         if args.save_at and not 0 < args.save_at < args.steps:
             raise SystemExit(f"--save-at {args.save_at}: it must be a step in [1, {args.steps}) (--steps)")
         path = lambda step: branch_state.state_path(args.state_dir, args.tag, args.seed, step)  # noqa: E731
