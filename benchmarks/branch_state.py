@@ -39,16 +39,11 @@ def settings_of(args) -> Dict[str, Any]:
 
 def save(path: str, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
          settings: Dict[str, Any]) -> None:
-    """Writes the state after ``step`` to ``path`` (on the CPU; written to a temporary name, then renamed, so that a
-    run stopped mid-write leaves no partial file)."""
+    """Writes the state after ``step`` to ``path`` (written to a temporary name, then renamed, so that a run stopped
+    mid-write leaves no partial file; :func:`load` maps it to the CPU)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    to_cpu = lambda value: value.detach().cpu() if isinstance(value, torch.Tensor) else value  # noqa: E731
-    optimizer_state = optimizer.state_dict()
-    state = {"step": step, "settings": dict(settings),
-             "model": {name: to_cpu(t) for name, t in model.state_dict().items()},
-             "optimizer": {"state": {i: {k: to_cpu(v) for k, v in s.items()}
-                                     for i, s in optimizer_state["state"].items()},
-                           "param_groups": optimizer_state["param_groups"]}}
+    state = {"step": step, "settings": dict(settings), "model": model.state_dict(),
+             "optimizer": optimizer.state_dict()}
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)
 

@@ -84,13 +84,14 @@ class MeanErrorSample:
         if not chosen:
             return
         device = grads[chosen[0][0]].device
+        positions = [position for position, _ in chosen]
         counts = [pick[0].numel() for _, pick in chosen]
-        indices = _to_device(torch.cat([pick[0] for _, pick in chosen]), device).split(counts)
+        indices = torch.cat([pick[0] for _, pick in chosen])
         roots = _to_device(torch.tensor([math.sqrt(pick[1]) for _, pick in chosen], dtype=torch.float32)
                            .repeat_interleave(torch.tensor(counts)), device)
-        picked = torch.cat([grads[position].reshape(-1).index_select(0, at)
-                            for (position, _), at in zip(chosen, indices)]).float() * roots
-        self._pending = _PendingReduce(chosen, counts, roots, picked)
+        picked = torch.cat([grads[position].reshape(-1).index_select(0, at) for position, at in
+                            zip(positions, _to_device(indices, device).split(counts))]).float() * roots
+        self._pending = _PendingReduce(positions, indices, counts, roots, picked)
 
     def take_outputs(self, picks, outputs: Sequence[torch.Tensor]) -> None:
         """Adds ``sqrt(w) out`` at the picked coordinates this rank owns: ``outputs[i]`` is parameter ``i``'s
@@ -99,15 +100,15 @@ class MeanErrorSample:
         if pending is None:
             return
         counts = torch.tensor(pending.counts)
-        widths = torch.tensor([outputs[position].numel() for position, _ in pending.chosen]).repeat_interleave(counts)
-        local = torch.cat([pick[0] for _, pick in pending.chosen]) - self.rank * widths
+        widths = torch.tensor([outputs[position].numel() for position in pending.positions]).repeat_interleave(counts)
+        local = pending.indices - self.rank * widths
         owned = (local >= 0) & (local < widths)
         at = owned.nonzero().squeeze(1)  # positions in the reduce's sample that this rank owns, parameter by parameter
         per_parameter = torch.arange(len(pending.counts)).repeat_interleave(counts)[at].bincount(
             minlength=len(pending.counts)).tolist()
         moved = _to_device(torch.cat([at, local[at]]), pending.picked.device)
         places, sources = moved[:at.numel()], moved[at.numel():].split(per_parameter)
-        gathered = [outputs[position].index_select(0, source) for (position, _), source in zip(pending.chosen, sources)]
+        gathered = [outputs[position].index_select(0, source) for position, source in zip(pending.positions, sources)]
         out = torch.zeros_like(pending.picked).index_copy_(0, places, torch.cat(gathered).float())
         g = pending.picked
         self._values.append(torch.stack([g, g * g, out * pending.roots]))
@@ -123,10 +124,11 @@ class MeanErrorSample:
 
 @dataclass(frozen=True)
 class _PendingReduce:
-    """A reduce's sample between its inputs and its outputs: ``chosen`` its sampled ``(position, (indices,
-    weight))``, ``counts`` their picked sizes, ``roots`` fp32 ``sqrt(w)`` per picked coordinate and ``picked`` fp32
-    ``sqrt(w) g`` (both on the gradients' device)."""
-    chosen: List[Tuple[int, Tuple[torch.Tensor, float]]]
+    """A reduce's sample between its inputs and its outputs: ``positions`` its sampled parameters' places in the
+    reduce, ``indices`` their picked coordinates concatenated (int64, CPU), ``counts`` how many each, ``roots`` fp32
+    ``sqrt(w)`` per picked coordinate and ``picked`` fp32 ``sqrt(w) g`` (both on the gradients' device)."""
+    positions: List[int]
+    indices: torch.Tensor
     counts: List[int]
     roots: torch.Tensor
     picked: torch.Tensor
