@@ -34,6 +34,8 @@ def parse_args(argv=None):
     p.add_argument("--bits", default="4/4", help="intra/inter-node bits")
     p.add_argument("--repeats", type=int, default=20, help="timed repetitions of each (after 3 untimed)")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--profile", type=int, default=0,
+                   help="also print the top N operators of one measured reduce (torch.profiler, by host time)")
     return p.parse_args(argv)
 
 
@@ -97,6 +99,11 @@ def measure(args) -> dict:
 
     packed = reduce(True)
     plain_ms, measured_ms, step_ms = timed(reduce, False), timed(reduce, True), timed(train_step)
+    if args.profile:
+        with torch.profiler.profile() as prof:
+            reduce(True)
+            sync()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile), flush=True)
     return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "size": args.size, "params": sum(p.numel() for _, p in named), "tensors": len(named),
             "micro_batch": args.micro_batch, "layout": f"{args.nodes} x {args.local}", "bits": args.bits,
