@@ -33,18 +33,20 @@ CONFIG_KEY = "zeropp_loco_param.kernels"
 
 @dataclass(frozen=True)
 class Kernels:
-    """The bucket entry points the reducer calls (``loco_reference``'s signatures). ``name``: what computes,
+    """The bucket entry points the reducer calls (``loco_reference``'s signatures), and ``gather_sample``, the
+    live rho's sample gather (:func:`loco_reference.gather_sample`). ``name``: what computes,
     ``"loco_reference"`` or ``"loco_cuda"`` (the start-up line and the benchmarks report it)."""
     name: str
     quantize_bucket_: Callable[..., None]
     requantize_bucket_: Callable[..., None]
     final_mean_bucket: Callable[..., List[torch.Tensor]]
+    gather_sample: Callable[..., torch.Tensor]
 
 
 REFERENCE = Kernels("loco_reference", loco_reference.quantize_bucket_, loco_reference.requantize_bucket_,
-                    loco_reference.final_mean_bucket)  # the one route to the reference: no op
-CUDA = Kernels("loco_cuda", library.quantize_bucket_, library.requantize_bucket_,
-               library.final_mean_bucket)  # the ops, on CUDA tensors: the fused kernels
+                    loco_reference.final_mean_bucket, loco_reference.gather_sample)  # the one route to the reference
+CUDA = Kernels("loco_cuda", library.quantize_bucket_, library.requantize_bucket_, library.final_mean_bucket,
+               loco_cuda.gather_sample)  # the ops, on CUDA tensors: the fused kernels (the sample: one launch)
 
 _load_error: Optional[Tuple[Optional[BaseException]]] = None  # (None,) loaded; (exception,) failed; None: not tried
 _logged: Dict[str, str] = {}

@@ -20,7 +20,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 import torch
 
-from deepspeed_loco.ops import reference_impl
+from deepspeed_loco.ops import loco_reference, reference_impl
 from deepspeed_loco.utils.logging import logger
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -37,16 +37,17 @@ def load():
     return _op
 
 
-def _unsupported(tensors: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype]) -> Optional[str]:
+def _unsupported(tensors: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype], rows: bool = True) -> Optional[str]:
     """Why the kernels cannot run this call (device, dtype or stride), or None. The per-tensor checks (device, row
-    stride) run in the binding, once the first tensor shows that CUDA is there."""
+    stride) run in the binding, once the first tensor shows that CUDA is there; ``rows=False`` skips them (a call
+    whose binding copies any strides to contiguous tensors and checks the devices itself)."""
     if not tensors[0].is_cuda:
         return "a tensor is not on a CUDA device"
     if len(set(dtypes)) > 1:
         return f"dtypes {sorted(map(str, set(dtypes)))} in one bucket (kernels take one)"
     if dtypes and dtypes[0] not in _DTYPES:
         return f"dtype {dtypes[0]} (kernels take float32, float16, bfloat16)"
-    return load().unsupported(list(tensors)) or None
+    return (load().unsupported(list(tensors)) or None) if rows else None
 
 
 def _fallback(function: str, reason: str) -> None:
@@ -105,3 +106,15 @@ def final_mean_bucket(recv: torch.Tensor, numels: List[int], world_size: int, bi
                       stats: Optional[torch.Tensor]) -> torch.Tensor:
     """``deepspeed_loco::final_mean_bucket`` on CUDA; see :func:`reference_impl.final_mean_bucket`."""
     return _run("final_mean_bucket", dict(locals()), [recv], [out_dtype])
+
+
+def gather_sample(tensors: List[torch.Tensor], owners: torch.Tensor, coords: torch.Tensor,
+                  scales: torch.Tensor) -> torch.Tensor:
+    """The live rho's shared sample in one launch; see :func:`loco_reference.gather_sample` (which runs, logged
+    once, for tensors the kernel cannot take)."""
+    reason = _unsupported(tensors, [t.dtype for t in tensors], rows=False)
+    if reason is not None:
+        _fallback("gather_sample", reason)
+        return loco_reference.gather_sample(tensors, owners, coords, scales)
+    return load().gather_sample(list(tensors), owners, coords, scales)
+

@@ -179,3 +179,20 @@ def final_mean_bucket(recv: torch.Tensor, wire: WireLayout, args: MeanArgs, nume
         final_mean(*wire.views(recv, i, offset), args, numel, rank, out_dtype, stats)
         for i, (numel, offset) in enumerate(zip(numels, wire.offsets()))
     ]
+
+
+def gather_sample(tensors: Sequence[torch.Tensor], owners: torch.Tensor, coords: torch.Tensor,
+                  scales: torch.Tensor) -> torch.Tensor:
+    """The live rho's shared sample of many tensors (one float dtype and device): fp32 ``(n,)`` on their device,
+    ``out[i] = scales[owners[i]] * float(tensors[owners[i]].flatten()[coords[i]])``, 0 where ``coords[i]`` is -1.
+    ``owners`` int32 ``(n,)``, ``coords`` int64 ``(n,)``, ``scales`` fp32 ``(len(tensors),)``, all on the CPU."""
+    device = tensors[0].device
+    out = torch.zeros(coords.numel(), dtype=torch.float32, device=device)
+    kept = (coords >= 0).nonzero().squeeze(1)
+    kept_owners = owners[kept]
+    for k, tensor in enumerate(tensors):
+        rows = kept[kept_owners == k]
+        if rows.numel():
+            out[rows.to(device)] = tensor.reshape(-1)[coords[rows].to(device)].float()
+    return out * scales.to(device)[owners.long().to(device)]
+

@@ -1,7 +1,8 @@
 // Torch binding of the LoCo kernels (loco_kernels.cu), one call per hop per bucket: the CUDA implementations of the
 // torch.library ops deepspeed_loco::quantize_bucket_, requantize_bucket_ and final_mean_bucket (registered in
-// deepspeed_loco/ops/library.py; called through deepspeed_loco/ops/loco_cuda.py). Every argument is a tensor, a list
-// of tensors or a scalar (the ops' schemas): no Python object is read here. The binding boundary is where everything
+// deepspeed_loco/ops/library.py; called through deepspeed_loco/ops/loco_cuda.py), and the live rho's sample gather
+// (gather_sample). Every argument is a tensor, a list of tensors or a scalar (the ops' schemas): no Python object is
+// read here. The binding boundary is where everything
 // is validated (TORCH_CHECK with the argument's name): the hop's scalars against the limits of loco_limits.h (the
 // one source of the limits; Python reads the same file), the wire widths, devices, dtypes, shapes and strides. It
 // then writes the bucket's parameter table (loco::BucketItem) to the device with one asynchronous copy and launches
@@ -349,6 +350,65 @@ at::Tensor final_mean_bucket(const at::Tensor& recv, const std::vector<int64_t>&
     return flat;
 }
 
+// The live rho's shared sample on CUDA (deepspeed_loco.ops.loco_reference.gather_sample): fp32 (n,) on the
+// tensors' device, out[i] = scales[owners[i]] * float(tensors[owners[i]].flatten()[coords[i]]), 0 where coords[i]
+// is -1. `owners` int32 (n,), `coords` int64 (n,) and `scales` fp32 (len(tensors),) are on the CPU: validated
+// here, then written to the device with the tensors' pointers in one asynchronous copy; one launch.
+at::Tensor gather_sample(const std::vector<at::Tensor>& tensors, const at::Tensor& owners, const at::Tensor& coords,
+                         const at::Tensor& scales) {
+    TORCH_CHECK(!tensors.empty(), "LoCo sample: no tensors to sample");
+    const int64_t count = (int64_t)tensors.size(), n = coords.numel();
+    auto check_host = [](const at::Tensor& t, at::ScalarType dtype, int64_t size, const char* what) {
+        TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == size &&
+                        t.is_contiguous(),
+                    "LoCo sample: ", what, " must be a contiguous CPU ", dtype, " tensor of ", size, " elements");
+    };
+    check_host(coords, at::kLong, n, "coords");
+    check_host(owners, at::kInt, n, "owners");
+    check_host(scales, at::kFloat, count, "scales");
+    const at::Device device = tensors[0].device();
+    const int dtype = dtype_code(tensors[0].scalar_type(), "a sampled tensor");
+    std::vector<at::Tensor> contiguous;  // alive until the launch
+    for (const at::Tensor& t : tensors) {
+        check_on(t, device, "a sampled tensor");
+        TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "LoCo sample: the sampled tensors must share one "
+                    "dtype, got ", tensors[0].scalar_type(), " and ", t.scalar_type());
+        contiguous.push_back(t.contiguous());
+    }
+    const int32_t* owner = owners.data_ptr<int32_t>();
+    const int64_t* coord = coords.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+        TORCH_CHECK(owner[i] >= 0 && owner[i] < count, "LoCo sample: owners[", i, "] = ", owner[i],
+                    " must be in [0, ", count, ")");
+        TORCH_CHECK(coord[i] >= -1 && coord[i] < contiguous[owner[i]].numel(), "LoCo sample: coords[", i, "] = ",
+                    coord[i], " must be -1 or in [0, ", contiguous[owner[i]].numel(), ")");
+    }
+    // one pinned table: pointers (count), coords (n), scales (count), owners (n); 8-byte fields first
+    const int64_t bytes = 8 * count + 8 * n + 4 * count + 4 * n;
+    at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    char* p = static_cast<char*>(host.data_ptr());
+    for (int64_t k = 0; k < count; ++k) {
+        const void* source = contiguous[k].data_ptr();
+        std::memcpy(p + 8 * k, &source, 8);
+    }
+    std::memcpy(p + 8 * count, coord, 8 * n);
+    std::memcpy(p + 8 * count + 8 * n, scales.data_ptr<float>(), 4 * count);
+    std::memcpy(p + 12 * count + 8 * n, owner, 4 * n);
+    const c10::cuda::CUDAGuard guard(device);
+    const at::Tensor table = host.to(device, /*non_blocking=*/true);
+    at::Tensor out = at::empty({n}, table.options().dtype(at::kFloat));
+    const char* base = static_cast<const char*>(table.data_ptr());
+    loco::SampleArgs a;
+    a.sources = reinterpret_cast<const void* const*>(base);
+    a.coords = reinterpret_cast<const int64_t*>(base + 8 * count);
+    a.scales = reinterpret_cast<const float*>(base + 8 * count + 8 * n);
+    a.owners = reinterpret_cast<const int32_t*>(base + 12 * count + 8 * n);
+    a.out = out.data_ptr<float>();
+    a.n = n;
+    raise_if(loco::gather_sample(dtype, a, at::cuda::getCurrentCUDAStream().stream()));
+    return out;
+}
+
 // The limits of loco_limits.h, as deepspeed_loco.layout.limits names them (a test compares the two).
 py::dict limits() {
     py::dict out;
@@ -374,4 +434,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("final_mean_bucket", &final_mean_bucket,
           "the last hop's received rows to this rank's mean partitions ([rotated back,] divided by W, trimmed), "
           "concatenated");
+    m.def("gather_sample", &gather_sample,
+          "the live rho's shared sample: scaled fp32 values of many tensors at given coordinates, one launch");
 }

@@ -1095,4 +1095,28 @@ const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem*
     return ok ? launched() : kBadArguments;
 }
 
+// ------------------------------------------------------------------------------------------ the shared sample
+namespace {
+
+// One thread a sampled coordinate; the product is one fp32 multiplication, as in the reference.
+template <int DT>
+__global__ void __launch_bounds__(kBlock) sample_kernel(const SampleArgs a) {
+    const int64_t i = (int64_t)blockIdx.x * kBlock + threadIdx.x;
+    if (i >= a.n) return;
+    const int owner = a.owners[i];
+    const int64_t at = a.coords[i];
+    a.out[i] = at < 0 ? 0.0f : Grad<DT>::one(a.sources[owner], at) * a.scales[owner];
+}
+
+}  // namespace
+
+const char* gather_sample(int dtype, const SampleArgs& a, cudaStream_t stream) {
+    if (a.n == 0) return nullptr;
+    const unsigned blocks = (unsigned)((a.n + kBlock - 1) / kBlock);
+    const bool ok = with_dtype(dtype, [&](auto dt) {
+        sample_kernel<decltype(dt)::value><<<blocks, kBlock, 0, stream>>>(a);
+    });
+    return ok ? launched() : kBadArguments;
+}
+
 }  // namespace loco

@@ -149,6 +149,19 @@ const char* requantize_bucket(const HopArgs& args, int error_bits, const BucketI
 // world for j < valid, zero for valid <= j < part (`out_dtype`, contiguous).
 const char* final_mean_bucket(const HopArgs& args, int out_dtype, const BucketItem* items, int count,
                               int64_t blocks, WireArgs in, int rows, float* stats, cudaStream_t stream);
+
+// The live rho's shared sample (deepspeed_loco.ops.loco_reference.gather_sample): out[i] = scales[owners[i]] *
+// float(sources[owners[i]][coords[i]]), 0 where coords[i] < 0, for i < n; every source of `dtype` and contiguous.
+// All arrays on the device; validated by the binding.
+struct SampleArgs {
+    const void* const* sources;
+    const int64_t* coords;
+    const float* scales;
+    const int32_t* owners;
+    float* out;
+    int64_t n;
+};
+const char* gather_sample(int dtype, const SampleArgs& args, cudaStream_t stream);
 #endif
 
 // ------------------------------------------------------------------------------------------------------

@@ -17,12 +17,16 @@ they correlate, and for LoCo the remembered error it carries), ``tr(Sigma) / (W 
 import math
 import zlib
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from deepspeed_loco.ops.loco_reference import gather_sample
+
 PER_TENSOR = 256  # coordinates sampled per parameter tensor (all of a smaller one)
 FIELDS = 3  # g, g^2 and out, each one value per sampled coordinate
+# (tensors, owners, coords, scales) -> fp32 values: loco_reference.gather_sample's contract (Kernels.gather_sample)
+Gather = Callable[[Sequence[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def sample_indices(name: str, numel: int, step: int) -> Tuple[torch.Tensor, float]:
@@ -55,9 +59,9 @@ class MeanErrorSample:
     with its gradients, :meth:`take_outputs` with its mean partitions; :meth:`vector` for the all-reduce. Only each
     parameter's first reduce of the step is sampled (one micro-step: rho per micro-step is rho of the step).
 
-    A reduce's sampled parameters are handled together: their coordinates are worked out on the host and copied to
-    the device once, and the gathered values are scaled and placed with one kernel each, so that a measured step
-    costs one small gather per sampled tensor and no host synchronization."""
+    A reduce's sampled parameters are handled together: their coordinates are worked out on the host and gathered
+    from all of them at once (``Kernels.gather_sample``: one launch and one copy to the device on CUDA), for the
+    gradients and again for the mean partitions, with no host synchronization."""
 
     def __init__(self, step: int, rank: int):
         self.step, self.rank = step, rank
@@ -77,21 +81,20 @@ class MeanErrorSample:
             picks[i] = pick
         return picks
 
-    def take_inputs(self, picks, grads: Sequence[torch.Tensor]) -> None:
+    def take_inputs(self, picks, grads: Sequence[torch.Tensor], gather: "Gather" = gather_sample) -> None:
         """Keeps ``sqrt(w) g`` at the picked coordinates of each gradient (one float dtype and device for all, flat
-        or not), on their device."""
+        or not), on their device. ``gather``: the kernels' sample gather (``Kernels.gather_sample``; default the
+        PyTorch reference), used again for the outputs."""
         chosen = [(position, pick) for position, pick in enumerate(picks) if pick is not None]
         if not chosen:
             return
-        device = grads[chosen[0][0]].device
         positions = [position for position, _ in chosen]
-        counts = [pick[0].numel() for _, pick in chosen]
+        counts = torch.tensor([pick[0].numel() for _, pick in chosen])
         indices = torch.cat([pick[0] for _, pick in chosen])
-        roots = _to_device(torch.tensor([math.sqrt(pick[1]) for _, pick in chosen], dtype=torch.float32)
-                           .repeat_interleave(torch.tensor(counts)), device)
-        picked = torch.cat([grads[position].reshape(-1).index_select(0, at) for position, at in
-                            zip(positions, _to_device(indices, device).split(counts))]).float() * roots
-        self._pending = _PendingReduce(positions, indices, counts, roots, picked)
+        owners = torch.arange(len(chosen), dtype=torch.int32).repeat_interleave(counts)
+        roots = torch.tensor([math.sqrt(pick[1]) for _, pick in chosen], dtype=torch.float32)
+        picked = gather([grads[position] for position in positions], owners, indices, roots)
+        self._pending = _PendingReduce(positions, indices, owners, roots, picked, gather)
 
     def take_outputs(self, picks, outputs: Sequence[torch.Tensor]) -> None:
         """Adds ``sqrt(w) out`` at the picked coordinates this rank owns: ``outputs[i]`` is parameter ``i``'s
@@ -99,19 +102,13 @@ class MeanErrorSample:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        counts = torch.tensor(pending.counts)
-        widths = torch.tensor([outputs[position].numel() for position in pending.positions]).repeat_interleave(counts)
+        widths = torch.tensor([outputs[position].numel() for position in pending.positions])[pending.owners.long()]
         local = pending.indices - self.rank * widths
         owned = (local >= 0) & (local < widths)
-        at = owned.nonzero().squeeze(1)  # positions in the reduce's sample that this rank owns, parameter by parameter
-        per_parameter = torch.arange(len(pending.counts)).repeat_interleave(counts)[at].bincount(
-            minlength=len(pending.counts)).tolist()
-        moved = _to_device(torch.cat([at, local[at]]), pending.picked.device)
-        places, sources = moved[:at.numel()], moved[at.numel():].split(per_parameter)
-        gathered = [outputs[position].index_select(0, source) for position, source in zip(pending.positions, sources)]
-        out = torch.zeros_like(pending.picked).index_copy_(0, places, torch.cat(gathered).float())
+        out = pending.gather([outputs[position] for position in pending.positions], pending.owners,
+                             torch.where(owned, local, -1), pending.roots)
         g = pending.picked
-        self._values.append(torch.stack([g, g * g, out * pending.roots]))
+        self._values.append(torch.stack([g, g * g, out]))
 
     def vector(self, device) -> torch.Tensor:
         """fp32 ``(FIELDS * picked,)``: the ``g`` values, then ``g^2``, then ``out``, of every sampled parameter."""
@@ -125,20 +122,15 @@ class MeanErrorSample:
 @dataclass(frozen=True)
 class _PendingReduce:
     """A reduce's sample between its inputs and its outputs: ``positions`` its sampled parameters' places in the
-    reduce, ``indices`` their picked coordinates concatenated (int64, CPU), ``counts`` how many each, ``roots`` fp32
-    ``sqrt(w)`` per picked coordinate and ``picked`` fp32 ``sqrt(w) g`` (both on the gradients' device)."""
+    reduce, ``indices`` their picked coordinates concatenated (int64, CPU), ``owners`` the place in ``positions``
+    of each (int32, CPU), ``roots`` fp32 ``sqrt(w)`` per sampled parameter (CPU), ``picked`` fp32 ``sqrt(w) g`` (on
+    the gradients' device) and ``gather`` the sample gather that took it."""
     positions: List[int]
     indices: torch.Tensor
-    counts: List[int]
+    owners: torch.Tensor
     roots: torch.Tensor
     picked: torch.Tensor
-
-
-def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A CPU tensor on ``device``: through pinned memory without waiting, when that is a CUDA device."""
-    if torch.device(device).type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
+    gather: "Gather"
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ class LocoReducer:
         sample = self.noise.sample if self.noise is not None else None
         picks = sample.pick(names, numels) if sample is not None else None
         if picks is not None:
-            sample.take_inputs(picks, grads)
+            sample.take_inputs(picks, grads, kernels.gather_sample)
         for index, hop in enumerate(plan.hops):
             errors = [b and b[hop.name] for b in buffers]
             args, in_wire, wire = plan.args(index, err_beta), wire, hop.wire(widths, plan.group_size)

@@ -122,3 +122,23 @@ def test_midrise_grid_with_beta_zero_keeps_dequant_plus_error_equal_to_the_input
     sent = dequantize_groups(q, scale, S, "midrise")
     assert torch.allclose(sent + error.values, c, rtol=0, atol=1e-6)
     assert not torch.equal(sent, dequantize_groups(q, scale, S))  # the grid changes what the codes mean
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_gather_sample_is_each_picked_value_times_its_tensors_scale_and_zero_where_not_owned(dtype):
+    """``gather_sample`` element by element: ``scales[owner] * float(value)`` in one fp32 multiplication, 0 for
+    coordinate -1, whatever the tensors' shapes (2-D and non-contiguous ones read in flat row-major order)."""
+    gen = torch.Generator().manual_seed(5)
+    tensors = [torch.randn(7, generator=gen).to(dtype), torch.randn(12, 5, generator=gen).to(dtype).t(),
+               torch.randn(300, generator=gen).to(dtype)]
+    owners = torch.tensor([0, 2, 1, 1, 2, 0, 1], dtype=torch.int32)
+    coords = torch.tensor([6, 299, 0, -1, 17, -1, 59], dtype=torch.int64)
+    scales = torch.tensor([1.0, 3.7, 0.3], dtype=torch.float32)
+    out = ref.gather_sample(tensors, owners, coords, scales)
+    assert out.dtype == torch.float32 and out.shape == (7,)
+    for i, (owner, at) in enumerate(zip(owners.tolist(), coords.tolist())):
+        want = torch.zeros((), dtype=torch.float32) if at < 0 else (
+            tensors[owner].reshape(-1)[at].float() * scales[owner])
+        assert torch.equal(out[i], want), i
+    assert ref.gather_sample(tensors, owners[:0], coords[:0], scales).shape == (0,)
+

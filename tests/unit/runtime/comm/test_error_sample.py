@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from deepspeed_loco.ops.loco_reference import gather_sample
 from deepspeed_loco.runtime.comm.error_sample import (PER_TENSOR, MeanErrorSample, SampledPowers, sample_indices,
                                                       sample_many)
 from tests.unit.runtime.comm.ranks_by_hand import partition, rank_vectors, summed_vectors
@@ -142,3 +143,24 @@ def test_a_reduce_that_took_its_inputs_but_not_its_outputs_gives_no_vector():
     sample.take_inputs(sample.pick(["a"], [300]), [torch.randn(300)])
     with pytest.raises(RuntimeError, match="not its outputs"):
         sample.vector("cpu")
+
+
+def test_a_reduce_gathers_its_sample_in_two_calls_whatever_its_number_of_parameters():
+    """The measured reduce's cost does not grow in calls with the parameters: one gather for the gradients, one for
+    the mean partitions (``Kernels.gather_sample``: one launch each on CUDA), with the values of the reference."""
+    calls = []
+
+    def counting(tensors, owners, coords, scales):
+        calls.append(len(tensors))
+        return gather_sample(tensors, owners, coords, scales)
+
+    names, numels = [f"p{i}" for i in range(40)], [10 + 97 * i for i in range(40)]
+    grads = [torch.randn(n) for n in numels]
+    counted, plain = MeanErrorSample(2, 1), MeanErrorSample(2, 1)
+    for sample, gather in ((counted, counting), (plain, gather_sample)):
+        picks = sample.pick(names, numels)
+        sample.take_inputs(picks, grads, gather)
+        sample.take_outputs(picks, [partition(g, 1, 2) for g in grads])
+    assert calls == [40, 40]
+    assert torch.equal(counted.vector("cpu"), plain.vector("cpu"))
+
