@@ -6,6 +6,11 @@ after step K, and not in the timing of early-training events that sends unbranch
 (``benchmarks/results/batch_axis/README.md``, stage 2). What is saved: the model's and the optimizer's state dicts
 after step K (the learning-rate schedule is a function of the step, so it needs no state; the error buffers of a
 LoCo arm start at zero, as when error feedback is switched on) and the run settings that must match on resume.
+
+A branch may run on another cluster shape (nodes, ranks per node, micro-batch) at the same global batch: the saved
+state does not depend on the layout, and the batches of a step depend on the global batch only
+(``loco_lab.data``'s ``train_batch``), so one full-precision trunk serves the branches of several shapes; a
+full-precision branch on another shape repeats the trunk's steps up to the order of the mean's fp32 sums.
 """
 import os
 from dataclasses import dataclass
@@ -13,8 +18,9 @@ from typing import Any, Dict
 
 import torch
 
-MATCHED = ("seed", "steps", "size", "text", "nodes", "local", "micro_batch", "lr", "warmup", "dtype")  # run flags a
-# resuming run must share with the run that saved the state (the arm and the evaluation may differ)
+# what a resuming run must share with the run that saved the state: run flags, and global_batch (nodes x local x
+# micro_batch; the arm, the evaluation and the cluster's shape may differ)
+MATCHED = ("seed", "steps", "size", "text", "global_batch", "lr", "warmup", "dtype")
 
 
 @dataclass(frozen=True)
@@ -33,8 +39,9 @@ def state_path(folder: str, tag: str, seed: int, step: int) -> str:
 
 
 def settings_of(args) -> Dict[str, Any]:
-    """The run flags (an ``argparse`` namespace) that a branch must share with its trunk."""
-    return {key: getattr(args, key) for key in MATCHED}
+    """The settings of a run (an ``argparse`` namespace) that a branch must share with its trunk (:data:`MATCHED`)."""
+    derived = {"global_batch": args.nodes * args.local * args.micro_batch}
+    return {key: derived[key] if key in derived else getattr(args, key) for key in MATCHED}
 
 
 def save(path: str, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -64,7 +64,7 @@ SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
     "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float,
     "ef_from": int, "stream_nodes": int, "variant": str, "grad_mode": str, "save_at": int, "resume_from": int,
-    "state_dir": str
+    "state_dir": str, "trunk_tag": str
 }
 
 
@@ -112,6 +112,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                         "this step and train the steps after it (0: from scratch)")
     p.add_argument("--state-dir", dest="state_dir", default=".branch_states",
                    help="where --save-at writes and --resume-from reads the saved states")
+    p.add_argument("--trunk-tag", dest="trunk_tag", default="",
+                   help="--resume-from the state that the trunk of this tag saved (default: this run's --tag; a "
+                        "branch on another cluster shape at the same global batch names its trunk)")
 
 
 def parse_args(argv=None):
@@ -270,6 +273,7 @@ def run_one(args) -> dict:
                   "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops, "ef_from": args.ef_from,
                   "variant": args.variant,
                   "quant_grid": args.quant_grid, "grad_mode": args.grad_mode, "resumed_from": first,
+                  "trunk": (args.trunk_tag or args.tag) if first else None,
                   "eval_windows": args.eval_windows, "device": torch.cuda.get_device_name(device)
                   if device.type == "cuda" else "cpu", "kernels": kernels},
         "final_val_loss": result.final_val_loss,
@@ -308,10 +312,10 @@ class _Trunk:
         self.args, self.store = args, branch_state
         if args.save_at and not 0 < args.save_at < args.steps:
             raise SystemExit(f"--save-at {args.save_at}: it must be a step in [1, {args.steps}) (--steps)")
-        path = lambda step: branch_state.state_path(args.state_dir, args.tag, args.seed, step)  # noqa: E731
-        self.save_path = path(args.save_at) if args.save_at else None
-        self.resumed = (branch_state.load(path(args.resume_from), branch_state.settings_of(args))
-                        if args.resume_from else None)
+        path = lambda tag, step: branch_state.state_path(args.state_dir, tag, args.seed, step)  # noqa: E731
+        self.save_path = path(args.tag, args.save_at) if args.save_at else None
+        self.resumed = (branch_state.load(path(args.trunk_tag or args.tag, args.resume_from),
+                                          branch_state.settings_of(args)) if args.resume_from else None)
         self.built = {}
 
     def model(self, model):

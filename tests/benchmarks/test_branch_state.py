@@ -58,6 +58,33 @@ def test_a_quantized_branch_starts_from_the_same_state_and_departs(runs):
     assert plain["grad_rel_error_mean"] > 0 and plain["final_val_loss"] != trunk["final_val_loss"]
 
 
+def test_a_branch_on_another_cluster_shape_at_the_same_global_batch_resumes_the_named_trunk(sim, runs, tmp_path):
+    """4 x 1 ranks of 2 sequences (the trunk: 2 x 2 of 2): the same global batch, so the full-precision branch
+    repeats the trunk's steps up to the order of the mean's fp32 sums; another global batch is refused."""
+    trunk, *_, states = runs
+    shape = [flag for flag in FLAGS]
+    shape[shape.index("--nodes") + 1], shape[shape.index("--local") + 1] = "4", "1"
+    out = str(tmp_path / "runs.jsonl")
+    threads = torch.get_num_threads()
+    try:
+        sim.run_one(sim.parse_args(["run", "--arm", "full", "--tag", "w4", "--trunk-tag", "t", "--out", out,
+                                    "--state-dir", states, *shape, "--resume-from", "3"]))
+    finally:
+        torch.set_num_threads(threads)
+    (branch, ) = [json.loads(line) for line in open(out)]
+    assert branch["setup"]["nodes"] == 4 and branch["setup"]["trunk"] == "t" and branch["setup"]["resumed_from"] == 3
+    assert branch["train_losses"][0] == trunk["train_losses"][3]  # the saved weights, before any update
+    assert branch["train_losses"] == pytest.approx(trunk["train_losses"][3:], abs=1e-4)
+    assert branch["final_val_loss"] == pytest.approx(trunk["final_val_loss"], abs=1e-4)
+    shape[shape.index("--micro-batch") + 1] = "1"
+    with pytest.raises(ValueError, match=r"global_batch = 4 \(the state's: 8\)"):
+        sim.run_one(sim.parse_args(["run", "--arm", "full", "--tag", "w4", "--trunk-tag", "t", "--out", "/dev/null",
+                                    "--state-dir", states, *shape, "--resume-from", "3"]))
+    with pytest.raises(FileNotFoundError, match="run the trunk"):
+        sim.run_one(sim.parse_args(["run", "--arm", "full", "--tag", "w4", "--out", "/dev/null", "--state-dir",
+                                    states, *FLAGS, "--resume-from", "3"]))
+
+
 def test_a_branch_with_other_settings_or_no_trunk_is_refused(sim, runs):
     *_, states = runs
     with pytest.raises(ValueError, match=r"differs from the run that saved it in lr = 0\.002 \(the state's: 0\.001\)"):
