@@ -81,7 +81,7 @@ class MeanErrorSample:
             picks[i] = pick
         return picks
 
-    def take_inputs(self, picks, grads: Sequence[torch.Tensor], gather: "Gather" = gather_sample) -> None:
+    def take_inputs(self, picks, grads: Sequence[torch.Tensor], gather: Gather = gather_sample) -> None:
         """Keeps ``sqrt(w) g`` at the picked coordinates of each gradient (one float dtype and device for all, flat
         or not), on their device. ``gather``: the kernels' sample gather (``Kernels.gather_sample``; default the
         PyTorch reference), used again for the outputs."""
