@@ -42,7 +42,8 @@ def run(args) -> int:
     setup = TrainingSetup(task.model, task.batches, nodes=args.nodes, local=args.local, optimizer_fn=task.optimizer,
                           scheduler_fn=task.schedule, loss_fn=task.loss, eval_fn=task.evaluate, device=device,
                           grad_clip=1.0, autocast_dtype=task.autocast)
-    return run_advise(setup, args, prog="python -m loco_lab.cli advise")
+    return run_advise(setup, args, prog="python -m loco_lab.cli advise",
+                      tokens_per_step=SIZES[args.model_size].seq_len * task.global_batch)
 
 
 class BundledTask:

@@ -18,7 +18,7 @@ spends the rest of the budget on training comparisons (full precision, plain qgZ
 the candidates with ``rho >= 1``, and recommends the setting with the fewest inter-node bits whose best arm is
 within noise of full precision, with LoCo on where it measurably beat plain qgZ, or where the comparison leaves
 LoCo - plain open at 2/2 on the mid-rise grid for a model of at most 10.8M parameters, where the map resolved
-LoCo's gain (:func:`arm_map_reading`; the verdict then says that the map, not this comparison, decided), unless the
+LoCo's gain (:func:`arm_map_finding`; the verdict then says that the map, not this comparison, decided), unless the
 comparison's mean LoCo - plain lies above 0 (its own runs lean against the prior).
 """
 import math
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.findings import GAIN_RESOLVED_UP_TO, LOCO_PAYS, LOCO_UNPROVEN, UPDATE_BURST_WARNING, read_map
+from deepspeed_loco.findings import LOCO_PAYS, LOCO_UNPROVEN, UPDATE_BURST_WARNING, read_map
 from deepspeed_loco.layout import resolve_grid, wire_bytes_per_element
 from deepspeed_loco.simulation.arms import parse_arm, zeropp_loco_param
 from deepspeed_loco.simulation.burst import update_burst, window_means
@@ -190,7 +190,7 @@ def advise(setup: TrainingSetup, budget_minutes: float, candidates: Sequence[str
            seeds: int = MIN_SEEDS, steps: Optional[int] = None, max_steps: int = 2000,
            probe_steps: int = PROBE_STEPS, on_progress: Optional[Callable[[str, int, int], None]] = None,
            parallel: int = 1, max_seeds: Optional[int] = None,
-           on_update: Optional[Callable[["Advice"], None]] = None) -> Advice:
+           on_update: Optional[Callable[["Advice"], None]] = None, tokens_per_step: Optional[int] = None) -> Advice:
     """Recommends a ``zeropp_loco_param`` for ``setup``'s ``nodes x local`` ranks, spending about
     ``budget_minutes`` of this device's time, the probe included, on
     :func:`~deepspeed_loco.simulation.simulate` runs of ``setup`` (its ``loco`` keys are carried into the
@@ -209,7 +209,9 @@ def advise(setup: TrainingSetup, budget_minutes: float, candidates: Sequence[str
     of ``max(1, parallel // 3)`` at a time, up to ``max_seeds``, and the candidate is judged again. ``on_update``:
     gets the advice so far (``finished`` False) after the probe and after each comparison, so that what finished can
     be written before the budget runs out. ``setup.model_fn`` is also called once here, to count the model's
-    parameters (the map's prior depends on them).
+    parameters (the map's prior depends on them). ``tokens_per_step``: the global batch in tokens, when the data are
+    token sequences (None: unknown); the map's prior then also depends on it (LoCo's 2/2 gain was measured at up to
+    64K tokens a step).
 
     Raises ValueError for a bad candidate, ``seeds < 2``, a non-positive budget, ``probe_steps < 2``, a bad
     ``parallel`` or, with ``parallel > 1``, a setup that does not pickle; :class:`BudgetTooSmall` as above.
@@ -224,6 +226,10 @@ def advise(setup: TrainingSetup, budget_minutes: float, candidates: Sequence[str
         raise ValueError(f"advise: budget_minutes = {budget_minutes!r}, it must be positive")
     if probe_steps < 2:
         raise ValueError(f"advise: probe_steps = {probe_steps!r}, it must be at least 2")
+    if tokens_per_step is not None and (isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, int)
+                                        or tokens_per_step < 1):
+        raise ValueError(f"advise: tokens_per_step = {tokens_per_step!r}; it must be a positive integer (the global "
+                         f"batch in tokens) or None")
     max_seeds = seeds if max_seeds is None else max_seeds
     if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or max_seeds < seeds:
         raise ValueError(f"advise: max_seeds = {max_seeds!r}; it must be an integer >= seeds ({seeds})")
@@ -253,13 +259,13 @@ def advise(setup: TrainingSetup, budget_minutes: float, candidates: Sequence[str
                 comparison = _compare(runner, probe.candidate, affordable, range(seeds), on_progress)
                 comparisons.append(comparison)
                 round_s = (time.monotonic() - compare_started) / math.ceil(3 * seeds / parallel)  # side by side
-                _add_seeds(runner, probe, comparison, params, quant_grid, max_seeds, parallel, round_s,
-                           lambda: budget_s - (time.monotonic() - started), on_progress)
+                _add_seeds(runner, probe, comparison, (params, quant_grid, tokens_per_step), max_seeds, parallel,
+                           round_s, lambda: budget_s - (time.monotonic() - started), on_progress)
             elif probe.rho is None or probe.rho >= RHO_THRESHOLD:
                 unresolved.append(f"{parse_arm(probe.candidate).variant} (rho {_fmt(probe.rho)}) was not trained: "
                                   f"{left / 60:.1f} minutes left buy {max(affordable, 0)} steps per run, fewer "
                                   f"than {MIN_STEPS}.")
-            verdict = judge(probe, comparison, params, quant_grid)
+            verdict = judge(probe, comparison, params, quant_grid, tokens_per_step)
             reasons.append(verdict.reason + (_burst_warning(comparison) if verdict.error_feedback else ""))
             unresolved += verdict.unresolved
             if verdict.accepted:
@@ -284,15 +290,16 @@ class Verdict:
     basis: str = "measured"
 
 
-def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_grid: str = "auto") -> Verdict:
+def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_grid: str = "auto",
+          tokens_per_step: Optional[int] = None) -> Verdict:
     """The decision rule; every sentence states the differences through
     :meth:`~deepspeed_loco.simulation.differences.Difference.said`, from the same interval the rule reads.
 
     With a comparison: acceptable with LoCo if LoCo - full is not worse (its interval includes 0 or lies below) and
     either LoCo - plain lies below 0 or plain - full lies above 0; else, if plain - full is not worse, acceptable
     with plain qgZ where LoCo - plain lies above 0, with LoCo where the regime map's prior holds
-    (:func:`arm_map_reading` is ``LOCO_PAYS`` for ``quant_grid``, the block's ``quant_grid``, and a model of
-    ``params`` parameters), LoCo - full is not worse and LoCo - plain's mean is not above 0 (the comparison does not
+    (:func:`arm_map_finding` is ``LOCO_PAYS`` for ``quant_grid``, the block's ``quant_grid``, a model of
+    ``params`` parameters and ``tokens_per_step``), LoCo - full is not worse and LoCo - plain's mean is not above 0 (the comparison does not
     lean against the prior), else with plain qgZ (the question whether LoCo helps stays open unless LoCo - plain
     excludes 0); else not. Without one: acceptable with plain qgZ by the regime map's prediction if ``rho < 1``;
     else not."""
@@ -325,18 +332,18 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
                  if arm.intra_bits == arm.inter_bits == 2 and comparison.steps < LOCO_GAIN_STEPS else "")
         unresolved = (f"{arm.variant}: {loco_plain.said()}: whether LoCo helps was not resolved in "
                       f"{comparison.steps}-step runs; ")
-        reading = arm_map_reading(arm, quant_grid, params)
+        finding = arm_map_finding(arm, quant_grid, params, tokens_per_step)
+        reading = finding.reading if finding else None
         prior = reading == LOCO_PAYS
         leans_against = loco_plain.mean > 0  # the mean, whatever the interval says
         if prior and not leans_against and loco_full.not_worse:
-            return Verdict(True, True, f"{reason}; LoCo is on by the regime map's prior: at 2/2 on the mid-rise "
-                           f"grid LoCo's gain over plain qgZ was resolved for models of up to "
-                           f"{GAIN_RESOLVED_UP_TO} (docs/config.md).",
+            return Verdict(True, True, f"{reason}; LoCo is on by the regime map's prior: {finding.summary} "
+                           f"(docs/config.md).",
                            [unresolved + "LoCo is recommended by the regime map, not by a gain measured here."
                             + short], basis="map")
         against = " Its mean lies above 0, against the map's prior." if prior and leans_against else ""
-        unproven = (f" The map resolved LoCo's gain at 2/2 only for models of up to {GAIN_RESOLVED_UP_TO} (this "
-                    f"one: {params / 1e6:.1f}M); at 116M LoCo from step 1 started behind plain qgZ."
+        unproven = (f" In the regime map {finding.summary} (this model: {params / 1e6:.1f}M parameters"
+                    f"{f', {tokens_per_step} tokens a step' if tokens_per_step else ''})."
                     if reading == LOCO_UNPROVEN else "")
         return Verdict(True, False, reason + ".", [unresolved + "plain qgZ is recommended (no error buffers)."
                                                    + against + unproven + short])
@@ -344,14 +351,13 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
                    f"full precision in {comparison.steps}-step runs.")
 
 
-def arm_map_reading(arm, quant_grid: str, params: int) -> Optional[str]:
+def arm_map_finding(arm, quant_grid: str, params: int, tokens_per_step: Optional[int] = None):
     """What the regime map says about LoCo for this plain ``arm``'s two hops on ``quant_grid``
-    (``zeropp_loco_param.quant_grid``) at a model of ``params`` parameters:
-    the reading of :func:`deepspeed_loco.findings.read_map`'s row, the start-up note's (its prior for LoCo holds
-    where the reading is ``LOCO_PAYS``), or None where the map has no row."""
+    (``zeropp_loco_param.quant_grid``) at a model of ``params`` parameters and a global batch of ``tokens_per_step``
+    tokens (None: unknown): :func:`deepspeed_loco.findings.read_map`'s row, the start-up note's (its prior for LoCo
+    holds where the reading is ``LOCO_PAYS``), or None where the map has no row."""
     bits = (arm.intra_bits, arm.inter_bits)
-    finding = read_map(bits, arm.hadamard, resolve_grid(quant_grid, bits), params)
-    return finding.reading if finding else None
+    return read_map(bits, arm.hadamard, resolve_grid(quant_grid, bits), params, tokens_per_step)
 
 
 def _check_budget(runner: SideBySide, candidate: str, probe_steps: int, probe_runs: int, parallel: int,
@@ -436,12 +442,13 @@ def _compare(runner: SideBySide, candidate: str, steps: int, seeds: Iterable[int
     return comparison
 
 
-def _add_seeds(runner: SideBySide, probe: Probe, comparison: Comparison, params: int, quant_grid: str,
+def _add_seeds(runner: SideBySide, probe: Probe, comparison: Comparison, setting: Tuple[int, str, Optional[int]],
                max_seeds: int, parallel: int, round_s: float, seconds_left: Callable[[], float],
                on_progress) -> None:
-    """More seeds for ``comparison`` while its verdict leaves a question open, fewer than ``max_seeds`` ran and the
-    budget buys their rounds (``round_s``: the measured seconds of one round of ``parallel`` runs side by side)."""
-    while judge(probe, comparison, params, quant_grid).unresolved:
+    """More seeds for ``comparison`` while its verdict (:func:`judge` at ``setting``: parameters, grid, tokens per
+    step) leaves a question open, fewer than ``max_seeds`` ran and the budget buys their rounds (``round_s``: the
+    measured seconds of one round of ``parallel`` runs side by side)."""
+    while judge(probe, comparison, *setting).unresolved:
         have = len(comparison.losses["full"])
         extra = min(max(1, parallel // 3), max_seeds - have)
         if extra < 1 or seconds_left() < math.ceil(3 * extra / parallel) * round_s:

@@ -121,16 +121,18 @@ def resolve_device(choice: str):
     return torch.device("cuda" if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()) else "cpu")
 
 
-def run_advise(setup, args: argparse.Namespace, prog: str = PROG) -> int:
-    """Runs advise on ``setup`` with the parsed options, writing what finished under ``args.out`` as it comes;
-    returns the exit code (2: the budget cannot pay for the probe, said on stderr)."""
+def run_advise(setup, args: argparse.Namespace, prog: str = PROG, tokens_per_step: Optional[int] = None) -> int:
+    """Runs advise on ``setup`` with the parsed options (``tokens_per_step``: the global batch in tokens, where the
+    data are token windows), writing what finished under ``args.out`` as it comes; returns the exit code (2: the
+    budget cannot pay for the probe, said on stderr)."""
     from deepspeed_loco.simulation.advise import BudgetTooSmall, advise
 
     bar = _Progress(enabled=not args.no_progress)
     try:
         advice = advise(setup, args.budget_minutes, seeds=args.seeds, max_seeds=max(args.seeds, args.max_seeds),
                         steps=args.steps, max_steps=args.max_steps, probe_steps=args.probe_steps, on_progress=bar,
-                        parallel=args.parallel, on_update=lambda partial: write_advice(partial, args.out))
+                        parallel=args.parallel, on_update=lambda partial: write_advice(partial, args.out),
+                        tokens_per_step=tokens_per_step)
     except BudgetTooSmall as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
@@ -166,7 +168,8 @@ def main(argv: Optional[list] = None) -> int:
     except (TypeError, ValueError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    return run_advise(setup, args)
+    windows = args.seq_len * args.micro_batch * args.nodes * args.local if args.text else None  # tokens a step
+    return run_advise(setup, args, tokens_per_step=windows)
 
 
 def _positive_int(text: str) -> int:

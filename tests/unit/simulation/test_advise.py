@@ -50,9 +50,25 @@ def test_an_open_loco_question_above_the_map_s_resolved_sizes_keeps_plain_qgz_an
     verdict = judge(Probe("plain2", 2.9, 1.0, 0.1), evidence, LARGE)
     assert verdict.accepted and not verdict.error_feedback and verdict.basis == "measured"
     assert len(verdict.unresolved) == 1 and "plain qgZ is recommended" in verdict.unresolved[0]
-    assert "up to 10.8M parameters (this one: 116.4M)" in verdict.unresolved[0]
+    assert "resolved only up to 10.8M parameters" in verdict.unresolved[0]
+    assert "(this model: 116.4M parameters)" in verdict.unresolved[0]
     small = judge(Probe("plain2", 2.9, 1.0, 0.1), evidence, SMALL)
-    assert small.error_feedback and "10.8M parameters (this one" not in small.unresolved[0]
+    assert small.error_feedback and "this model" not in small.unresolved[0]
+    assert "up to 10.8M parameters and global batches of up to 64K tokens a step" in small.reason
+
+
+def test_above_the_largest_batch_the_map_measured_2_2_at_an_open_question_keeps_plain_qgz():
+    """With the global batch known, the map's prior for LoCo at 2/2 holds only up to the 64K tokens a step it was
+    measured at: above, the reading is "unproven" and the sentence names the batch; unknown, the prior holds."""
+    evidence = _comparison((-0.012, 0.025), (-0.022, 0.015), (-0.012, 0.017))
+    probe = Probe("plain2", 2.9, 1.0, 0.1)
+    assert judge(probe, evidence, SMALL, "auto", 65_536).error_feedback
+    large = judge(probe, evidence, SMALL, "auto", 1_048_576)
+    assert large.accepted and not large.error_feedback and large.basis == "measured"
+    assert "at 1M tokens a step plain qgZ lost loss" in large.unresolved[0]
+    assert "(this model: 10.8M parameters, 1048576 tokens a step)" in large.unresolved[0]
+    with pytest.raises(ValueError, match="tokens_per_step = 0; it must be a positive integer"):
+        advise(TrainingSetup(toy_model, toy_batches), 1.0, tokens_per_step=0)
 
 
 def test_plain_is_recommended_where_it_matches_full_and_the_map_has_no_loco_prior():

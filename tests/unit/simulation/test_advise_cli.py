@@ -130,3 +130,24 @@ def test_the_console_script_needs_no_loco_lab(user_module, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1"), timeout=300)
     assert done.returncode == 2 and "is too small: the probe alone needs about" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("text, tokens", [(True, 64 * 1 * 2 * 2), (False, None)])
+def test_the_global_batch_in_tokens_reaches_advise_only_for_token_windows(user_module, tmp_path, monkeypatch, text,
+                                                                           tokens):
+    """With --text the batch is windows of --seq-len bytes, so advise reads the map's batch-bounded rows with
+    ``seq_len x micro_batch x W`` tokens a step; a user's own data has no known token count (None)."""
+    import deepspeed_loco.simulation.advise as advise_module
+    seen = {}
+
+    def stub(setup, budget_minutes, **kwargs):
+        seen.update(kwargs)
+        raise advise_module.BudgetTooSmall("stopped by the test", 2.0)
+
+    monkeypatch.setattr(advise_module, "advise", stub)
+    (tmp_path / "plays.txt").write_text("To be, or not to be, that is the question. " * 40)
+    source = (["--model", f"{user_module}:byte_model", "--text", str(tmp_path / "plays.txt"), "--seq-len", "64"]
+              if text else ["--model", f"{user_module}:make_model", "--data", f"{user_module}:batches", "--loss",
+                            f"{user_module}:loss"])
+    assert main(source + SHAPE + ["--budget-minutes", "1", "--out", str(tmp_path / "out")]) == 2
+    assert seen["tokens_per_step"] == tokens
