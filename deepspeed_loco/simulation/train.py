@@ -9,6 +9,7 @@ replica, as every rank of a data-parallel job applies the same update.
 """
 import math
 import time
+import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -23,6 +24,11 @@ from deepspeed_loco.simulation.arms import Arm
 from deepspeed_loco.simulation.cluster import SimulatedCluster
 from deepspeed_loco.simulation.observer import ReducedStep, StepObserver
 from deepspeed_loco.simulation.spec import Batch, SimulationSpec, TrainingSetup
+
+# PyTorch's warning that vmap runs an operator without a batching rule as a loop over the batch (the same values,
+# slower; scaled-dot-product attention's backward among them): repeated by every process that simulates, and
+# documented instead (docs/simulation.md, grad_mode), so a vmap pass does not show it
+VMAP_FALLBACK_WARNING = r"There is a performance drop because we have not yet implemented the batching rule"
 
 
 def simulate(spec: SimulationSpec, observer: Optional[StepObserver] = None,
@@ -178,8 +184,10 @@ class _ArmRun:
 
             weights = {f"model.{name}": p.detach() for name, p in named}
             per_rank = vmap(grad(loss_of, has_aux=True), in_dims=(None, 0), randomness="different")
-            chunks = [per_rank(weights, _stack(micro[start:start + self.rank_chunk]))
-                      for start in range(0, len(micro), self.rank_chunk)]
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=VMAP_FALLBACK_WARNING, category=UserWarning)
+                chunks = [per_rank(weights, _stack(micro[start:start + self.rank_chunk]))
+                          for start in range(0, len(micro), self.rank_chunk)]
             grads = [_cat([g[f"model.{name}"] for g, _ in chunks]).float() for name, _ in named]
             return grads, _cat([losses for _, losses in chunks]).float()
         grads, losses = [], []

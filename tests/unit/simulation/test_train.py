@@ -208,3 +208,38 @@ def test_live_rho_of_measured_steps_is_the_exact_error_and_spread_when_every_coo
             exact_sq = result.mean_grad_sq[step - 1]
             assert sum(errors) == pytest.approx(result.grad_rel_errors[step - 1]**2 * exact_sq, rel=1e-4)
             assert noise == pytest.approx((result.rank_grad_sq[step - 1] - exact_sq) / (WORLD - 1), rel=1e-4)
+
+
+class _Attention(torch.nn.Module):
+    """A self-attention layer through scaled_dot_product_attention, which vmap runs without a batching rule (a
+    loop), and a warning of the model's own."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(8, 24), torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        import warnings
+        warnings.warn("the model's own warning", UserWarning)
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)
+        return self.out(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).squeeze(1))
+
+
+def test_a_vmap_pass_does_not_repeat_pytorchs_fallback_warning_and_keeps_others():
+    """PyTorch warns that vmap loops over an operator without a batching rule (attention here): the simulator's
+    batched pass does not show that warning (documented instead), and every other warning still reaches the user."""
+    import warnings
+
+    def batches():
+        gen = torch.Generator().manual_seed(0)
+        while True:
+            yield torch.randn(WORLD * 2, 5, 8, generator=gen)
+
+    setup = TrainingSetup(_Attention, batches, nodes=2, local=2, loss_fn=lambda model, x: model(x).pow(2).mean(),
+                          loco={"group_size": 32}, grad_mode="vmap")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        simulate(SimulationSpec(setup, ["plain4"], 2, 0))
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "batching rule" in m], messages
+    assert "the model's own warning" in messages
