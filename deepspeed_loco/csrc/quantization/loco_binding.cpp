@@ -116,6 +116,20 @@ void check_on(const at::Tensor& t, const at::Device& device, const char* what) {
                 t.device());
 }
 
+// `tensors` (`what` each, `all` together in the messages) checked to be on `device` and of tensors[0]'s dtype, as
+// contiguous tensors (strided ones copied) that the caller keeps alive until the launch.
+std::vector<at::Tensor> contiguous_on(const std::vector<at::Tensor>& tensors, const at::Device& device,
+                                      const char* what, const char* all) {
+    std::vector<at::Tensor> contiguous;
+    for (const at::Tensor& t : tensors) {
+        check_on(t, device, what);
+        TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "LoCo kernels: ", all, " must share one dtype, got ",
+                    tensors[0].scalar_type(), " and ", t.scalar_type());
+        contiguous.push_back(t.contiguous());
+    }
+    return contiguous;
+}
+
 // A (rows, width) tensor of `dtype` on `device`, unit stride along the row, any non-negative row stride.
 void check_matrix(const at::Tensor& t, at::ScalarType dtype, int64_t rows, int64_t width, const at::Device& device,
                   const char* what) {
@@ -253,15 +267,11 @@ void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at:
     const Wire w = wire_layout(padded_widths(numels, h), h, h.bits, "wire");
     const at::Device device = send.device();
     const int dtype = dtype_code(grads[0].scalar_type(), "grad");
-    std::vector<at::Tensor> contiguous;  // alive until the launch
+    const std::vector<at::Tensor> contiguous = contiguous_on(grads, device, "grad", "the gradients of a bucket");
     std::vector<loco::BucketItem> items(grads.size());
     for (size_t i = 0; i < grads.size(); ++i) {
-        check_on(grads[i], device, "grad");
-        TORCH_CHECK(grads[i].scalar_type() == grads[0].scalar_type(), "LoCo kernels: the gradients of a bucket must "
-                    "share one dtype, got ", grads[0].scalar_type(), " and ", grads[i].scalar_type());
-        contiguous.push_back(grads[i].contiguous());
         loco::BucketItem& item = items[i];
-        item.grad = contiguous.back().data_ptr();
+        item.grad = contiguous[i].data_ptr();
         item.numel = numels[i];
         item.part = ceil_div(item.numel, h.world);
         item.cols = w.widths[i];
@@ -368,13 +378,8 @@ at::Tensor gather_sample(const std::vector<at::Tensor>& tensors, const at::Tenso
     check_host(scales, at::kFloat, count, "scales");
     const at::Device device = tensors[0].device();
     const int dtype = dtype_code(tensors[0].scalar_type(), "a sampled tensor");
-    std::vector<at::Tensor> contiguous;  // alive until the launch
-    for (const at::Tensor& t : tensors) {
-        check_on(t, device, "a sampled tensor");
-        TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "LoCo sample: the sampled tensors must share one "
-                    "dtype, got ", tensors[0].scalar_type(), " and ", t.scalar_type());
-        contiguous.push_back(t.contiguous());
-    }
+    const std::vector<at::Tensor> contiguous =
+        contiguous_on(tensors, device, "a sampled tensor", "the sampled tensors");
     const int32_t* owner = owners.data_ptr<int32_t>();
     const int64_t* coord = coords.data_ptr<int64_t>();
     for (int64_t i = 0; i < n; ++i) {
