@@ -104,8 +104,9 @@ MAP = (
             f"plain qgZ lost loss at 2 bits and LoCo won part of it back at models of up to {GAIN_RESOLVED_UP_TO} "
             "and global batches of up to 64K tokens a step (at 1M tokens a step, not within 40 steps)",
             "LoCo - plain at 10.8M -0.0098 [-0.0153, -0.0043] over 1000 steps at W = 16 (7 seeds; BH-adjusted p "
-            "0.053 among the map's 34 intervals), with seeds as blocks over its 5 regimes -0.0037 [-0.0271, +0.0196]; at "
-            "0.87M -0.0164 [-0.0272, -0.0057] over 1000 steps at W = 16 (a cost, +0.0079, after 100)", (_LOCO_2BIT,)),
+            "0.053 among the map's 34 intervals), with seeds as blocks over its 5 regimes -0.0037 [-0.0271, "
+            "+0.0196]; at 0.87M -0.0164 [-0.0272, -0.0057] over 1000 steps at W = 16 (a cost, +0.0079, after 100)",
+            (_LOCO_2BIT,)),
     Finding(LOCO_UNPROVEN, (2, 2), (2, 2), False, "midrise", (0, GAIN_MAX_PARAMS),
             "LoCo's gain at 2 bits was measured at global batches of up to 64K tokens a step; at 1M tokens a step "
             "plain qgZ lost loss, and LoCo, switched on mid-run, was still behind plain 40 steps later",
@@ -123,9 +124,10 @@ MAP = (
             "where rho passes 1, plain 4/4 matched full precision and LoCo changed nothing (both shown equivalent "
             "within 0.01 nats)",
             "LoCo - plain at 4/4, pooled: +0.0019 [-0.0008, +0.0046] (9 regimes, 33 seeds); at 116M +0.0246 "
-            "[+0.0074, +0.0417] over 100 steps (2 regimes, 8 seeds), +0.0048 [+0.0014, +0.0083] over 300; at 4096 sequences (1M tokens a step, 10.8M, rho 2), 40 steps "
-            "branched from a shared state: LoCo - plain -0.0009 [-0.0025, +0.0007], plain - full +0.0013 [-0.0009, "
-            "+0.0036] (3 seeds); 60-step runs at 64-4096 sequences resolved nothing (+-0.07)",
+            "[+0.0074, +0.0417] over 100 steps (2 regimes, 8 seeds), +0.0048 [+0.0014, +0.0083] over 300; at 4096 "
+            "sequences (1M tokens a step, 10.8M, rho 2), 40 steps branched from a shared state: LoCo - plain "
+            "-0.0009 [-0.0025, +0.0007], plain - full +0.0013 [-0.0009, +0.0036] (3 seeds); 60-step runs at "
+            "64-4096 sequences resolved nothing (+-0.07)",
             (_LOCO_4BIT, _LOCO_116M, _BATCH_AXIS, _BATCH_AXIS_BRANCHED)),
     Finding(LOCO_IDLE, (8, 8), (2, 2), True, None, (0, None),
             "LoCo did not lower the loss at 8/2 + Hadamard, also where plain qgZ lost loss",

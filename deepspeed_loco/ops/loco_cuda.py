@@ -117,4 +117,3 @@ def gather_sample(tensors: List[torch.Tensor], owners: torch.Tensor, coords: tor
         _fallback("gather_sample", reason)
         return loco_reference.gather_sample(tensors, owners, coords, scales)
     return load().gather_sample(list(tensors), owners, coords, scales)
-

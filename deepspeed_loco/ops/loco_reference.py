@@ -195,4 +195,3 @@ def gather_sample(tensors: Sequence[torch.Tensor], owners: torch.Tensor, coords:
         if rows.numel():
             out[rows.to(device)] = tensor.reshape(-1)[coords[rows].to(device)].float()
     return out * scales.to(device)[owners.long().to(device)]
-

@@ -299,10 +299,10 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
     either LoCo - plain lies below 0 or plain - full lies above 0; else, if plain - full is not worse, acceptable
     with plain qgZ where LoCo - plain lies above 0, with LoCo where the regime map's prior holds
     (:func:`arm_map_finding` is ``LOCO_PAYS`` for ``quant_grid``, the block's ``quant_grid``, a model of
-    ``params`` parameters and ``tokens_per_step``), LoCo - full is not worse and LoCo - plain's mean is not above 0 (the comparison does not
-    lean against the prior), else with plain qgZ (the question whether LoCo helps stays open unless LoCo - plain
-    excludes 0); else not. Without one: acceptable with plain qgZ by the regime map's prediction if ``rho < 1``;
-    else not."""
+    ``params`` parameters and ``tokens_per_step``), LoCo - full is not worse and LoCo - plain's mean is not above 0
+    (the comparison does not lean against the prior), else with plain qgZ (the question whether LoCo helps stays
+    open unless LoCo - plain excludes 0); else not. Without one: acceptable with plain qgZ by the regime map's
+    prediction if ``rho < 1``; else not."""
     arm = parse_arm(probe.candidate)
     head = f"{arm.variant}: rho {_fmt(probe.rho)}"
     if comparison is None:

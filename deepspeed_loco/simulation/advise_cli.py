@@ -168,8 +168,8 @@ def main(argv: Optional[list] = None) -> int:
     except (TypeError, ValueError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    windows = args.seq_len * args.micro_batch * args.nodes * args.local if args.text else None  # tokens a step
-    return run_advise(setup, args, tokens_per_step=windows)
+    tokens = args.seq_len * args.micro_batch * args.nodes * args.local if args.text else None  # a step's windows
+    return run_advise(setup, args, tokens_per_step=tokens)
 
 
 def _positive_int(text: str) -> int:

@@ -130,7 +130,7 @@ class _PendingReduce:
     owners: torch.Tensor
     roots: torch.Tensor
     picked: torch.Tensor
-    gather: "Gather"
+    gather: Gather
 
 
 @dataclass(frozen=True)
