@@ -8,12 +8,15 @@ micro-batch, grid), and writes ``map.md`` (the table), ``map.json`` and ``map.pn
 
 For each regime and bit setting (4/4, 2/2, 8/2 + Hadamard) it gives the paired differences of the final validation
 loss over the seeds both arms ran (plain - full, LoCo - plain; mean and 95% t-interval) and what may explain them:
-the gradient noise scale ``B_noise`` of the full-precision arm (sequences), plain qgZ's per-step error of the mean
+the gradient noise scale ``B_noise`` of the full-precision arm (sequences; in a branched regime, whose full arm is
+the trunk, that of the branches, over the compared steps only), plain qgZ's per-step error of the mean
 gradient ``e`` (relative to the exact mean), and ``rho``, the power of that error over the power of the gradient's
 own sampling noise at the step's batch ``B``: ``rho = e^2 (1 + B_noise / B) / (B_noise / B)`` (the exact mean has
 ``||g||^2 = ||G||^2 (1 + B_noise / B)``, its sampling noise ``||G||^2 B_noise / B``). Tags ending in ``rep``
 repeat a run of another tag (a determinism check) and are listed, not averaged. A regime without a full-precision
 arm (one that changes only the grid) takes it from the regime with the same training setup (``SAME_TRAINING``).
+Files that reuse a tag for different runs (two sessions' trunks of one branched design) are named apart with
+``--runs NAME=PATH`` (tags read as ``NAME/tag``); a run read twice is refused.
 Tags ``<base>_<change>`` hold LoCo runs with one change to LoCo's rule (item 3's fixes of the early burst):
 ``ef<N>``, error feedback from step ``N`` (plain qgZ before it); ``bounded``, the compensation rule of
 ``benchmarks/compensation_variants.py``. They are compared, seed by seed, with the base tag's plain qgZ, LoCo as the
@@ -53,16 +56,27 @@ SAME_TRAINING = ("params", "nodes", "local", "micro_batch", "steps", "lr", "warm
 
 
 def load(paths):
-    """``{tag: {arm key: {seed: record}}}`` of every run, and the repeat runs as a list of records."""
-    regimes, repeats = defaultdict(lambda: defaultdict(dict)), []
-    for path in paths:
+    """``{tag: {arm key: {seed: record}}}`` of every run, and the repeat runs as a list of records. A path given as
+    ``NAME=PATH`` reads that file's tags as ``NAME/tag`` (two studies that reused a tag, e.g. two trunks of one
+    branched design run in different sessions, stay apart); a run read twice (same tag, arm and seed) is refused."""
+    regimes, repeats, source = defaultdict(lambda: defaultdict(dict)), [], {}
+    for spec in paths:
+        name, _, path = spec.rpartition("=")
         with open(path) as f:
             for line in f:
                 record = json.loads(line)
+                if name:
+                    record["tag"] = f"{name}/{record['tag']}"
                 if record["tag"].endswith(REPEAT_SUFFIX):
                     repeats.append(record)
-                else:
-                    regimes[record["tag"]][record["key"]][record["seed"]] = record
+                    continue
+                run = (record["tag"], record["key"], record["seed"])
+                if run in source:
+                    raise ValueError(f"regime_map: {path} holds run {run[0]} {run[1]} seed {run[2]}, already read "
+                                     f"from {source[run]}: name each file's regimes apart (--runs NAME=PATH) or "
+                                     f"leave one file out")
+                source[run] = path
+                regimes[record["tag"]][record["key"]][record["seed"]] = record
     return regimes, repeats
 
 
@@ -96,13 +110,27 @@ def paired(arms, first, second):
     return (len(diffs), statistics.fmean(diffs), *(interval[1:] if interval else (None, None)))
 
 
+def window_noise_scale(arms):
+    """The gradient noise scale over the steps the regime compares (sequences; None without one): the full
+    arm's, or, where that arm is a branched design's trunk (run from step 1) and the other arms branches (resumed
+    after step K), the mean over the branches, which cover only the compared steps (every arm's comes from its exact
+    fp32 gradients; the noise scale grows during training, so a trunk's whole-run value understates it there)."""
+    full = arms.get("full", {})
+    branches = [r["noise_scale"] for runs in arms.values() for r in runs.values()
+                if r["setup"].get("resumed_from") and r["noise_scale"]]
+    trunk = bool(full) and not any(r["setup"].get("resumed_from") for r in full.values())
+    if trunk and branches:
+        return statistics.fmean(branches)
+    return statistics.fmean(r["noise_scale"] for r in full.values()) if full else None
+
+
 def regime_rows(tag, arms):
     """One row per bit setting that the regime ran: the setup, the paired differences and the explanatory values."""
     setup = next(iter(next(iter(arms.values())).values()))["setup"]
     world = setup["nodes"] * setup["local"]
     batch = world * setup["micro_batch"]
     full = arms.get("full", {})
-    noise = statistics.fmean(r["noise_scale"] for r in full.values()) if full else None
+    noise = window_noise_scale(arms)
     rows = []
     for bits, plain, loco in BITS:
         if plain not in arms:

@@ -143,3 +143,32 @@ def test_the_seed_blocked_section_counts_each_interval_and_keeps_a_batch_change_
     assert blocks["burst_rule"]["out_of_sample"]["quiet"] == 9  # made-up runs: none was in the rule's sample
     table = (tmp_path / "out" / "map.md").read_text()
     assert "#### Statistics with seeds as blocks" in table and "| LoCo - plain | 3 | " in table
+
+
+def test_a_branched_regime_takes_its_noise_scale_from_the_branches_not_the_trunk(benchmark_module, tmp_path):
+    """A branched design's full arm is the trunk (run from step 1, whole-run noise scale 40 here); its branches
+    (resumed after step 100) measure 200 over the compared steps, and rho is computed from those."""
+    regime_map = benchmark_module("regime_map")
+    path = tmp_path / "runs.jsonl"
+    with open(path, "w") as f:
+        for key, losses in LOSSES["b_w16"].items():
+            for seed, loss in enumerate(losses):
+                run = _run("br", key, seed, loss, 8, "cpu")
+                run["setup"]["resumed_from"] = 0 if key == "full" else 100
+                run["noise_scale"] = 40.0 if key == "full" else 150.0 + 50.0 * (key == "loco2") + 25.0 * seed
+                f.write(json.dumps(run) + "\n")
+    regime_map.main(["--runs", str(path), "--out", str(tmp_path / "out")])
+    (row, ) = json.loads((tmp_path / "out" / "map.json").read_text())["regimes"]
+    assert row["noise_scale"] == pytest.approx(200.0, rel=1e-12)  # mean of 150, 175, 200 and 200, 225, 250
+    batch = 8 * 2 * 4
+    assert row["rho"] == pytest.approx(0.81 * (1 + 200.0 / batch) / (200.0 / batch), rel=1e-12)
+
+
+def test_files_that_reuse_a_tag_are_refused_together_and_read_apart_under_names(benchmark_module, runs_file,
+                                                                                tmp_path):
+    regime_map = benchmark_module("regime_map")
+    with pytest.raises(ValueError, match=r"holds run a_w4 full seed 0, already read from .*--runs NAME=PATH"):
+        regime_map.load([str(runs_file), str(runs_file)])
+    regimes, _ = regime_map.load([f"first={runs_file}", f"second={runs_file}"])
+    assert sorted(regimes) == ["first/a_w4", "first/b_w16", "second/a_w4", "second/b_w16"]
+    assert regimes["second/b_w16"]["loco2"][2]["final_val_loss"] == LOSSES["b_w16"]["loco2"][2]
