@@ -12,9 +12,8 @@ BUDGET_S=${BUDGET_S:-420}
 PROBE=${PROBE:-1}
 STREAMS=${STREAMS:-$(for seed in $SEEDS; do printf '%s: ' "$seed"; done)}  # "seed:arms" (empty arms: default)
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1
-export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0  # DeepSpeed 0.19.8 cannot parse "9.0a"
-python3 -c "from deepspeed_loco.ops import loco_cuda; loco_cuda.load()" >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+# shellcheck source=benchmarks/device_setup.sh
+source benchmarks/device_setup.sh "$OUT"
 common=(--device cuda --backend gloo --dtype fp32)
 start=$(date +%s)
 if [ "$PROBE" = 1 ] && ! timeout 180 python3 benchmarks/convergence.py "${common[@]}" --seeds 0 --arms full,loco8-2h --steps 6 \

@@ -3,7 +3,8 @@
 # zeropp_loco_param through deepspeed-loco's module runner (examples/megatron/ds_pretrain_gpt_tiny_loco.sh), on the
 # GPUs of one machine, offline. Needs, carried: .whl (benchmarks/device_wheelhouse.sh), .megatron (a Megatron-DeepSpeed
 # checkout exported from git, commit in .megatron/MEGATRON_COMMIT; see docs/frameworks.md) and, if any, the extra
-# wheels in .whl-megatron. Writes $OUT/megatron.log (the whole run), pip.log, build.log, helpers.log, ds_config.json.
+# wheels in .whl-megatron. Writes $OUT/megatron.log (the whole run), pip.log (the extra wheels'), helpers.log,
+# ds_config.json.
 # Usage (repository root):
 #   OUT=$OUT bash benchmarks/device_megatron.sh            # NUM_GPUS=2 on a 2-GPU machine: W=2, LoCo communicates
 set -uo pipefail
