@@ -273,7 +273,7 @@ def run_one(args) -> dict:
                   "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops, "ef_from": args.ef_from,
                   "variant": args.variant,
                   "quant_grid": args.quant_grid, "grad_mode": args.grad_mode, "resumed_from": first,
-                  "trunk": (args.trunk_tag or args.tag) if first else None,
+                  "trunk": trunk.resumed_tag,
                   "eval_windows": args.eval_windows, "device": torch.cuda.get_device_name(device)
                   if device.type == "cuda" else "cpu", "kernels": kernels},
         "final_val_loss": result.final_val_loss,
@@ -314,8 +314,9 @@ class _Trunk:
             raise SystemExit(f"--save-at {args.save_at}: it must be a step in [1, {args.steps}) (--steps)")
         path = lambda tag, step: branch_state.state_path(args.state_dir, tag, args.seed, step)  # noqa: E731
         self.save_path = path(args.tag, args.save_at) if args.save_at else None
-        self.resumed = (branch_state.load(path(args.trunk_tag or args.tag, args.resume_from),
-                                          branch_state.settings_of(args)) if args.resume_from else None)
+        self.resumed_tag = (args.trunk_tag or args.tag) if args.resume_from else None  # whose state it resumes
+        self.resumed = (branch_state.load(path(self.resumed_tag, args.resume_from), branch_state.settings_of(args))
+                        if args.resume_from else None)
         self.built = {}
 
     def model(self, model):
