@@ -64,7 +64,7 @@ SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
     "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float,
     "ef_from": int, "stream_nodes": int, "variant": str, "grad_mode": str, "save_at": int, "resume_from": int,
-    "state_dir": str, "trunk_tag": str
+    "state_dir": str, "trunk_tag": str, "compile": str
 }
 
 
@@ -87,6 +87,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                         "library's (reference kernels only; 'none': the library's)")
     p.add_argument("--diagnostics", type=int, default=0, help="1: record the released share (LoCo arms)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16: forward/backward under autocast")
+    p.add_argument("--compile", default="", help="a torch.compile backend (e.g. inductor) for the model's training "
+                                               "passes, with --grad-mode loop ('': eager; simulate's compile)")
     p.add_argument("--eval-every", dest="eval_every", type=int, default=50)
     p.add_argument("--eval-windows", dest="eval_windows", type=int, default=256)
     p.add_argument("--quant-grid", dest="quant_grid", choices=("symmetric", "midrise", "auto"), default="symmetric")
@@ -258,7 +260,7 @@ def run_one(args) -> dict:
                           optimizer_fn=optimizer, scheduler_fn=schedule, eval_fn=evaluate,
                           eval_every=args.eval_every, device=device, grad_clip=1.0, autocast_dtype=autocast,
                           rank_chunk=args.rank_chunk or None, stream_nodes=bool(args.stream_nodes),
-                          grad_mode=args.grad_mode)
+                          grad_mode=args.grad_mode, compile=args.compile or None)
     experiments = Experiments(world, args.local, hops, args.ef_from, bool(args.diagnostics))
     (result, ) = simulate(SimulationSpec(setup, [arm], args.steps - first, args.seed), experiments,
                           on_step=progress)
@@ -272,7 +274,8 @@ def run_one(args) -> dict:
                   "lr": args.lr, "warmup": args.warmup, "dtype": args.dtype, "group_size": args.group_size,
                   "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops, "ef_from": args.ef_from,
                   "variant": args.variant,
-                  "quant_grid": args.quant_grid, "grad_mode": args.grad_mode, "resumed_from": first,
+                  "quant_grid": args.quant_grid, "grad_mode": args.grad_mode, "compile": args.compile or None,
+                  "resumed_from": first,
                   "trunk": trunk.resumed_tag,
                   "eval_windows": args.eval_windows, "device": torch.cuda.get_device_name(device)
                   if device.type == "cuda" else "cpu", "kernels": kernels},
@@ -356,6 +359,7 @@ def baseline(args) -> dict:
     torch.manual_seed(0)
     model = ByteLlama(cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    forward = torch.compile(model, backend=args.compile) if args.compile else model
     autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     times = []
     for step in range(args.steps + 2):
@@ -365,7 +369,7 @@ def baseline(args) -> dict:
         started = time.monotonic()
         for chunk_x, chunk_y in zip(x.split(args.micro_batch), y.split(args.micro_batch)):
             with torch.autocast(**autocast):
-                loss = model(chunk_x, chunk_y) / world
+                loss = forward(chunk_x, chunk_y) / world
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -376,6 +380,7 @@ def baseline(args) -> dict:
     ms = 1000 * statistics.median(times[2:])
     record = {"tag": "baseline", "size": args.size, "nodes": args.nodes, "local": args.local,
               "micro_batch": args.micro_batch, "global_batch": args.micro_batch * world, "ms_per_step": ms,
+              "compile": args.compile or None,
               "tokens_per_s": args.micro_batch * world * cfg.seq_len / (ms / 1000),
               "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}

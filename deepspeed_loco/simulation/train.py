@@ -82,6 +82,7 @@ class _ArmRun:
         self.clusters = [cluster] * (cluster is not None) + shadows  # every cluster the rank gradients go through
         self.device, self.world, self.local = setup.device, setup.world_size, setup.local
         self.rank_chunk = setup.rank_chunk or self.world
+        self.forward_model: Optional[torch.nn.Module] = None  # the model the "loop" passes call (compiled or not)
 
     def train(self, spec: SimulationSpec, observer: StepObserver, on_step) -> ArmResult:
         setup, steps = self.setup, spec.steps
@@ -90,6 +91,7 @@ class _ArmRun:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"simulate: model_fn() returned {type(model).__name__}: it must return a torch.nn.Module")
         model = model.to(self.device)
+        self.forward_model = torch.compile(model, backend=setup.compile) if setup.compile else model
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         optimizer = setup.optimizer_fn(params)
@@ -194,7 +196,7 @@ class _ArmRun:
         for batch in micro:
             model.zero_grad(set_to_none=True)
             with torch.autocast(**autocast):
-                loss = self.setup.loss_fn(model, batch)
+                loss = self.setup.loss_fn(self.forward_model, batch)
             loss.backward()
             grads.append([torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.detach().float()
                           for _, p in named])
