@@ -41,6 +41,20 @@ def test_tost_is_the_larger_of_two_shifted_one_sided_t_tests(ms):
     assert ms.tost(list(rng.normal(0.02, 0.001, 10)), margin=0.01)[0] > 0.99  # a resolved difference beyond it
 
 
+def test_a_resolved_difference_inside_the_margin_is_not_called_equivalent(ms):
+    """The stage-3 8/2 + H cost (+0.0071 on every seed, 95% interval above 0) passes the two one-sided tests at
+    +-0.01 but is a real difference: "resolved, inside", not "equivalent"; a tight difference around 0 is
+    equivalent; a wide one is not shown."""
+    cost = [0.0068, 0.0071, 0.0074]
+    p, tost_p = stats.ttest_1samp(cost, 0.0).pvalue, ms.tost(cost)[0]
+    assert p < 0.05 and tost_p < 0.05
+    assert ms.equivalence_label(p, tost_p) == "resolved, inside +-0.01"
+    tight = [-0.0004, 0.0003, 0.0001, -0.0002]
+    assert ms.equivalence_label(stats.ttest_1samp(tight, 0.0).pvalue, ms.tost(tight)[0]) == "equivalent within +-0.01"
+    wide = [-0.03, 0.04, 0.01]
+    assert ms.equivalence_label(stats.ttest_1samp(wide, 0.0).pvalue, ms.tost(wide)[0]) == "not shown"
+
+
 def _draw(rng, regime_effects, seeds=8, effect=-0.01, seed_sd=0.01, noise=0.003, drop=0.3):
     """Made-up paired differences: ``effect + regime effect + seed effect + noise`` over ``seeds`` seeds, each
     (regime, seed) cell kept with probability 1 - drop (seed 0 always runs every regime, so they stay connected)."""
