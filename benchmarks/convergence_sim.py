@@ -64,7 +64,7 @@ SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
     "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float,
     "ef_from": int, "stream_nodes": int, "variant": str, "grad_mode": str, "save_at": int, "resume_from": int,
-    "state_dir": str, "trunk_tag": str, "compile": str
+    "state_dir": str, "trunk_tag": str, "compile": str, "eval_windows": int
 }
 
 
