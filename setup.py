@@ -11,7 +11,7 @@ setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["deepspeed_loco", "deepspeed_loco.*"]),
-    package_data={"deepspeed_loco": ["csrc/quantization/*", "perf/kernel_times.json"]},
+    package_data={"deepspeed_loco": ["csrc/quantization/*", "perf/kernel_times.json", "findings.json"]},
     include_package_data=True,
     python_requires=">=3.9",
     # What the library imports, and no more. torch, deepspeed: the product. pydantic: LocoConfig, the validated

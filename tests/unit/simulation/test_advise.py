@@ -34,7 +34,7 @@ def test_an_open_loco_question_at_mid_rise_2_2_turns_loco_on_by_the_map_and_says
         assert (verdict.accepted, verdict.error_feedback, verdict.basis) == (True, True, "map")
         assert len(verdict.unresolved) == 1
         # a 300-step comparison at 2/2 is shorter than the map needed to resolve LoCo's gain, and says so
-        assert "only over 1000 steps" in verdict.unresolved[0]
+        assert "only over schedules of 1000 steps" in verdict.unresolved[0]
     symmetric = judge(probe, evidence, SMALL, "symmetric")  # the map's 2/2 on this grid is unresolved: plain qgZ
     assert symmetric.accepted and not symmetric.error_feedback and "no error buffers" in symmetric.unresolved[0]
     worse_than_full = judge(probe, _comparison((-0.012, 0.025), (-0.022, 0.015), (0.001, 0.030)), SMALL)
@@ -54,7 +54,7 @@ def test_an_open_loco_question_above_the_map_s_resolved_sizes_keeps_plain_qgz_an
     assert "(this model: 116.4M parameters)" in verdict.unresolved[0]
     small = judge(Probe("plain2", 2.9, 1.0, 0.1), evidence, SMALL)
     assert small.error_feedback and "this model" not in small.unresolved[0]
-    assert "up to 10.8M parameters and global batches of up to 64K tokens a step" in small.reason
+    assert "up to 10.8M parameters over whole runs of 1000 steps or more at global batches of up to 64K tokens" in small.reason
 
 
 def test_above_the_largest_batch_the_map_measured_2_2_at_an_open_question_keeps_plain_qgz():
