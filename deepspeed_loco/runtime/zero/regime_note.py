@@ -25,4 +25,4 @@ def regime_note(plan: HopPlan, error_feedback: bool, params: int,
         return None
     setting = f"{'/'.join(map(str, bits))} bits{' + Hadamard' if plan.hadamard else ''}"
     return (f"deepspeed-loco: {'LoCo error feedback' if error_feedback else 'no LoCo error feedback'} at {setting} "
-            f"for {params / 1e6:.1f}M parameters: in the regime map ({MAP_DOC}) {finding.summary}; {action}")
+            f"for {params / 1e6:.1f}M parameters: in the measurements ({MAP_DOC}) {finding.summary}; {action}")
