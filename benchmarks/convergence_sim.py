@@ -64,7 +64,7 @@ SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
     "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float,
     "ef_from": int, "stream_nodes": int, "variant": str, "grad_mode": str, "save_at": int, "resume_from": int,
-    "state_dir": str, "trunk_tag": str, "compile": str, "eval_windows": int
+    "state_dir": str, "trunk_tag": str, "compile": str, "eval_windows": int, "stop_at": int
 }
 
 
@@ -114,6 +114,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                         "this step and train the steps after it (0: from scratch)")
     p.add_argument("--state-dir", dest="state_dir", default=".branch_states",
                    help="where --save-at writes and --resume-from reads the saved states")
+    p.add_argument("--stop-at", dest="stop_at", type=int, default=0,
+                   help="train only up to this step of the --steps schedule (a long branch that ends before the "
+                        "schedule does; 0: to its end)")
     p.add_argument("--trunk-tag", dest="trunk_tag", default="",
                    help="--resume-from the state that the trunk of this tag saved (default: this run's --tag; a "
                         "branch on another cluster shape at the same global batch names its trunk)")
@@ -221,9 +224,13 @@ def run_one(args) -> dict:
     global_batch = args.micro_batch * world
     trunk = _Trunk(args, branch_state)
     first = trunk.resumed.step if trunk.resumed else 0  # steps done before this run's first
+    last = args.stop_at or args.steps  # the schedule's step this run ends after
+    if not first < last <= args.steps:
+        raise SystemExit(f"--stop-at {args.stop_at}: it must be a step in ({first}, {args.steps}] (after the resumed "
+                         f"step, within --steps)")
 
     def batches():
-        for step in range(first, args.steps):
+        for step in range(first, last):
             yield corpus.train_batch(step, args.seed, global_batch, cfg.seq_len, 0, 1)
 
     validation = [(x.to(device), y.to(device))
@@ -262,13 +269,13 @@ def run_one(args) -> dict:
                           rank_chunk=args.rank_chunk or None, stream_nodes=bool(args.stream_nodes),
                           grad_mode=args.grad_mode, compile=args.compile or None)
     experiments = Experiments(world, args.local, hops, args.ef_from, bool(args.diagnostics))
-    (result, ) = simulate(SimulationSpec(setup, [arm], args.steps - first, args.seed), experiments,
+    (result, ) = simulate(SimulationSpec(setup, [arm], last - first, args.seed), experiments,
                           on_step=progress)
     result.validation = [(first + step, loss) for step, loss in result.validation]  # steps of the whole schedule
     kernels = kernels_for(device).name
     record = {
         "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,
-        "setup": {"steps": args.steps, "size": args.size, "params": count_parameters(ByteLlama(cfg)),
+        "setup": {"steps": args.steps, "stop_at": last, "size": args.size, "params": count_parameters(ByteLlama(cfg)),
                   "text": args.text or "bundled plays", "train_bytes": corpus.sizes()["train_bytes"],
                   "model": cfg.to_dict(), "nodes": args.nodes, "local": args.local, "micro_batch": args.micro_batch,
                   "lr": args.lr, "warmup": args.warmup, "dtype": args.dtype, "group_size": args.group_size,
@@ -303,7 +310,7 @@ def run_one(args) -> dict:
         fcntl.flock(f, fcntl.LOCK_UN)
     print(f"[{args.tag}] {result.key} seed {args.seed}: val {result.final_val_loss:.4f} "
           f"grad err {record['grad_rel_error_mean']:.4f} sum err {record['sum_rel_error_final']:.4f} "
-          f"{1000 * result.wall_s / (args.steps - first):.0f} ms/step ({kernels})", flush=True)
+          f"{1000 * result.wall_s / (last - first):.0f} ms/step ({kernels})", flush=True)
     return record
 
 
