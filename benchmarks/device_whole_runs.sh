@@ -9,7 +9,9 @@
 # Usage (repository root on the GPU machine; carry .whl and .corpus_large.tar.xz):
 #   bash benchmarks/device_whole_runs.sh start 560      # the first call: set-up, yardsticks, launch, watch
 #   bash benchmarks/device_whole_runs.sh watch 590      # each later call of the same lease
-# TAG, SEEDS, ARMS_FIRST, ARMS_LATER, STEPS, BATCH, PAR: the study's matrices (defaults below); COMPILE=0 forces eager.
+# TAG, SEEDS, ARMS_FIRST, ARMS_LATER, STEPS, BATCH: the study's matrices (defaults below); COMPILE=0 forces eager;
+# PAR: the most runs side by side (default 6), fewer where RUN_SECONDS (the lease's seconds left after the launch)
+# would not let them finish.
 set -uo pipefail
 mode=${1:?start or watch}
 seconds=${2:-560}
@@ -62,11 +64,18 @@ print('inductor' if c and e and c[-1] < e[-1] else '')")
     fi
     echo "runs compile: '${compile:-eager}'"
     steps=${STEPS:-1000}
+    # side by side: as many as can finish in RUN_SECONDS (the lease's time left after the launch), from the chosen
+    # yardstick at 1.15x (the simulator's measured overhead), an even number (plain and LoCo of a seed), 2 to PAR
+    par=$(python3 -c "
+import json, math; b = [json.loads(l) for l in open('$W/baseline.jsonl')]
+ms = min(r['ms_per_step'] for r in b if bool(r['compile']) == bool('$compile'))
+n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(${PAR:-6}, n - n % 2)))")
+    echo "side by side: $par"
     S="size=medium,text=.corpus_large,nodes=2,local=8,micro_batch=$micro,lr=$lr,warmup=$(( steps / 10 )),eval_every=50"
     S="$S,eval_windows=1024,quant_grid=auto,stream_nodes=1,grad_mode=loop${compile:+,compile=$compile}"
     tag=${TAG:-wr16_b$BATCH}
     seeds=${SEEDS:-0,1,2,3,4}
-    setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "${PAR:-6}" --budget 100000 \
+    setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "$par" --budget 100000 \
         --out "$W/runs.jsonl" --logs "$W/logs" --matrix "$tag:$steps:$seeds:${ARMS_FIRST:-plain4,loco4}:$S" \
         --matrix "$tag:$steps:$seeds:${ARMS_LATER:-full}:$S" >"$W/launch.log" 2>&1 </dev/null &
     echo "launched at $(( $(date +%s) - began )) s"
