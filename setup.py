@@ -35,7 +35,7 @@ setup(
     entry_points={"console_scripts": ["deepspeed-loco-report=deepspeed_loco.simulation.report:main",
                                       "deepspeed-loco-advise=deepspeed_loco.simulation.advise_cli:main"]},
     extras_require={
-        "report": ["tqdm", "matplotlib"],  # deepspeed_loco.simulation.report: the progress bar and the PNG
+        "report": ["tqdm", "matplotlib"],  # deepspeed_loco.simulation.report's PNG, deepspeed-loco-advise's bar
         # loco_lab (the demo) and the benchmark drivers, run from a checkout: numpy and scipy for the regime map's
         # statistics (benchmarks/pooling.py, benchmarks/map_statistics.py)
         "demo": ["tqdm", "matplotlib", "numpy", "scipy"],

@@ -10,9 +10,10 @@ from loco_lab.data import TRAIN_PLAYS, VALIDATION_PLAYS, load_corpus
 from loco_lab.launcher import gpu_count, gpu_sharing_line, launch
 from loco_lab.model import ByteLlama, count_parameters
 
-LOSS = "next-byte cross-entropy"  # what the demo's validation loss is
-from deepspeed_loco.simulation.progress_bar import ProgressBar
+from loco_lab.progress_bar import ProgressBar
 from deepspeed_loco.simulation.report import report_text, write_report
+
+LOSS = "next-byte cross-entropy"  # what the demo's validation loss is
 
 
 def describe(spec: RunSpec, engine: str = "deepspeed") -> str:
@@ -50,7 +51,7 @@ def _held_out(spec: RunSpec) -> str:
 
 
 class _Progress(ProgressBar):
-    """The library's bar over all arms' steps, fed by the launcher's messages (DeepSpeed workers) or by the
+    """The bar over all arms' steps, fed by the launcher's messages (DeepSpeed workers) or by the
     simulation, plus LoCo's own log lines from the workers (each once)."""
 
     def __init__(self, spec: RunSpec, runs: int, enabled: bool = True):
