@@ -1,11 +1,13 @@
 """benchmarks/map_statistics.py: Benjamini-Hochberg against a hand-computed example, the two one-sided tests
 against SciPy's one-sided t-tests, and the seed-blocked model on made-up runs with known regime and seed effects
 (seeded, so every run of this file draws the same data)."""
-import numpy as np
 import pytest
-from scipy import stats
 
 from deepspeed_loco.utils.stats import t_interval
+from tests.extras import needs_extra
+
+np = needs_extra("numpy", "demo")
+stats = needs_extra("scipy.stats", "demo")  # benchmarks/map_statistics.py's own statistics
 
 
 @pytest.fixture(scope="module")

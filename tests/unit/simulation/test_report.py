@@ -10,6 +10,7 @@ from deepspeed_loco.simulation.records import record
 from deepspeed_loco.simulation.report import main, report_text, write_report
 from deepspeed_loco.simulation.results_table import COLUMNS, column_notes, format_table, human_bytes, table_rows
 from deepspeed_loco.simulation.seed_claims import summary_lines
+from tests.extras import needs_extra
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
 
@@ -113,6 +114,7 @@ def test_records_of_simulate_results_carry_what_the_table_reads(tmp_path):
 
 
 def test_write_report_and_the_cli_give_the_table_the_json_and_the_png(tmp_path, capsys):
+    needs_extra("matplotlib", "report")  # loss_curves.png
     records, _ = _simulated(tmp_path)
     paths = write_report(records, str(tmp_path / "a"), title="toy", header="toy run", extra={"note": 1})
     assert [p.rsplit("/", 1)[1] for p in paths] == ["table.md", "results.json", "loss_curves.png"]
