@@ -5,13 +5,12 @@ import time
 from dataclasses import replace
 from typing import List, Optional, Sequence
 
+from deepspeed_loco.simulation.report import report_text, write_report
 from loco_lab.arms import RunSpec
 from loco_lab.data import TRAIN_PLAYS, VALIDATION_PLAYS, load_corpus
 from loco_lab.launcher import gpu_count, gpu_sharing_line, launch
 from loco_lab.model import ByteLlama, count_parameters
-
 from loco_lab.progress_bar import ProgressBar
-from deepspeed_loco.simulation.report import report_text, write_report
 
 LOSS = "next-byte cross-entropy"  # what the demo's validation loss is
 
