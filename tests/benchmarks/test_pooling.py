@@ -3,10 +3,15 @@ import math
 
 import pytest
 
+from benchmarks.pooling import pool_intervals
 from tests.extras import needs_extra
 
-needs_extra("scipy", "demo")  # benchmarks/pooling.py's quantiles
-from benchmarks.pooling import pool_intervals  # noqa: E402
+
+@pytest.fixture(autouse=True)
+def scipy():
+    """benchmarks/pooling.py's quantiles."""
+    return needs_extra("scipy", "demo")
+
 
 Z95 = 1.959963984540054  # the normal quantile of a 95% two-sided interval
 
