@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -166,8 +167,9 @@ class Experiments(StepObserver):
     whose error buffers carry over steps; the others' are zeroed after every reduce, which leaves that hop plain
     qgZ. ``from_step``: before this optimizer step every buffer is zeroed after each reduce (plain qgZ); from it
     on error feedback runs as ``kept_hops`` says (1: from the start). ``diagnostics``: every LoCo arm's rank
-    gradients also go through plain qgZ with the same bits (a shadow cluster), and each step appends to the
-    result's ``released_fractions`` the share of coordinates LoCo sent nonzero where plain qgZ sent zero.
+    gradients also go through plain qgZ with the same bits (a shadow cluster), and each step appends to
+    ``released[arm key]`` the share of coordinates LoCo sent nonzero where plain qgZ sent zero (its "released
+    fraction"; an arm without diagnostics has no entry).
 
     Raises ValueError for a hop that the ``world x local`` layout does not have, or ``from_step < 1``."""
 
@@ -180,6 +182,7 @@ class Experiments(StepObserver):
             raise ValueError(f"--ef-from {from_step}: it must be an optimizer step >= 1")
         self.kept_hops = None if kept_hops is None else tuple(kept_hops)
         self.from_step, self.diagnostics = from_step, diagnostics
+        self.released: Dict[str, List[float]] = {}
 
     def shadow_blocks(self, arm, block):
         return [dict(block, error_feedback=False)] if self.diagnostics and arm.kind == "loco" else []
@@ -197,7 +200,7 @@ class Experiments(StepObserver):
             import torch
             sent = torch.cat([g.reshape(-1) for g in reduced.communicated]).double() != 0
             plain_zero = torch.cat([g.reshape(-1) for g in reduced.shadows[0]]) == 0
-            reduced.result.released_fractions.append((sent & plain_zero).double().mean().item())
+            self.released.setdefault(reduced.arm.key, []).append((sent & plain_zero).double().mean().item())
 
 
 def run_one(args) -> dict:
@@ -272,6 +275,7 @@ def run_one(args) -> dict:
     (result, ) = simulate(SimulationSpec(setup, [arm], last - first, args.seed), experiments,
                           on_step=progress)
     result.validation = [(first + step, loss) for step, loss in result.validation]  # steps of the whole schedule
+    released = experiments.released.get(result.key, [])
     kernels = kernels_for(device).name
     record = {
         "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,
@@ -292,9 +296,10 @@ def run_one(args) -> dict:
         "grad_rel_error_mean": statistics.fmean(result.grad_rel_errors),
         "sum_rel_error_final": result.sum_rel_errors[-1],
         "nonzero_fraction_mean": statistics.fmean(result.nonzero_fractions),
-        "released_fraction_mean": statistics.fmean(result.released_fractions) if result.released_fractions else None,
-        "series": {name: _windowed(getattr(result, name)) for name in
-                   ("grad_rel_errors", "sum_rel_errors", "nonzero_fractions", "update_rms", "released_fractions")},
+        "released_fraction_mean": statistics.fmean(released) if released else None,
+        "series": dict({name: _windowed(getattr(result, name)) for name in
+                        ("grad_rel_errors", "sum_rel_errors", "nonzero_fractions", "update_rms")},
+                       released_fractions=_windowed(released)),
         "update_rms_max": max(result.update_rms),
         "noise_scale": gradient_noise_scale(result, first_step=max(1, args.warmup + 1 - first)),
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,

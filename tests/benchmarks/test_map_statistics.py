@@ -1,15 +1,25 @@
 """benchmarks/map_statistics.py: Benjamini-Hochberg against a hand-computed example, the two one-sided tests
 against SciPy's one-sided t-tests, and the seed-blocked model on made-up runs with known regime and seed effects
 (seeded, so every run of this file draws the same data)."""
-import numpy as np
 import pytest
-from scipy import stats
 
 from deepspeed_loco.utils.stats import t_interval
+from tests.extras import needs_extra
 
 
 @pytest.fixture(scope="module")
-def ms(benchmark_module):
+def np():
+    return needs_extra("numpy", "demo")
+
+
+@pytest.fixture(scope="module")
+def stats():
+    return needs_extra("scipy.stats", "demo")
+
+
+@pytest.fixture(scope="module")
+def ms(benchmark_module, np, stats):
+    """benchmarks/map_statistics.py, which imports numpy and scipy itself."""
     return benchmark_module("map_statistics")
 
 
@@ -26,7 +36,7 @@ def test_benjamini_hochberg_matches_a_hand_computed_example(ms):
         ms.benjamini_hochberg([0.5, 1.2])
 
 
-def test_tost_is_the_larger_of_two_shifted_one_sided_t_tests(ms):
+def test_tost_is_the_larger_of_two_shifted_one_sided_t_tests(ms, np, stats):
     rng = np.random.default_rng(7)
     for mean, sd, n in ((0.0, 0.004, 8), (0.006, 0.004, 5), (0.0, 0.05, 3), (0.02, 0.002, 6)):
         values = list(rng.normal(mean, sd, n))
@@ -63,7 +73,7 @@ def _draw(rng, regime_effects, seeds=8, effect=-0.01, seed_sd=0.01, noise=0.003,
             for r, a in enumerate(regime_effects) for s in range(seeds) if s == 0 or rng.random() > drop]
 
 
-def test_the_seed_blocked_effect_covers_the_true_effect_and_the_f_test_finds_an_injected_regime_effect(ms):
+def test_the_seed_blocked_effect_covers_the_true_effect_and_the_f_test_finds_an_injected_regime_effect(ms, np):
     rng = np.random.default_rng(2026)
     none, injected = [0.0] * 4, [0.012, -0.012, 0.0, 0.0]  # regime effects summing to 0: the mean stays -0.01
     covered, found, false_alarms, reps = 0, 0, 0, 300
@@ -82,7 +92,7 @@ def test_the_seed_blocked_effect_covers_the_true_effect_and_the_f_test_finds_an_
     assert ms.blocked_effect(_draw(np.random.default_rng(1), none))["p_regime"] > 0.05
 
 
-def test_one_regime_is_its_paired_t_interval_and_a_balanced_design_the_t_interval_of_seed_means(ms):
+def test_one_regime_is_its_paired_t_interval_and_a_balanced_design_the_t_interval_of_seed_means(ms, np):
     rng = np.random.default_rng(3)
     values = list(rng.normal(-0.01, 0.01, 5))
     one = ms.blocked_effect([("a", s, v) for s, v in enumerate(values)])

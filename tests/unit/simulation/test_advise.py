@@ -7,6 +7,7 @@ from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.simulation import TrainingSetup
 from deepspeed_loco.simulation.advise import BudgetTooSmall, Comparison, Probe, _burst_warning, advise, judge
 from deepspeed_loco.simulation.differences import ABOVE, BELOW, INCLUDES, Difference
+from tests.extras import needs_extra
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
 WORLD, MICRO = 4, 4
@@ -134,6 +135,7 @@ def test_advise_end_to_end_gives_a_valid_block_with_its_evidence(tmp_path):
     assert json.loads(json.dumps(advice.to_dict()))["comparisons"][0]["loco_minus_plain"]["n"] == 2
     rows = [line for line in advice.table().splitlines() if line.startswith("| ") and "bit" in line.split("|")[1]]
     assert [row.split("|")[1].strip() for row in rows] == ["2-bit", "4-bit"]  # one row per candidate
+    needs_extra("matplotlib", "report")  # the PNG; everything above ran without it
     advice.plot(str(tmp_path / "advise.png"))
     assert (tmp_path / "advise.png").stat().st_size > 0
 
