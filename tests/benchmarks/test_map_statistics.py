@@ -51,7 +51,7 @@ def test_tost_is_the_larger_of_two_shifted_one_sided_t_tests(ms, np, stats):
     assert ms.tost(list(rng.normal(0.02, 0.001, 10)), margin=0.01)[0] > 0.99  # a resolved difference beyond it
 
 
-def test_a_resolved_difference_inside_the_margin_is_not_called_equivalent(ms):
+def test_a_resolved_difference_inside_the_margin_is_not_called_equivalent(ms, stats):
     """The stage-3 8/2 + H cost (+0.0071 on every seed, 95% interval above 0) passes the two one-sided tests at
     +-0.01 but is a real difference: "resolved, inside", not "equivalent"; a tight difference around 0 is
     equivalent; a wide one is not shown."""

@@ -4,12 +4,16 @@ import math
 import pytest
 
 from deepspeed_loco.utils.stats import t_interval
+from tests.extras import needs_extra
 
 SEEDS, STEPS = (0, 1, 2, 3, 4), list(range(50, 1001, 50))
 
 
 @pytest.fixture(scope="module")
 def wr(benchmark_module):
+    """benchmarks/whole_runs.py, whose statistics (map_statistics) import numpy and scipy."""
+    needs_extra("numpy", "demo")
+    needs_extra("scipy.stats", "demo")
     return benchmark_module("whole_runs")
 
 
