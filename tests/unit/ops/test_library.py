@@ -152,8 +152,8 @@ def test_entry_points_check_the_kernels_size_limits_before_a_call():
     half = limits.MAX_PARAMETER_PAIRS // 4 * GROUP  # each within the parameter limit, together above the launch's
     with pytest.raises(ValueError, match=rf"the bucket of widths \(3 tensors\) has \d+ \(row, group\) pairs on this "
                        rf"hop, above kMaxLaunchPairs = {limits.MAX_LAUNCH_PAIRS}"):
-        OPS.requantize_bucket_(send, WireLayout((half, ) * 3, 4, GROUP), [None] * 3,
-                               HopArgs(16, 4, 4, GROUP, 0.8, in_bits=4, in_blocks=4), WireLayout((half, ) * 3, 4, GROUP),
+        wire = WireLayout((half, ) * 3, 4, GROUP)
+        OPS.requantize_bucket_(send, wire, [None] * 3, HopArgs(16, 4, 4, GROUP, 0.8, in_bits=4, in_blocks=4), wire,
                                send)
     with pytest.raises(ValueError, match=r"numels\[0\] has 1 x"):
         OPS.final_mean_bucket(send, WireLayout(((limits.MAX_PARAMETER_PAIRS + 1) * GROUP, ), 4, GROUP),

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepspeed_loco.layout import HopArgs, MeanArgs, WireLayout
+from deepspeed_loco.layout import GRID_NAMES, HopArgs, MeanArgs, WireLayout
 from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 from tests.unit.ops import binding_checks
@@ -38,7 +38,7 @@ GROUPS = [32, 256, 4096]
 SHAPES = [(7,), (33, 5), (1000, 3)]
 ERRORS = [(None, 0.8), (8, 0.0), (8, 0.8), (32, 0.0), (32, 0.8)]  # (error_bits, beta)
 HADAMARD_GROUPS = [32, 256, 512, 1024, 4096]  # teams of 2, 16, 32 (one warp), 64 and 256 threads
-GRIDS = ["symmetric", "midrise"]
+GRIDS = list(GRID_NAMES)
 
 
 @pytest.fixture(scope="module")
@@ -361,7 +361,8 @@ def test_a_wire_buffer_without_contiguous_rows_is_refused_naming_it(cuda):
     wire = WireLayout(_widths([g.numel() for g in grads], 4, 32), 4, 32)
     errors = [_to_cuda(_error_buffer(4, w, 32, 8, gen)) for w in wire.widths]
     with pytest.raises(ValueError, match="wire buffer: expected rows of contiguous bytes"):
-        cuda.quantize_bucket_(grads, errors, HopArgs(4, 2, 4, 32, 0.8), wire, wire.empty(4, "cuda").repeat(1, 2)[:, ::2])
+        strided = wire.empty(4, "cuda").repeat(1, 2)[:, ::2]
+        cuda.quantize_bucket_(grads, errors, HopArgs(4, 2, 4, 32, 0.8), wire, strided)
 
 
 def test_the_binding_checks_raise_in_a_process_of_their_own(cuda):

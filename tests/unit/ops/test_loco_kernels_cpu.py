@@ -83,7 +83,9 @@ static void quantize_all(const float* c, long long n, int group, signed char* q,
 extern "C" void host_quantize(const float* c, long long n, int group, int bits, int grid, signed char* q,
                               float* scale, unsigned char* packed) {
     with_bits(bits, [&](auto b) {
-        with_grid(grid, [&](auto r) { quantize_all<decltype(b)::value, decltype(r)::value>(c, n, group, q, scale, packed); });
+        with_grid(grid, [&](auto r) {
+            quantize_all<decltype(b)::value, decltype(r)::value>(c, n, group, q, scale, packed);
+        });
     });
 }
 

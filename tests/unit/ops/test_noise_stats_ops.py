@@ -1,9 +1,10 @@
 """The ops' optional noise-statistics output (``stats``, the live rho's per-rank sums).
 
 * opcheck of every op with ``stats`` (schema, fake implementation, the declared mutation);
-* the sums (float64, as the ops take them) equal a direct fp64 computation from the op's own inputs and outputs: ``||x||^2`` of the hop's input,
-  ``||c - deq||^2`` with ``c`` the compensated (rotated) values and ``deq`` the wire's dequantized values, and
-  ``||mean||^2`` of the final mean; the ops' other outputs are the same bits with and without ``stats``;
+* the sums (float64, as the ops take them) equal a direct fp64 computation from the op's own inputs and outputs:
+  ``||x||^2`` of the hop's input, ``||c - deq||^2`` with ``c`` the compensated (rotated) values and ``deq`` the wire's
+  dequantized values, and ``||mean||^2`` of the final mean; the ops' other outputs are the same bits with and without
+  ``stats``; they build up in float64;
 * on CUDA (skipped here; run on the device machine) the fused kernels' sums against the CPU reference's.
 """
 import pytest

@@ -56,7 +56,8 @@ def test_no_argument_has_a_default(name):
 
 @pytest.mark.parametrize("name", list(OPS))
 def test_cpp_kernel_has_the_schema_arguments(name):
-    assert cpp_arguments(BINDING.read_text(), name) == [(n, CPP_TYPES[t]) for n, t in schema_arguments(OPS[name].schema)]
+    want = [(n, CPP_TYPES[t]) for n, t in schema_arguments(OPS[name].schema)]
+    assert cpp_arguments(BINDING.read_text(), name) == want
 
 
 def test_the_binding_registers_a_cuda_kernel_for_every_op():
