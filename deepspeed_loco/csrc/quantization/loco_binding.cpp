@@ -125,7 +125,8 @@ loco::HopArgs hop_args(int64_t world, int64_t local, int64_t bits, int64_t group
     h.local = int32_argument(local, 1, "local_size");
     LOCO_CHECK(world % local == 0, "world_size = ", world, " must be a positive multiple of local_size = ", local);
     LOCO_CHECK(valid_bits(bits), "bits = ", bits, " must be ", listed(loco::limits::kWireBits));
-    LOCO_CHECK(group >= loco::limits::kMinGroupSize && group <= loco::limits::kMaxGroupSize && (group & (group - 1)) == 0,
+    LOCO_CHECK(group >= loco::limits::kMinGroupSize && group <= loco::limits::kMaxGroupSize &&
+                   (group & (group - 1)) == 0,
                "group_size = ", group, " must be a power of two from ", loco::limits::kMinGroupSize, " to ",
                loco::limits::kMaxGroupSize);
     LOCO_CHECK(beta >= 0.0 && beta < 1.0, "err_beta = ", beta, " must satisfy 0 <= err_beta < 1");
@@ -217,7 +218,8 @@ void check_matrix(const at::Tensor& t, at::ScalarType dtype, int64_t rows, int64
     LOCO_CHECK(t.scalar_type() == dtype, what, " must be ", dtype, ", got ", t.scalar_type());
     LOCO_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == width, what, " must have shape (", rows, ", ", width,
                "), got ", t.sizes());
-    LOCO_CHECK(width <= 1 || t.stride(1) == 1, what, " must have unit stride along a row, got strides ", t.strides());
+    LOCO_CHECK(width <= 1 || t.stride(1) == 1, what, " must have unit stride along a row, got strides ",
+               t.strides());
     LOCO_CHECK(t.stride(0) >= 0, what, " has a negative row stride");
 }
 

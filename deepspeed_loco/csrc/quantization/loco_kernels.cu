@@ -72,7 +72,8 @@ static_assert(limits::kMinGroupSize >= 8 * 4 && (limits::kMinGroupSize & (limits
 static_assert(limits::kMaxGroupSize / (8 * kRotateChunks) <= kBlock, "the largest group's team fits in one block");
 // The sizes indexed in 32 bits: a parameter's pairs and a block's overhang (locate_pair), a launch's blocks (at most
 // one per pair: a block covers kBlock * 8 * chunks / group_size >= 1 pairs).
-static_assert(limits::kMaxParameterPairs == 0x7fffffff - kBlock, "a parameter's pairs and a block's overhang: 2^31 - 1");
+static_assert(limits::kMaxParameterPairs == 0x7fffffff - kBlock,
+              "a parameter's pairs and a block's overhang: 2^31 - 1");
 static_assert(limits::kMaxLaunchPairs == 0x7fffffff && kBlock * 8 * kRotateChunks >= limits::kMaxGroupSize,
               "a launch's blocks, at most its pairs: 2^31 - 1");
 constexpr bool compiled_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 8; }
@@ -85,10 +86,9 @@ constexpr bool all_of(const int (&values)[N], bool (*test)(int)) {
 static_assert(all_of(limits::kWireBits, compiled_bits), "with_bits must dispatch every wire bit width of the limits");
 
 constexpr int chunks_of(Kernel kernel, bool rotate, ErrorStorage storage) {
-    return rotate ? kRotateChunks
-                  : kernel == kFinalKernel                ? LOCO_FINAL_CHUNKS
-                    : storage == ErrorStorage::kNone ? LOCO_PLAIN_CHUNKS
-                                                          : LOCO_ERROR_CHUNKS;
+    if (rotate) return kRotateChunks;
+    if (kernel == kFinalKernel) return LOCO_FINAL_CHUNKS;
+    return storage == ErrorStorage::kNone ? LOCO_PLAIN_CHUNKS : LOCO_ERROR_CHUNKS;
 }
 
 constexpr int min_blocks(int chunks) { return chunks > 2 ? LOCO_WIDE_MIN_BLOCKS : LOCO_MIN_BLOCKS; }
@@ -125,7 +125,7 @@ using RoundingConstant = std::integral_constant<Rounding, R>;
 // Runs f(RoundingConstant<r>{}): the launch's grid as a template argument (uniform per launch; every rounding's path
 // is compiled into each kernel, so grids double no kernel).
 template <typename F>
-__host__ __device__ __forceinline__ void with_rounding(Rounding r, F&& f) {
+__device__ __forceinline__ void with_rounding(Rounding r, F&& f) {
     switch (r) {
         case Rounding::kNearestEven: f(RoundingConstant<Rounding::kNearestEven>{}); break;
         case Rounding::kFloor: f(RoundingConstant<Rounding::kFloor>{}); break;
@@ -355,7 +355,8 @@ __device__ __forceinline__ void load_error(const ErrorRow&, int, int, OldError<E
 
 // The binding keeps error rows 16-byte aligned: every chunk is one vector access.
 template <int C>
-__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<ErrorStorage::kInt8, C>& out) {
+__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team,
+                                           OldError<ErrorStorage::kInt8, C>& out) {
     out.scale = *r.scale;
     const int8_t* base = static_cast<const int8_t*>(r.values);
 #pragma unroll
@@ -366,7 +367,8 @@ __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team
 }
 
 template <int C>
-__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<ErrorStorage::kFp32, C>& out) {
+__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team,
+                                           OldError<ErrorStorage::kFp32, C>& out) {
     const float* base = static_cast<const float*>(r.values);
 #pragma unroll
     for (int c = 0; c < C; ++c) {
@@ -942,7 +944,8 @@ __device__ __forceinline__ void final_store(const Launch& p, const Block& k, con
 
 // One output row per parameter; with Rotate each group's sum is rotated back (d * (H t) * s) before / W. Measured:
 // the block's sum of squares of the fp32 mean it writes (before the cast) goes to p.stats[blockIdx.x].
-template <int Bits, int OutDT, bool Rotate, bool Measured, int C = chunks_of(kFinalKernel, Rotate, ErrorStorage::kNone)>
+template <int Bits, int OutDT, bool Rotate, bool Measured,
+          int C = chunks_of(kFinalKernel, Rotate, ErrorStorage::kNone)>
 __global__ void __launch_bounds__(kBlock, LOCO_FINAL_MIN_BLOCKS) final_kernel(const Launch p) {
     const Block k = locate(p);
     const BucketItem& it = *k.item;

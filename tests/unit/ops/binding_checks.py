@@ -99,22 +99,22 @@ def fallback_once():
     handler.emit = lambda record: lines.append(record.getMessage())
     logging.getLogger("deepspeed_loco").addHandler(handler)
     gen = torch.Generator().manual_seed(1)
-    grads = [torch.randn(300, generator=gen), torch.randn(70, generator=gen)]
+    grads = [torch.randn(300, generator=gen).cuda(), torch.randn(70, generator=gen).cuda()]
     args = HopArgs(4, 2, 4, GROUP, 0.8)
     wire = WireLayout(tuple(padded_partition_size(g.numel(), 4, GROUP) for g in grads), 4, GROUP)
-    errors = [ErrorBuffer.zeros(4, w, GROUP, 8, "cpu") for w in wire.widths]
+    errors = [ErrorBuffer.zeros(4, w, GROUP, 8, "cuda") for w in wire.widths]
     for e in errors:
-        e.store_(torch.randn(4, e.values.shape[1], generator=gen) * 0.1)
+        e.store_(torch.randn(4, e.values.shape[1], generator=gen).cuda() * 0.1)
     strided = []
     for e in errors:
         values = torch.empty((4, 2 * e.values.shape[1]), dtype=torch.int8, device="cuda")[:, ::2]
-        strided.append(ErrorBuffer(values.copy_(e.values), e.scale.cuda(), GROUP))
-    send, want = wire.empty(4, "cuda"), wire.empty(4, "cpu")
+        strided.append(ErrorBuffer(values.copy_(e.values), e.scale.clone(), GROUP))
+    send, want = wire.empty(4, "cuda"), wire.empty(4, "cuda")
     for _ in range(2):
-        library.CUDA.quantize_bucket_([g.cuda() for g in grads], strided, args, wire, send)
-        ref.quantize_bucket_(grads, errors, args, wire, want)
-    same = torch.equal(send.cpu(), want) and all(
-        torch.equal(s.values.cpu(), e.values) and torch.equal(s.scale.cpu(), e.scale) for s, e in zip(strided, errors))
+        library.CUDA.quantize_bucket_(grads, strided, args, wire, send)
+        ref.quantize_bucket_(grads, errors, args, wire, want)  # the reference on the same device, contiguous
+    same = torch.equal(send, want) and all(
+        torch.equal(s.values, e.values) and torch.equal(s.scale, e.scale) for s, e in zip(strided, errors))
     return {"case": "fallback_once", "same": same, "lines": lines}
 
 
