@@ -49,7 +49,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from deepspeed_loco.config import KERNEL_CHOICES
-from deepspeed_loco.layout import HopArgs, MeanArgs, WireLayout, limits, padded_widths
+from deepspeed_loco.layout import ErrorStorage, HopArgs, MeanArgs, WireLayout, limits, padded_widths
 from deepspeed_loco.ops import loco_cuda, loco_reference
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 from deepspeed_loco.utils.logging import log_rank0, logger
@@ -91,9 +91,11 @@ def _error_buffers(error_values: Sequence[torch.Tensor], error_scales: Sequence[
     if len(error_values) != rows or (error_scales and len(error_scales) != rows):
         raise ValueError(f"LoCo ops: {len(error_values)} error values and {len(error_scales)} error scales for a "
                          f"bucket of {rows} parameters")
-    if error_values[0].dtype == torch.int8 and not error_scales:
-        raise ValueError("LoCo ops: int8 error values need their fp32 scales (error_scales)")
-    scales = list(error_scales) if error_scales else [None] * rows
+    storage = ErrorStorage.of_values(error_values[0].dtype)
+    if storage.scaled != bool(error_scales):
+        raise ValueError(f"LoCo ops: {storage.label} error values take "
+                         f"{'their fp32 scales' if storage.scaled else 'no scales'} (error_scales)")
+    scales = list(error_scales) if storage.scaled else [None] * rows
     return [ErrorBuffer(v, s, group_size) for v, s in zip(error_values, scales)]
 
 

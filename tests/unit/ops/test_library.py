@@ -139,6 +139,16 @@ def test_a_parameter_without_elements_is_taken_with_error_feedback(device, error
             assert got.scale is None or torch.equal(got.scale.cpu(), want.scale)
 
 
+def test_the_reference_refuses_error_scales_that_do_not_fit_the_storage():
+    """int8 error values need their scales and fp32 ones take none: ValueError naming ``error_scales``."""
+    grads, send = [torch.randn(10)], torch.zeros(2, 20, dtype=torch.uint8)
+    for values, scales, message in (([torch.zeros(2, 32, dtype=torch.int8)], [], "int8 error values take their fp32"),
+                                    ([torch.zeros(2, 32)], [torch.zeros(2, 1)], "fp32 error values take no scales")):
+        with pytest.raises(ValueError, match=message + r".* \(error_scales\)"):
+            torch.ops.deepspeed_loco.quantize_bucket(grads, values, scales, send, 2, 2, 4, GROUP, 0.8, False,
+                                                     "symmetric", None)
+
+
 def test_entry_points_check_the_kernels_size_limits_before_a_call():
     """A parameter or a bucket with more (row, group) pairs on a hop than the kernels index in 32 bits is refused
     before any op runs, naming the tensor and the limit (the wire buffer is never touched: it is too small)."""
