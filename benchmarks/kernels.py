@@ -252,7 +252,7 @@ def bucket_rows(quantizer, reps):
     """Per bucket (fp16, 4/4): our three kernels (one launch per hop for the whole bucket) without and with int8
     error feedback, each hop alone and the three together, against DeepSpeed's two kernels on the same tensors."""
     print(f"\nbuckets (fp16, 4/4, W={WORLD}): one launch per hop per bucket; median ms")
-    print(f"{'bucket':18s} {'tensors':>7s} {'elements':>11s} {'arm':>6s} {'hop1':>8s} {'hop2':>8s} {'final':>8s} "
+    print(f"{'bucket':18s} {'tensors':>7s} {'elements':>11s} {'arm':>9s} {'hop1':>8s} {'hop2':>8s} {'final':>8s} "
           f"{'3 kernels':>9s} {'DeepSpeed 2':>11s} {'ratio':>6s} {'3 calls, host-incl.':>19s} "
           f"{'DeepSpeed, host-incl.':>21s}")
     rows = []
@@ -280,7 +280,7 @@ def bucket_rows(quantizer, reps):
             ds_text = f"{ds_ms:11.4f}" if ds_ms else f"{'-':>11s}"
             ratio_text = f"{ratio:6.2f}" if ratio else f"{'-':>6s}"
             ds_call_text = f"{ds_call:21.4f}" if ds_call else f"{'-':>21s}"
-            print(f"{name:18s} {len(grads):7d} {numel:11d} {arm:>6s} {times[0]:8.4f} {times[1]:8.4f} {times[2]:8.4f} "
+            print(f"{name:18s} {len(grads):7d} {numel:11d} {arm:>9s} {times[0]:8.4f} {times[1]:8.4f} {times[2]:8.4f} "
                   f"{total:9.4f} {ds_text} {ratio_text} {total_call:19.4f} {ds_call_text}", flush=True)
             del keep
         del grads
@@ -455,7 +455,7 @@ def print_targets(rows, buckets):
                   f"{'met' if value <= bound else 'NOT met'}")
     for row in buckets:
         if row["bucket"] == "llama2-7b layer" and row["ratio_to_deepspeed"]:
-            print(f"  7B-layer bucket {row['arm']:5s} fp16 {row['total_ms']:.4f} / {row['deepspeed_ms']:.4f} ms = "
+            print(f"  7B-layer bucket {row['arm']:9s} fp16 {row['total_ms']:.4f} / {row['deepspeed_ms']:.4f} ms = "
                   f"{row['ratio_to_deepspeed']:.2f}x DeepSpeed's two kernels"
                   + (f" <= {BUCKET_TARGET}x {'met' if row['ratio_to_deepspeed'] <= BUCKET_TARGET else 'NOT met'}"
                      if row["arm"] == "loco" else ""))
