@@ -14,6 +14,11 @@ issue-23 kernel targets, met or not (after the bucket table). Last, a per-bucket
 bucket): one Llama-2-7B decoder layer's gradients, 256 tensors of 4096 elements and one tensor of 1,048,576, our
 three kernels without and with error feedback against DeepSpeed's two kernels on the same tensors.
 
+Measured and unmeasured launches (issue 48): a step on which the live rho measures (``rho_every``) passes ``stats``
+to every kernel, which then also sums the noise statistics; every other step runs kernels compiled without them. At
+the largest shape each of our kernels is timed both ways (rows ``..., measured``), the 7B-layer bucket too (arms
+``plain+rho``, ``loco+rho``), and a table gives measured / unmeasured of the same run.
+
 Inputs rotate over enough copies to exceed the L2 cache several times; times are CUDA-event medians of the GPU
 time alone: a spin kernel queued before each start event keeps the GPU busy while the host prepares the call, so
 host work (Python wrappers, argument checks, the parameter table) is not counted there. The bucket table also gives
@@ -39,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deepspeed_loco.ops import library, loco_cuda  # noqa: E402
 from deepspeed_loco.ops.error_buffer import ErrorBuffer  # noqa: E402
+from deepspeed_loco.ops.op_builder import LocoBuilder  # noqa: E402
 from deepspeed_loco.layout import HopArgs, WireLayout, padded_partition_size, partition_size  # noqa: E402
 
 SHAPES = [(4096, 4096), (8192, 8192), (16384, 16384)]
@@ -56,6 +62,7 @@ TARGETS = (  # issue #23 item 4: (ours, theirs or None, bound: ratio to theirs, 
     ("loco hop1 (int8 err)", "4/4+H", None, 0.45),
 )
 BUCKET_TARGET = 1.6  # LoCo bucket (3 kernels) / DeepSpeed's two kernels
+MEASURED = ", measured"  # the suffix of a kernel's name timed with stats (a live-rho step)
 
 
 def median_ms(fn, sets, reps, warmup=5):
@@ -135,8 +142,10 @@ def hop_args(config, error=True):
     return args1, HopArgs(WORLD, LOCAL, inter, GROUP, beta, hadamard, in_bits=intra, in_blocks=LOCAL)
 
 
-def bucket_calls(grads, config, error=True):
-    """``(hop1, hop2, final, keep)`` for one bucket of ``grads`` (each ``fn()`` is one kernel launch of the bucket)."""
+def bucket_calls(grads, config, error=True, measured=False, kernels=library.CUDA):
+    """``(hop1, hop2, final, keep)`` for one bucket of ``grads`` (each ``fn()`` is one kernel launch of the bucket),
+    ``measured``: each launch adds its noise statistics to a float64 ``stats`` (a live-rho step); ``kernels``: the
+    entry points (the default build's ops, or a further build's)."""
     args1, args2 = hop_args(config, error)
     numels = [g.numel() for g in grads]
     widths = tuple(padded_partition_size(n, WORLD, GROUP) for n in numels)
@@ -144,17 +153,19 @@ def bucket_calls(grads, config, error=True):
     errors1 = [random_error(WORLD, w) if error else None for w in widths]
     errors2 = [random_error(NODES, w) if error else None for w in widths]
     send1, send2 = wire1.empty(WORLD, "cuda"), wire2.empty(NODES, "cuda")
-    hop1 = lambda: library.quantize_bucket_(grads, errors1, args1, wire1, send1)
-    hop2 = lambda: library.requantize_bucket_(send1, wire1, errors2, args2, wire2, send2)
-    final = lambda: library.final_mean_bucket(send2, wire2, args2.mean(), numels, 3, grads[0].dtype)
+    stats = [torch.zeros(n, dtype=torch.float64, device="cuda") if measured else None for n in (2, 2, 1)]
+    hop1 = lambda: kernels.quantize_bucket_(grads, errors1, args1, wire1, send1, stats[0])
+    hop2 = lambda: kernels.requantize_bucket_(send1, wire1, errors2, args2, wire2, send2, stats[1])
+    final = lambda: kernels.final_mean_bucket(send2, wire2, args2.mean(), numels, 3, grads[0].dtype, stats[2])
     hop1()
     hop2()
     return hop1, hop2, final, (errors1, errors2, send1, send2)
 
 
-def loco_cases(shape, dtype, config):
+def loco_cases(shape, dtype, config, measured=False, kernels=library.CUDA):
     """``(name, fn(i), sets, bytes, transient_fn)`` for the fused kernels on one gradient shape and one
-    ``config`` (see :func:`parse_config`): hop 1 sends ``intra`` bits, hop 2 ``inter`` bits."""
+    ``config`` (see :func:`parse_config`): hop 1 sends ``intra`` bits, hop 2 ``inter`` bits; ``measured``: launched
+    with stats (the names end in :data:`MEASURED`)."""
     intra, inter, hadamard = parse_config(config)
     numel = shape[0] * shape[1]
     es = torch.empty((), dtype=dtype).element_size()
@@ -166,20 +177,21 @@ def loco_cases(shape, dtype, config):
 
     sets = copies(grad_bytes + err_bytes(WORLD) + wire_bytes(WORLD, intra))
     grads = [torch.randn(shape, device="cuda", dtype=dtype) for _ in range(sets)]
-    loco = [bucket_calls([g], config) for g in grads]
-    plain = [bucket_calls([g], config, error=False) for g in grads]
+    loco = [bucket_calls([g], config, measured=measured, kernels=kernels) for g in grads]
+    plain = [bucket_calls([g], config, error=False, measured=measured, kernels=kernels) for g in grads]
     part = partition_size(numel, WORLD)
+    suffix = MEASURED if measured else ""
     return [
-        ("loco hop1 (int8 err)", lambda i: loco[i][0](), sets,
+        ("loco hop1 (int8 err)" + suffix, lambda i: loco[i][0](), sets,
          grad_bytes + 2 * err_bytes(WORLD) + wire_bytes(WORLD, intra), lambda: transient_bytes(loco[0][0])),
-        ("plain hop1 (no err)", lambda i: plain[i][0](), sets, grad_bytes + wire_bytes(WORLD, intra),
+        ("plain hop1 (no err)" + suffix, lambda i: plain[i][0](), sets, grad_bytes + wire_bytes(WORLD, intra),
          lambda: transient_bytes(plain[0][0])),
-        ("loco hop2 (int8 err)", lambda i: loco[i][1](), sets,
+        ("loco hop2 (int8 err)" + suffix, lambda i: loco[i][1](), sets,
          wire_bytes(WORLD, intra) + 2 * err_bytes(NODES) + wire_bytes(NODES, inter),
          lambda: transient_bytes(loco[0][1])),
-        ("plain hop2 (no err)", lambda i: plain[i][1](), sets, wire_bytes(WORLD, intra) + wire_bytes(NODES, inter),
-         lambda: transient_bytes(plain[0][1])),
-        ("loco final mean", lambda i: loco[i][2](), sets, wire_bytes(NODES, inter) + part * es,
+        ("plain hop2 (no err)" + suffix, lambda i: plain[i][1](), sets,
+         wire_bytes(WORLD, intra) + wire_bytes(NODES, inter), lambda: transient_bytes(plain[0][1])),
+        ("loco final mean" + suffix, lambda i: loco[i][2](), sets, wire_bytes(NODES, inter) + part * es,
          lambda: transient_bytes(loco[0][2], part * es)),
     ], (grads, loco, plain)
 
@@ -240,7 +252,7 @@ def bucket_rows(quantizer, reps):
     """Per bucket (fp16, 4/4): our three kernels (one launch per hop for the whole bucket) without and with int8
     error feedback, each hop alone and the three together, against DeepSpeed's two kernels on the same tensors."""
     print(f"\nbuckets (fp16, 4/4, W={WORLD}): one launch per hop per bucket; median ms")
-    print(f"{'bucket':18s} {'tensors':>7s} {'elements':>11s} {'arm':>6s} {'hop1':>8s} {'hop2':>8s} {'final':>8s} "
+    print(f"{'bucket':18s} {'tensors':>7s} {'elements':>11s} {'arm':>9s} {'hop1':>8s} {'hop2':>8s} {'final':>8s} "
           f"{'3 kernels':>9s} {'DeepSpeed 2':>11s} {'ratio':>6s} {'3 calls, host-incl.':>19s} "
           f"{'DeepSpeed, host-incl.':>21s}")
     rows = []
@@ -252,8 +264,11 @@ def bucket_rows(quantizer, reps):
             ds_fn, ds_tensors = deepspeed_bucket(quantizer, grads)
             ds_ms = median_ms(lambda i: ds_fn(), 1, reps) if ds_tensors else None
             ds_call = call_ms(ds_fn, reps) if ds_tensors else None
-        for arm, error in (("plain", False), ("loco", True)):
-            hop1, hop2, final, keep = bucket_calls(grads, "4/4", error)
+        arms = (("plain", False, False), ("loco", True, False))
+        if name == "llama2-7b layer":  # and as on a live-rho step
+            arms += (("plain+rho", False, True), ("loco+rho", True, True))
+        for arm, error, measured in arms:
+            hop1, hop2, final, keep = bucket_calls(grads, "4/4", error, measured)
             times = [median_ms(lambda i, f=f: f(), 1, reps) for f in (hop1, hop2, final)]
             total = median_ms(lambda i: (hop1(), hop2(), final()), 1, reps)
             total_call = call_ms(lambda: (hop1(), hop2(), final()), reps)
@@ -265,13 +280,16 @@ def bucket_rows(quantizer, reps):
             ds_text = f"{ds_ms:11.4f}" if ds_ms else f"{'-':>11s}"
             ratio_text = f"{ratio:6.2f}" if ratio else f"{'-':>6s}"
             ds_call_text = f"{ds_call:21.4f}" if ds_call else f"{'-':>21s}"
-            print(f"{name:18s} {len(grads):7d} {numel:11d} {arm:>6s} {times[0]:8.4f} {times[1]:8.4f} {times[2]:8.4f} "
+            print(f"{name:18s} {len(grads):7d} {numel:11d} {arm:>9s} {times[0]:8.4f} {times[1]:8.4f} {times[2]:8.4f} "
                   f"{total:9.4f} {ds_text} {ratio_text} {total_call:19.4f} {ds_call_text}", flush=True)
             del keep
         del grads
         torch.cuda.empty_cache()
     by = {(r["bucket"], r["arm"]): r for r in rows}
     for arm in ("plain", "loco"):
+        measured, unmeasured = by[("llama2-7b layer", arm + "+rho")], by[("llama2-7b layer", arm)]
+        print(f"{arm}: llama2-7b layer measured / unmeasured (live-rho step / other steps): " + ", ".join(
+            f"{k[:-3]} {measured[k] / unmeasured[k]:.3f}" for k in ("hop1_ms", "hop2_ms", "final_ms", "total_ms")))
         many, one = by[("256 x 4096", arm)], by[("1 x 1048576", arm)]
         print(f"{arm}: 256 tensors of 4096 / one tensor of 1048576: " + ", ".join(
             f"{k[:-3]} {many[k] / one[k]:.2f}" for k in ("hop1_ms", "hop2_ms", "final_ms", "total_ms",
@@ -279,46 +297,64 @@ def bucket_rows(quantizer, reps):
     return rows
 
 
+def variant_namespace(index):
+    """The ops' namespace of further build ``index``: its kernels register there, beside the default build's."""
+    return f"deepspeed_loco_variant{index}"
+
+
+class VariantBuilder(LocoBuilder):
+    """The kernels as a further extension, ``loco_ops_variant<index>``, built with extra nvcc ``flags`` and
+    registered for the ops of :func:`variant_namespace` (which :func:`variant_kernels` defines)."""
+
+    def __init__(self, flags, index):
+        super().__init__(name=f"loco_ops_variant{index}")
+        self.flags, self.namespace = flags.split(), variant_namespace(index)
+
+    def nvcc_args(self):
+        return super().nvcc_args() + self.flags + [f"-DLOCO_OPS_NAMESPACE={self.namespace}"]
+
+    def cxx_args(self):
+        return super().cxx_args() + [f"-DLOCO_OPS_NAMESPACE={self.namespace}"]
+
+
 def variant_builder(flags, index=0):
-    """A builder of the kernels as a further extension, ``loco_ops_variant<index>``, built with extra nvcc ``flags``."""
-    from deepspeed_loco.ops.op_builder import LocoBuilder
-
-    class VariantBuilder(LocoBuilder):
-        def nvcc_args(self):
-            return super().nvcc_args() + flags.split()
-
-    return VariantBuilder(name=f"loco_ops_variant{index}")
+    return VariantBuilder(flags, index)
 
 
-def _outputs(op, grads, config, error, seed):
+def variant_kernels(flags, index):
+    """The entry points on further build ``index``'s ops: the ops defined in its namespace (schemas, references,
+    fakes: ``library.define_ops``), then its extension built and loaded (which registers their CUDA kernels).
+    Returns ``(kernels, library)``: keep the library alive while the kernels run."""
+    namespace = variant_namespace(index)
+    ops = library.define_ops(namespace)
+    variant_builder(flags, index).load(verbose=False)
+    return library.Kernels.of_ops(f"loco_cuda variant {index}", library.OpEntryPoints(namespace)), ops
+
+
+def _outputs(kernels, grads, config, error, seed):
     """Every output of one bucket's three kernels (hop 1's send buffer and error, hop 2's, the final mean) run with the
-    extension ``op`` on inputs fixed by ``seed`` (random error buffers included)."""
-    default, loco_cuda._op = loco_cuda._op, op
-    try:
-        torch.manual_seed(seed)
-        hop1, hop2, final, (errors1, errors2, send1, send2) = bucket_calls(grads, config, error)
-        # bucket_calls ran hop 1 and hop 2 once on fresh random error buffers; run them again on zeroed wire buffers
-        # (row padding that no kernel writes must not differ), then the final mean
-        send1.zero_()
-        send2.zero_()
-        hop1()
-        hop2()
-        out = final()
-        tensors = [send1, send2] + (out if isinstance(out, (list, tuple)) else [out])
-        for e in errors1 + errors2:
-            if e is not None:
-                tensors += [e.values] + ([e.scale] if e.scale is not None else [])
-        torch.cuda.synchronize()
-        return [t.detach().clone() for t in tensors]
-    finally:
-        loco_cuda._op = default
+    entry points ``kernels`` on inputs fixed by ``seed`` (random error buffers included)."""
+    torch.manual_seed(seed)
+    hop1, hop2, final, (errors1, errors2, send1, send2) = bucket_calls(grads, config, error, kernels=kernels)
+    # bucket_calls ran hop 1 and hop 2 once on fresh random error buffers; run them again on zeroed wire buffers
+    # (row padding that no kernel writes must not differ), then the final mean
+    send1.zero_()
+    send2.zero_()
+    hop1()
+    hop2()
+    out = final()
+    tensors = [send1, send2] + (out if isinstance(out, (list, tuple)) else [out])
+    for e in errors1 + errors2:
+        if e is not None:
+            tensors += [e.values] + ([e.scale] if e.scale is not None else [])
+    torch.cuda.synchronize()
+    return [t.detach().clone() for t in tensors]
 
 
 def variant_matches_default(variant, configs):
     """Whether the variant build's outputs equal the default build's, bit for bit, on the bucket shapes and a
     (4096, 4096) gradient of both dtypes, every config, with and without error feedback (NaN-free inputs: plain
     bitwise equality). A variant that is faster but computes something else must not be mistaken for a win."""
-    default = loco_cuda.load()
     ok = True
     for dname, dtype in DTYPES.items():
         gen = torch.Generator(device="cuda").manual_seed(1)
@@ -326,7 +362,8 @@ def variant_matches_default(variant, configs):
         grads = [torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for shape in shapes]
         for config in configs:
             for error in (False, True):
-                mine, theirs = _outputs(variant, grads, config, error, 2), _outputs(default, grads, config, error, 2)
+                mine = _outputs(variant, grads, config, error, 2)
+                theirs = _outputs(library.CUDA, grads, config, error, 2)
                 same = len(mine) == len(theirs) and all(
                     a.shape == b.shape and torch.equal(a.view(torch.uint8) if a.dtype != torch.uint8 else a,
                                                        b.view(torch.uint8) if b.dtype != torch.uint8 else b)
@@ -338,24 +375,20 @@ def variant_matches_default(variant, configs):
 
 
 def variant_rows(flags, index, configs, reps, copy_bw):
-    """The LoCo rows of the largest shape (both dtypes) with the kernels of ``variant_builder(flags, index)``, after
+    """The LoCo rows of the largest shape (both dtypes) with the kernels of ``variant_kernels(flags, index)``, after
     checking that its outputs equal the default build's bit for bit."""
-    default = loco_cuda.load()
-    variant = variant_builder(flags, index).load(verbose=False)
+    variant, keep_ops = variant_kernels(flags, index)
     same = variant_matches_default(variant, configs)
     print(f"\nvariant {index} build: nvcc {flags}; outputs {'identical to' if same else 'DIFFER from'} the default "
           f"build's")
-    loco_cuda._op = variant
     rows = []
-    try:
-        for dname, dtype in DTYPES.items():
-            for config in configs:
-                cases, keep = loco_cases(SHAPES[-1], dtype, config)
-                rows += run_cases(cases, f"{config} v{index}", SHAPES[-1], dname, reps, copy_bw)
-                del keep
-                torch.cuda.empty_cache()
-    finally:
-        loco_cuda._op = default
+    for dname, dtype in DTYPES.items():
+        for config in configs:
+            cases, keep = loco_cases(SHAPES[-1], dtype, config, kernels=variant)
+            rows += run_cases(cases, f"{config} v{index}", SHAPES[-1], dname, reps, copy_bw)
+            del keep
+            torch.cuda.empty_cache()
+    del keep_ops
     return rows
 
 
@@ -382,12 +415,23 @@ def print_deepspeed_ratios(rows):
              ("loco hop2 (int8 err)", "deepspeed quantized_reduction"),
              ("plain hop2 (no err)", "deepspeed quantized_reduction"), ("loco final mean", "deepspeed dequantize"),
              ("loco final mean", "deepspeed dequantize + mean")]
-    print("\nours / DeepSpeed (4/4, same run):")
+    print("\nours / DeepSpeed (4/4, same run; measured: launched with stats, as on a live-rho step):")
     for (kernel, config, shape, dname), ours in ms.items():
         for mine, theirs in pairs:
-            if kernel == mine and config in ("4/4", "4/4+H") and (theirs, "4/4", shape, dname) in ms:
-                print(f"  {mine + ' ' + config:28s} / {theirs:30s} {str(shape):>14s} {dname:>5s} "
+            if kernel in (mine, mine + MEASURED) and config in ("4/4", "4/4+H") and (theirs, "4/4", shape, dname) in ms:
+                print(f"  {kernel + ' ' + config:38s} / {theirs:30s} {str(shape):>14s} {dname:>5s} "
                       f"{ours / ms[(theirs, '4/4', shape, dname)]:6.2f}")
+
+
+def print_measured_ratios(rows):
+    """Per kernel timed both ways in this run: measured (with stats) over unmeasured."""
+    ms = {(r["kernel"], r["config"], tuple(r["shape"]), r["dtype"]): r["ms"] for r in rows}
+    print("\nmeasured / unmeasured (same run; a live-rho step's launch over another step's):")
+    for (kernel, config, shape, dname), measured in ms.items():
+        unmeasured = ms.get((kernel.removesuffix(MEASURED), config, shape, dname))
+        if kernel.endswith(MEASURED) and unmeasured:
+            print(f"  {kernel.removesuffix(MEASURED) + ' ' + config:30s} {str(shape):>14s} {dname:>5s} "
+                  f"{measured:8.4f} / {unmeasured:8.4f} ms = {measured / unmeasured:5.3f}")
 
 
 def print_targets(rows, buckets):
@@ -411,7 +455,7 @@ def print_targets(rows, buckets):
                   f"{'met' if value <= bound else 'NOT met'}")
     for row in buckets:
         if row["bucket"] == "llama2-7b layer" and row["ratio_to_deepspeed"]:
-            print(f"  7B-layer bucket {row['arm']:5s} fp16 {row['total_ms']:.4f} / {row['deepspeed_ms']:.4f} ms = "
+            print(f"  7B-layer bucket {row['arm']:9s} fp16 {row['total_ms']:.4f} / {row['deepspeed_ms']:.4f} ms = "
                   f"{row['ratio_to_deepspeed']:.2f}x DeepSpeed's two kernels"
                   + (f" <= {BUCKET_TARGET}x {'met' if row['ratio_to_deepspeed'] <= BUCKET_TARGET else 'NOT met'}"
                      if row["arm"] == "loco" else ""))
@@ -492,10 +536,11 @@ def main():
     for shape in SHAPES:
         for dname, dtype in DTYPES.items():
             for config in args.configs:
-                cases, keep = loco_cases(shape, dtype, config)
-                rows += run_cases(cases, config, shape, dname, args.reps, copy_bw)
-                del keep
-                torch.cuda.empty_cache()
+                for measured in (False, True) if shape == SHAPES[-1] else (False, ):
+                    cases, keep = loco_cases(shape, dtype, config, measured)
+                    rows += run_cases(cases, config, shape, dname, args.reps, copy_bw)
+                    del keep
+                    torch.cuda.empty_cache()
             if quantizer is not None:
                 cases, keep = deepspeed_cases(quantizer, shape, dtype)
                 rows += run_cases(cases, "4/4", shape, dname, args.reps, copy_bw)
@@ -507,6 +552,7 @@ def main():
         print(f"target: loco hop1 (16384, 16384) bf16 <= 0.36 ms: {hop1[0]['ms']:.4f} ms")
     print_ratios(rows, args.configs)
     print_deepspeed_ratios(rows)
+    print_measured_ratios(rows)
     buckets = bucket_rows(quantizer, args.reps)
     print_targets(rows, buckets)
     for index, flags in enumerate(args.variant):

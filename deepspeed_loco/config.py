@@ -9,16 +9,22 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from deepspeed_loco.layout import limits
+from deepspeed_loco.layout import formats, limits
 
 CONFIG_KEY = "zeropp_loco_param"
 SUPPORTED_GRAD_BITS = limits.WIRE_BITS  # the kernels' limits, written once in csrc/quantization/loco_limits.h
-SUPPORTED_ERROR_BITS = limits.ERROR_BITS
+SUPPORTED_ERROR_BITS = tuple(int(storage) for storage in formats.STORED)  # the error buffers' formats: 8, 32
 MIN_GROUP_SIZE = limits.MIN_GROUP_SIZE
 MAX_GROUP_SIZE = limits.MAX_GROUP_SIZE
 ON_CORRUPT_CHECKPOINT = ("error", "reset")
-QUANT_GRIDS = ("auto", "symmetric", "midrise")
+QUANT_GRIDS = ("auto", ) + formats.GRID_NAMES  # "auto", then the grids' names
 KERNEL_CHOICES = ("auto", "cuda", "reference")
+
+
+def _either(values) -> str:
+    """``'"a", "b" or "c"'``: a key's valid JSON strings, for its error message."""
+    quoted = [f'"{v}"' for v in values]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1]
 
 
 class LocoConfigError(ValueError):
@@ -79,7 +85,7 @@ class LocoConfig(BaseModel):
     local_world_size: Annotated[Optional[int], _rule("an integer >= 1, or null for the launcher's", ge=1)] = None
     on_corrupt_checkpoint: Annotated[Literal[ON_CORRUPT_CHECKPOINT], _rule('"error" or "reset"')] = "error"
     hadamard: Annotated[bool, _rule("true or false")] = False
-    quant_grid: Annotated[Literal[QUANT_GRIDS], _rule('"auto", "symmetric" or "midrise"')] = "auto"
+    quant_grid: Annotated[Literal[QUANT_GRIDS], _rule(_either(QUANT_GRIDS))] = "auto"
     kernels: Annotated[Literal[KERNEL_CHOICES], _rule('"auto", "cuda" or "reference"')] = "auto"
     rho_every: Annotated[int, _rule("an integer >= 0 (optimizer steps between measurements; 0: off)", ge=0)] = 10
     rho_log_every: Annotated[int, _rule("an integer >= 0 (optimizer steps between log lines; 0: never)", ge=0)] = 100

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import List, Optional
 
+from deepspeed_loco.config import QUANT_GRIDS
 from deepspeed_loco.simulation.advise_cli import PlainHelp
 from loco_lab import advise_cli
 
@@ -45,7 +46,7 @@ def _demo_parser(sub) -> argparse.ArgumentParser:
                    help="comma list of arms: full; plain, loco (both hops --bits); plainN, locoN (both hops N bits); "
                         "locoI-O (intra-node I, inter-node O bits); a trailing h adds the Hadamard rotation "
                         "(loco4h, plain8-2h); N, I, O in 2, 3, 4, 8")
-    p.add_argument("--quant-grid", choices=("auto", "symmetric", "midrise"), default="auto",
+    p.add_argument("--quant-grid", choices=QUANT_GRIDS, default="auto",
                    help="gradient quantization grid (zeropp_loco_param.quant_grid; auto: mid-rise when a hop "
                         "sends 2 bits, symmetric otherwise)")
     p.add_argument("--text", help="train on your own text instead of the bundled plays: a file (its last 10%% held "

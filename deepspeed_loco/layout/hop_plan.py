@@ -22,7 +22,8 @@ from typing import Iterable, Mapping, Optional, Protocol, Sequence, Tuple
 
 import torch
 
-from deepspeed_loco.layout.partition import SCALE_BYTES, padded_partition_size, padded_widths
+from deepspeed_loco.layout.formats import ErrorStorage, grid_named
+from deepspeed_loco.layout.partition import padded_partition_size, padded_widths
 from deepspeed_loco.layout.wire import WireLayout
 
 INTRA_NODE = "intra_node"
@@ -45,7 +46,7 @@ class HopArgs:
     ``world_size`` / ``local_size``: ``W`` and ``L`` (the first hop's partition and swizzle). ``bits``: this hop's
     wire bits. ``in_bits`` / ``in_blocks``: the previous hop's bits and the number of blocks received from it and
     summed (0 for the first hop). ``hadamard``: the first hop rotates each group, the final mean rotates back.
-    ``grid``: the gradient quantization grid (``"symmetric"`` or ``"midrise"``).
+    ``grid``: the name of the gradient quantization grid (``deepspeed_loco.layout.formats.GRIDS``).
     """
     world_size: int
     local_size: int
@@ -132,12 +133,10 @@ class HopPlan:
         feedback)."""
         return {hop.name: hop.rows for hop in self.hops}
 
-    def error_bytes(self, numel: int, error_bits: int) -> int:
-        """Bytes of one error buffer per hop, stored at ``error_bits`` (8: int8 plus an fp32 scale per group; 32:
-        fp32), for a gradient of ``numel`` elements."""
+    def error_bytes(self, numel: int, storage: ErrorStorage) -> int:
+        """Bytes of one error buffer per hop, stored as ``storage``, for a gradient of ``numel`` elements."""
         cols = padded_partition_size(numel, self.world_size, self.group_size)
-        per_row = cols + cols // self.group_size * SCALE_BYTES if error_bits == 8 else cols * 4
-        return sum(self.rows().values()) * per_row
+        return sum(self.rows().values()) * storage.row_bytes(cols, self.group_size)
 
     def with_exchanges(self, exchanges: Mapping[str, Exchange]) -> "HopPlan":
         """The same plan with each hop's exchange taken from ``exchanges`` (keyed by hop name)."""
@@ -145,10 +144,10 @@ class HopPlan:
 
 
 def resolve_grid(quant_grid: str, bits: Iterable[int]) -> str:
-    """The grid every hop uses for ``zeropp_loco_param.quant_grid``, given the hops' ``bits``: "auto" is "midrise"
-    when a hop sends 2 bits and "symmetric" otherwise; "symmetric" and "midrise" are themselves."""
+    """The name of the grid every hop uses for ``zeropp_loco_param.quant_grid``, given the hops' ``bits``: "auto" is
+    "midrise" when a hop sends 2 bits and "symmetric" otherwise; a grid's name is itself (ValueError for no grid's)."""
     if quant_grid != "auto":
-        return quant_grid
+        return grid_named(quant_grid).name
     return "midrise" if any(b <= 2 for b in bits) else "symmetric"
 
 

@@ -1,16 +1,19 @@
 """LoCo's limits, read from their one source, ``deepspeed_loco/csrc/quantization/loco_limits.h``.
 
 The header is shared by the CUDA kernels and their binding (which validates against it); this module parses it so
-that the config (``deepspeed_loco.config``) and the ops validate against the same numbers. Names are the header's
-without the ``k`` prefix, in upper snake case:
+that the config (``deepspeed_loco.config``) and the ops (:func:`check_launch`, before a call of the kernels) validate
+against the same numbers. Names are the header's without the ``k`` prefix, in upper snake case:
 
 ``WIRE_BITS``: tuple of int, the gradient bits a hop can send (2, 3, 4, 8).
-``ERROR_BITS``: tuple of int, the error-buffer storage bits (8: int8 + fp32 scale per group; 32: fp32).
 ``MIN_GROUP_SIZE`` / ``MAX_GROUP_SIZE``: int, elements per quantization group (a power of two in that range).
+``MAX_PARAMETER_PAIRS`` / ``MAX_LAUNCH_PAIRS``: int, the (row, group) pairs a parameter and a bucket may have on a
+hop (the kernels index them in 32 bits).
+
+The error-buffer storages and the grids are formats (:mod:`deepspeed_loco.layout.formats`), not limits.
 """
 import re
 from pathlib import Path
-from typing import Dict, Tuple, Union
+from typing import Dict, Sequence, Tuple, Union
 
 HEADER = Path(__file__).resolve().parents[1] / "csrc" / "quantization" / "loco_limits.h"
 _DEFINITION = re.compile(r"^\s*constexpr\s+int\s+k(\w+?)(\[\])?\s*=\s*(\{[^}]*\}|-?\d+)\s*;", re.MULTILINE)
@@ -34,7 +37,7 @@ def _load() -> Dict[str, Union[int, Tuple[int, ...]]]:
         values = parse(HEADER.read_text())
     except OSError as exc:
         raise ImportError(f"LoCo limits header {HEADER} is missing (an install without its package data?)") from exc
-    missing = {"WIRE_BITS", "ERROR_BITS", "MIN_GROUP_SIZE", "MAX_GROUP_SIZE"} - set(values)
+    missing = {"WIRE_BITS", "MIN_GROUP_SIZE", "MAX_GROUP_SIZE", "MAX_PARAMETER_PAIRS", "MAX_LAUNCH_PAIRS"} - set(values)
     if missing:
         raise ImportError(f"LoCo limits header {HEADER} does not define {sorted(missing)}")
     return values
@@ -42,6 +45,26 @@ def _load() -> Dict[str, Union[int, Tuple[int, ...]]]:
 
 LIMITS = _load()
 WIRE_BITS: Tuple[int, ...] = LIMITS["WIRE_BITS"]
-ERROR_BITS: Tuple[int, ...] = LIMITS["ERROR_BITS"]
 MIN_GROUP_SIZE: int = LIMITS["MIN_GROUP_SIZE"]
 MAX_GROUP_SIZE: int = LIMITS["MAX_GROUP_SIZE"]
+MAX_PARAMETER_PAIRS: int = LIMITS["MAX_PARAMETER_PAIRS"]
+MAX_LAUNCH_PAIRS: int = LIMITS["MAX_LAUNCH_PAIRS"]
+
+
+def check_launch(widths: Sequence[int], rows: int, group_size: int, what: str) -> None:
+    """ValueError, naming ``what[i]`` and the limit, when the parameter of padded width ``widths[i]`` has more
+    (row, group) pairs on a hop of ``rows`` rows than ``MAX_PARAMETER_PAIRS``, or the bucket more than
+    ``MAX_LAUNCH_PAIRS``: the sizes the kernels index in 32 bits (``what``: the bucket's tensors, e.g. ``"grads"``)."""
+    if not widths:
+        return
+    widest = max(widths)
+    if rows * (widest // group_size) > MAX_PARAMETER_PAIRS:
+        index = widths.index(widest)
+        raise ValueError(f"LoCo kernels: {what}[{index}] has {rows} x {widest // group_size} = "
+                         f"{rows * (widest // group_size)} (row, group) pairs on this hop, above kMaxParameterPairs = "
+                         f"{MAX_PARAMETER_PAIRS} (loco_limits.h); use a larger group_size")
+    pairs = rows * (sum(widths) // group_size)
+    if pairs > MAX_LAUNCH_PAIRS:
+        raise ValueError(f"LoCo kernels: the bucket of {what} ({len(widths)} tensors) has {pairs} (row, group) pairs "
+                         f"on this hop, above kMaxLaunchPairs = {MAX_LAUNCH_PAIRS} (loco_limits.h); use smaller "
+                         f"buckets")

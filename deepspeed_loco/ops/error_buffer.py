@@ -1,19 +1,21 @@
-"""Storage of one error-feedback buffer: int8 values with one fp32 scale per group, or plain fp32."""
+"""Storage of one error-feedback buffer in a format of :class:`~deepspeed_loco.layout.formats.ErrorStorage`: int8
+values with one fp32 scale per group, or plain fp32."""
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from deepspeed_loco.layout.formats import STORED, ErrorStorage
 from deepspeed_loco.ops.quantizer import dequantize_groups, quantize_groups
 
 
 @dataclass
 class ErrorBuffer:
-    """An fp32 error array of shape ``(rows, cols)`` as stored between steps.
+    """An fp32 error array of shape ``(rows, cols)`` as stored between steps (:attr:`storage`).
 
-    ``error_bits == 8``: ``values`` int8 ``(rows, cols)`` and ``scale`` fp32 ``(rows, cols // group_size)``,
+    ``ErrorStorage.INT8``: ``values`` int8 ``(rows, cols)`` and ``scale`` fp32 ``(rows, cols // group_size)``,
     the error being ``values * scale`` per group (symmetric, qmax 127).
-    ``error_bits == 32``: ``values`` fp32 ``(rows, cols)`` and ``scale`` is None.
+    ``ErrorStorage.FP32``: ``values`` fp32 ``(rows, cols)`` and ``scale`` is None.
     Zero means "no remembered error"; stored values are always finite.
     """
     values: torch.Tensor
@@ -21,15 +23,17 @@ class ErrorBuffer:
     group_size: int
 
     @classmethod
-    def zeros(cls, rows: int, cols: int, group_size: int, error_bits: int, device) -> "ErrorBuffer":
-        if error_bits == 8:
-            return cls(torch.zeros(rows, cols, dtype=torch.int8, device=device),
-                       torch.zeros(rows, cols // group_size, dtype=torch.float32, device=device), group_size)
-        return cls(torch.zeros(rows, cols, dtype=torch.float32, device=device), None, group_size)
+    def zeros(cls, rows: int, cols: int, group_size: int, storage: ErrorStorage, device) -> "ErrorBuffer":
+        """A buffer of zeros stored as ``storage`` (an :class:`ErrorStorage` or its bits, ``error_bits``)."""
+        storage = ErrorStorage(storage)
+        if storage not in STORED:
+            raise ValueError(f"an error buffer is stored as one of {[s.label for s in STORED]}, not {storage.label}")
+        scale = torch.zeros(rows, cols // group_size, dtype=torch.float32, device=device) if storage.scaled else None
+        return cls(torch.zeros(rows, cols, dtype=storage.values_dtype, device=device), scale, group_size)
 
     @property
-    def error_bits(self) -> int:
-        return 8 if self.scale is not None else 32
+    def storage(self) -> ErrorStorage:
+        return ErrorStorage.of_values(self.values.dtype)
 
     @property
     def shape(self):

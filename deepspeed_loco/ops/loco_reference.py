@@ -1,11 +1,11 @@
 """Pure-PyTorch reference of every kernel of the LoCo reduce, one parameter at a time.
 
 Device-agnostic (CPU and CUDA tensors). Each per-parameter function takes the hop's ``HopArgs``
-(``deepspeed_loco.layout``); the bucket entry points at the bottom (one call per hop per bucket) are the
-implementation of the ``deepspeed_loco`` ops off CUDA (``deepspeed_loco.ops.library``, through
-``deepspeed_loco.ops.reference_impl``), and the CUDA kernels (``deepspeed_loco.ops.loco_cuda``) implement the same
-ops, one launch each, with identical integer outputs (packed data, int8 error) and identical fp32 scales. This module
-fixes the order of every fp32 operation to make that possible:
+(``deepspeed_loco.layout``); the bucket entry points at the bottom (one call per hop per bucket) are the reference
+of the ``deepspeed_loco`` ops (``deepspeed_loco.ops.library`` defines each op with its reference, which calls them),
+and the CUDA kernels (``deepspeed_loco/csrc/quantization``) implement the same ops, one launch each, with identical
+integer outputs (packed data, int8 error) and identical fp32 scales. This module fixes the order of every fp32
+operation to make that possible:
 
 * compensation ``c = x + e``; residual ``r = c - deq(q)`` with ``deq(q) = q * scale`` (symmetric grid) or
   ``(q + 0.5) * scale`` (mid-rise: the sum exact, one rounding in the product); update
@@ -19,7 +19,8 @@ Outputs are written into views of the bucket's wire buffers: ``data`` uint8 ``(r
 ``scale`` fp32 ``(rows, P' // group_size)``, both with arbitrary row strides.
 
 Noise statistics (the live rho, :mod:`deepspeed_loco.runtime.comm.noise_stats`): every hop function and bucket
-entry point takes an optional ``stats``, fp32, to which it adds fp32 sums of squares. A quantizing hop's ``stats``
+entry point takes an optional ``stats``, float64 (the ops take no other; the sums over buckets and micro-steps build
+up there), to which it adds fp32 sums of squares. A quantizing hop's ``stats``
 has 2 elements: ``stats[0] += ||x||^2`` of the values it was given (the first hop: the gradient; a later hop: the
 fp32 sum of the received blocks), before rotation and compensation; ``stats[1] += ||c - deq(quant(c))||^2``, the
 error its quantizer made on the compensated values ``c`` (``c = x`` without error feedback; in the rotated basis with
@@ -54,7 +55,7 @@ def compensate_and_quantize(c: torch.Tensor, error: Optional[ErrorBuffer], beta:
     ``e <- beta*e + (1-beta)*(c - deq)``.
 
     Returns ``(q int8 (rows, n), scale fp32 (rows, n // group_size))`` and updates ``error`` in place
-    (``error is None``: plain quantization). ``stats``: None, or fp32 ``(2,)`` whose ``[1]`` gains the quantization
+    (``error is None``: plain quantization). ``stats``: None, or float64 ``(2,)`` whose ``[1]`` gains the quantization
     error power ``||c - deq||^2`` (fp32 sum).
     """
     if error is None:
@@ -85,7 +86,7 @@ def quantize_(grad: torch.Tensor, error: Optional[ErrorBuffer], args: HopArgs, o
     ``args.hadamard``: each group is rotated (``ops.hadamard.rotate``) first; everything downstream, the error
     buffers included, then lives in the rotated basis until :func:`final_mean` rotates back. ``args.grid``: the
     quantization grid of the wire values (``ops.quantizer.grid_levels``), the same on every hop. ``stats``: None or
-    fp32 ``(2,)``, gains ``[||grad||^2, quantization error power]`` (module docstring).
+    float64 ``(2,)``, gains ``[||grad||^2, quantization error power]`` (module docstring).
     """
     world, group_size = args.world_size, args.group_size
     rows = partition_rows(grad, world, group_size)[slot_to_row(world, args.local_size).to(grad.device)]
@@ -118,7 +119,7 @@ def requantize_(recv_data: torch.Tensor, recv_scale: torch.Tensor, error: Option
     ``recv_data`` uint8 ``(B*M, P' * in_bits // 8)``, ``recv_scale`` fp32 ``(B*M, P' // group_size)`` (block
     from local peer ``i`` = rows ``[i*M, (i+1)*M)``). ``error``: ``(M, P')`` or None.
     Writes ``out_data`` uint8 ``(M, P' * bits // 8)`` and ``out_scale`` fp32 ``(M, P' // group_size)``. ``stats``:
-    None or fp32 ``(2,)``, gains ``[||sum||^2, quantization error power]`` (module docstring).
+    None or float64 ``(2,)``, gains ``[||sum||^2, quantization error power]`` (module docstring).
     """
     total = dequantize_sum(recv_data, recv_scale, args.in_blocks, args.in_bits, args.group_size, args.grid)
     if stats is not None:
@@ -134,7 +135,7 @@ def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, args: MeanArgs
 
     ``recv_data`` uint8 ``(R, P' * args.bits // 8)``, ``recv_scale`` fp32 ``(R, P' // args.group_size)``.
     Returns ``(P,)`` in ``out_dtype``, ``P = ceil(numel / W)``, zero past ``numel`` (global index). ``stats``: None
-    or fp32 ``(1,)``, gains ``||mean||^2`` of the fp32 mean (module docstring).
+    or float64 ``(1,)``, gains ``||mean||^2`` of the fp32 mean (module docstring).
     """
     world = args.world_size
     total = dequantize_sum(recv_data, recv_scale, recv_data.shape[0], args.bits, args.group_size, args.grid)[0]
@@ -153,8 +154,8 @@ def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, args: MeanArgs
 # The reducer calls these once per hop per bucket. ``wire.views(buffer, i, offset)`` is parameter ``i``'s slice of a
 # bucket's wire buffer (``deepspeed_loco.layout.WireLayout``); ``args`` is the hop's ``HopArgs`` (the final mean's
 # ``MeanArgs``).
-# ``stats``: None, or the fp32 sums of the module docstring over the whole bucket ((2,) for a quantizing hop, (1,) for
-# the final mean), added parameter by parameter.
+# ``stats``: None, or the float64 sums of the module docstring over the whole bucket ((2,) for a quantizing hop, (1,)
+# for the final mean), added parameter by parameter.
 def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[ErrorBuffer]], args: HopArgs,
                      wire: WireLayout, send: torch.Tensor, stats: Optional[torch.Tensor] = None) -> None:
     """The first hop of a bucket: :func:`quantize_` for every gradient, into ``send`` uint8 ``(W, wire.row_bytes)``."""

@@ -1,4 +1,5 @@
-"""Pure-PyTorch reference of the group quantizer (symmetric and mid-rise grids) and its bit packing.
+"""Pure-PyTorch reference of the group quantizer (on the grids of :data:`deepspeed_loco.layout.formats.GRIDS`:
+symmetric and mid-rise) and its bit packing.
 
 These functions are the contract the CUDA kernels in ``deepspeed_loco/csrc/quantization`` match bit for bit:
 
@@ -13,9 +14,16 @@ These functions are the contract the CUDA kernels in ``deepspeed_loco/csrc/quant
 * Packing: every 8 consecutive values of ``bits`` bits form one little-endian ``bits``-byte word, value ``j``
   in bits ``[j*bits, (j+1)*bits)`` as two's complement (4-bit: two per byte, low nibble = even element).
 """
-from typing import Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
+
+from deepspeed_loco.layout.formats import Rounding, grid_named
+
+ROUNDED: Dict[Rounding, Callable[[torch.Tensor], torch.Tensor]] = {  # each rounding of the quotients c / scale
+    Rounding.NEAREST_EVEN: torch.round,  # half to even
+    Rounding.FLOOR: torch.floor,
+}
 
 
 def qmax(bits: int) -> int:
@@ -24,25 +32,22 @@ def qmax(bits: int) -> int:
 
 
 def grid_levels(bits: int, grid: str) -> Tuple[float, int, int]:
-    """``(divisor, lowest code, highest code)`` of a grid: ``scale = absmax / divisor``.
+    """``(divisor, lowest code, highest code)`` of the grid called ``grid`` (``Grid.levels``): ``scale = absmax /
+    divisor``.
 
     symmetric: divisor ``qmax``, codes ``[-qmax, qmax]``; midrise: divisor ``2^(bits-1) - 0.5``, codes
     ``[-2^(bits-1), 2^(bits-1) - 1]`` (every code used; code ``k`` stands for ``(k + 0.5) * scale``).
     """
-    if grid == "symmetric":
-        return float(qmax(bits)), -qmax(bits), qmax(bits)
-    if grid == "midrise":
-        half = 1 << (bits - 1)
-        return half - 0.5, -half, half - 1
-    raise ValueError(f"quantization grid {grid!r}: must be 'symmetric' or 'midrise'")
+    levels = grid_named(grid).levels(bits)
+    return levels.divisor, levels.low, levels.high
 
 
 def quantize_groups(c: torch.Tensor, bits: int, group_size: int,
                     grid: str = "symmetric") -> Tuple[torch.Tensor, torch.Tensor]:
     """Quantizes fp32 ``c`` of shape ``(..., n)``, ``n % group_size == 0``, on ``grid`` (:func:`grid_levels`).
 
-    Returns ``q`` int8 ``(..., n)`` (codes) and ``scale`` fp32 ``(..., n // group_size)``. symmetric:
-    ``q = round_half_even(c / scale)``; midrise: ``q = floor(c / scale)``, both clamped to the grid's codes.
+    Returns ``q`` int8 ``(..., n)`` (codes) and ``scale`` fp32 ``(..., n // group_size)``: ``q = rounding(c /
+    scale)`` (the grid's :class:`Rounding`: symmetric half to even, midrise floor) clamped to the grid's codes.
     """
     assert c.dtype == torch.float32 and c.shape[-1] % group_size == 0, (c.dtype, c.shape, group_size)
     divisor, low, high = grid_levels(bits, grid)
@@ -53,7 +58,7 @@ def quantize_groups(c: torch.Tensor, bits: int, group_size: int,
     scale = torch.where(finite, absmax / torch.full_like(absmax, divisor), torch.full_like(absmax, float("nan")))
     safe = torch.where(finite & (scale > 0), scale, torch.ones_like(scale)).unsqueeze(-1)
     ratio = groups / safe
-    q = (torch.round(ratio) if grid == "symmetric" else torch.floor(ratio)).clamp_(low, high)
+    q = ROUNDED[grid_named(grid).rounding](ratio).clamp_(low, high)
     q = torch.where((finite & (scale > 0)).unsqueeze(-1), q, torch.zeros_like(q))
     return q.to(torch.int8).reshape(c.shape), scale
 
@@ -62,8 +67,9 @@ def dequantize_groups(q: torch.Tensor, scale: torch.Tensor, group_size: int, gri
     """Inverse of :func:`quantize_groups`: int8 ``(..., n)`` and fp32 ``(..., n // group_size)`` to fp32 ``(..., n)``:
     ``q * scale`` (symmetric) or ``(q + 0.5) * scale`` (midrise; exact in fp32, then one rounding)."""
     groups = q.to(torch.float32).reshape(*q.shape[:-1], q.shape[-1] // group_size, group_size)
-    if grid == "midrise":
-        groups = groups + 0.5
+    half = grid_named(grid).rounding.cell_centre
+    if half:
+        groups = groups + half
     return (groups * scale.unsqueeze(-1)).reshape(q.shape)
 
 

@@ -1,28 +1,79 @@
-// Torch binding of the LoCo kernels (loco_kernels.cu), one call per hop per bucket: the CUDA implementations of the
-// torch.library ops deepspeed_loco::quantize_bucket_, requantize_bucket_ and final_mean_bucket (registered in
-// deepspeed_loco/ops/library.py; called through deepspeed_loco/ops/loco_cuda.py), and the live rho's sample gather
-// (gather_sample). Every argument is a tensor, a list of tensors or a scalar (the ops' schemas): no Python object is
-// read here. The binding boundary is where everything
-// is validated (TORCH_CHECK with the argument's name): the hop's scalars against the limits of loco_limits.h (the
-// one source of the limits; Python reads the same file), the wire widths, devices, dtypes, shapes and strides. It
-// then writes the bucket's parameter table (loco::BucketItem) to the device with one asynchronous copy and launches
-// one kernel on the current CUDA stream.
+// Torch binding of the LoCo kernels (loco_kernels.cu): the CUDA implementations of the deepspeed_loco ops, registered
+// for the CUDA dispatch key (TORCH_LIBRARY_IMPL). Each op's schema is written once, in deepspeed_loco/ops/library.py,
+// beside its PyTorch reference; the dispatcher checks every function below against its op's schema when this
+// extension loads. Everything is validated here (RuntimeError naming the argument): the hop's scalars against
+// loco_limits.h and loco_formats.h, the wire widths, devices, dtypes, shapes, strides and sizes. Then the bucket's
+// parameter table (loco::BucketItem) goes to the device in one asynchronous copy and one kernel runs on the current
+// CUDA stream.
+//
+// Tensors the kernels do not take (another dtype, a tensor off CUDA or on another device, a row without unit stride)
+// are not an error: the call is handed to the op's reference (its CPU kernel, which runs on any device) and the
+// reason is logged once, on the 'deepspeed_loco' logger.
+//
+// Messages are built without C++ streams (`text`): on the GPU image the JIT-built extension's own stream formatting
+// of an integer crashed the process (a libstdc++ other than the one the process had loaded), so a failing check
+// killed the rank instead of raising.
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <pybind11/stl.h>
 #include <torch/extension.h>
+#include <torch/library.h>
 
+#include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "loco_formats.h"
 #include "loco_kernels.cuh"
 #include "loco_limits.h"
+
+// The ops' namespace (a further build for A/B timing registers its kernels under another one: benchmarks/kernels.py).
+#if !defined(LOCO_OPS_NAMESPACE)
+#define LOCO_OPS_NAMESPACE deepspeed_loco
+#endif
+#define LOCO_STRING_OF(x) #x
+#define LOCO_STRING(x) LOCO_STRING_OF(x)
 
 namespace py = pybind11;
 
 namespace {
 
+// ------------------------------------------------------------------------------------------------ messages
+std::string piece(const char* s) { return s; }
+std::string piece(const std::string& s) { return s; }
+std::string piece(c10::string_view s) { return std::string(s.data(), s.size()); }
+std::string piece(at::ScalarType t) { return c10::toString(t); }
+std::string piece(const at::Device& d) { return d.str(); }
+std::string piece(double v) {
+    char out[32];
+    std::snprintf(out, sizeof(out), "%g", v);
+    return out;
+}
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+std::string piece(T v) {
+    return std::to_string(v);
+}
+std::string piece(at::IntArrayRef values) {
+    std::string out = "[";
+    for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
+    return out + "]";
+}
+
+// The concatenated text of `parts` (strings, numbers, dtypes, devices, sizes), formatted without a stream.
+template <typename... Parts>
+std::string text(const Parts&... parts) {
+    std::string out;
+    ((out += piece(parts)), ...);
+    return out;
+}
+
+#define LOCO_CHECK(cond, ...) TORCH_CHECK(cond, text("LoCo kernels: ", __VA_ARGS__))
+
+// ------------------------------------------------------------------------------------------------ scalars
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <size_t N>
@@ -47,38 +98,52 @@ std::string listed(const int (&set)[N]) {
 
 bool valid_bits(int64_t bits) { return one_of(bits, loco::limits::kWireBits); }
 
+// An int argument the kernels hold in 32 bits: at least `low`, at most 2^31 - 1.
+int int32_argument(int64_t value, int64_t low, const char* name) {
+    LOCO_CHECK(value >= low && value <= 0x7fffffffLL, name, " = ", value, " must be in [", low, ", 2147483647]");
+    return (int)value;
+}
+
+// The rounding of the grid called `name` (loco_formats.h's kGrids, formats.py's GRIDS).
+loco::Rounding rounding_of(c10::string_view name) {
+    int found = -1;
+    std::string valid;
+    for (int i = 0; i < loco::kGridCount; ++i) {
+        if (name == c10::string_view(loco::kGrids[i].name)) found = i;
+        valid += (i ? ", '" : "'") + std::string(loco::kGrids[i].name) + "'";
+    }
+    LOCO_CHECK(found >= 0, "grid = '", name, "' must be one of ", valid);
+    return loco::kGrids[found].rounding;
+}
+
 // The hop's scalars (the ops' schema arguments; deepspeed_loco.layout.HopArgs in Python) as the C struct
 // loco::HopArgs, checked against loco_limits.h. `needs_input`: hop 2 (in_bits, in_blocks are used).
 loco::HopArgs hop_args(int64_t world, int64_t local, int64_t bits, int64_t group, double beta, bool hadamard,
-                       const std::string& grid, int64_t in_bits, int64_t in_blocks, bool needs_input) {
+                       c10::string_view grid, int64_t in_bits, int64_t in_blocks, bool needs_input) {
     loco::HopArgs h{};
-    TORCH_CHECK(world >= 1 && local >= 1 && world % local == 0, "LoCo kernels: world_size = ", world,
-                " must be a positive multiple of local_size = ", local);
-    TORCH_CHECK(valid_bits(bits), "LoCo kernels: bits = ", bits, " must be ", listed(loco::limits::kWireBits));
-    TORCH_CHECK(group >= loco::limits::kMinGroupSize && group <= loco::limits::kMaxGroupSize &&
-                    (group & (group - 1)) == 0,
-                "LoCo kernels: group_size = ", group, " must be a power of two from ", loco::limits::kMinGroupSize,
-                " to ", loco::limits::kMaxGroupSize);
-    TORCH_CHECK(beta >= 0.0 && beta < 1.0, "LoCo kernels: err_beta = ", beta, " must satisfy 0 <= err_beta < 1");
-    TORCH_CHECK(grid == "symmetric" || grid == "midrise", "LoCo kernels: grid = '", grid,
-                "' must be 'symmetric' or 'midrise'");
+    h.world = int32_argument(world, 1, "world_size");
+    h.local = int32_argument(local, 1, "local_size");
+    LOCO_CHECK(world % local == 0, "world_size = ", world, " must be a positive multiple of local_size = ", local);
+    LOCO_CHECK(valid_bits(bits), "bits = ", bits, " must be ", listed(loco::limits::kWireBits));
+    LOCO_CHECK(group >= loco::limits::kMinGroupSize && group <= loco::limits::kMaxGroupSize &&
+                   (group & (group - 1)) == 0,
+               "group_size = ", group, " must be a power of two from ", loco::limits::kMinGroupSize, " to ",
+               loco::limits::kMaxGroupSize);
+    LOCO_CHECK(beta >= 0.0 && beta < 1.0, "err_beta = ", beta, " must satisfy 0 <= err_beta < 1");
     if (needs_input) {
-        TORCH_CHECK(valid_bits(in_bits), "LoCo kernels: in_bits = ", in_bits, " must be ",
-                    listed(loco::limits::kWireBits));
-        TORCH_CHECK(in_blocks >= 1, "LoCo kernels: in_blocks = ", in_blocks, " must be positive");
+        LOCO_CHECK(valid_bits(in_bits), "in_bits = ", in_bits, " must be ", listed(loco::limits::kWireBits));
+        h.in_blocks = int32_argument(in_blocks, 1, "in_blocks");
     }
-    h.world = (int)world;
-    h.local = (int)local;
     h.bits = (int)bits;
     h.group_size = (int)group;
     h.beta = (float)beta;
-    h.grid = grid == "midrise" ? loco::kMidrise : loco::kSymmetric;
+    h.rounding = rounding_of(grid);
     h.hadamard = hadamard;
     h.in_bits = (int)in_bits;
-    h.in_blocks = (int)in_blocks;
     return h;
 }
 
+// ------------------------------------------------------------------------------------------------ tensors
 // A bucket's wire layout (deepspeed_loco.layout.WireLayout of `bits` bits): parameter widths, their first columns,
 // bytes.
 struct Wire {
@@ -86,13 +151,13 @@ struct Wire {
     int64_t data_bytes = 0, row_bytes = 0;
 };
 
-Wire wire_layout(const std::vector<int64_t>& widths, const loco::HopArgs& h, int64_t bits, const char* what) {
+Wire wire_layout(at::IntArrayRef widths, const loco::HopArgs& h, int64_t bits, const char* what) {
     Wire out;
-    out.widths = widths;
+    out.widths = widths.vec();
     int64_t columns = 0;
     for (const int64_t width : out.widths) {
-        TORCH_CHECK(width >= 0 && width % h.group_size == 0, "LoCo kernels: ", what, " width ", width,
-                    " is not a multiple of the group size");
+        LOCO_CHECK(width >= 0 && width % h.group_size == 0, what, " width ", width,
+                   " is not a multiple of the group size");
         out.offsets.push_back(columns);
         columns += width;
     }
@@ -101,30 +166,46 @@ Wire wire_layout(const std::vector<int64_t>& widths, const loco::HopArgs& h, int
     return out;
 }
 
+// The sizes of loco_limits.h that the kernels index in 32 bits (deepspeed_loco.layout.limits.check_launch, which
+// library.py runs before a call): the (row, group) pairs of each parameter (`what`[i]) on a hop of `rows` rows, and
+// of the bucket. Checked before any tensor, so that only the sizes decide.
+void check_pairs(const Wire& w, int64_t rows, int64_t group_size, const char* what) {
+    int64_t pairs = 0;
+    for (size_t i = 0; i < w.widths.size(); ++i) {
+        const int64_t own = rows * (w.widths[i] / group_size);
+        LOCO_CHECK(own <= loco::limits::kMaxParameterPairs, what, "[", i, "] has ", rows, " x ",
+                   w.widths[i] / group_size, " = ", own, " (row, group) pairs on this hop, above kMaxParameterPairs = ",
+                   loco::limits::kMaxParameterPairs, " (loco_limits.h); use a larger group_size");
+        pairs += own;
+    }
+    LOCO_CHECK(pairs <= loco::limits::kMaxLaunchPairs, "the bucket of ", what, " (", w.widths.size(), " tensors) has ",
+               pairs, " (row, group) pairs on this hop, above kMaxLaunchPairs = ", loco::limits::kMaxLaunchPairs,
+               " (loco_limits.h); use smaller buckets");
+}
+
 // The padded partition widths P' of gradients of `numels` elements (deepspeed_loco.layout.padded_partition_size).
-std::vector<int64_t> padded_widths(const std::vector<int64_t>& numels, const loco::HopArgs& h) {
+std::vector<int64_t> padded_widths(at::IntArrayRef numels, const loco::HopArgs& h) {
     std::vector<int64_t> widths;
     for (const int64_t numel : numels) {
-        TORCH_CHECK(numel >= 0, "LoCo kernels: numel = ", numel, " is negative");
+        LOCO_CHECK(numel >= 0, "numel = ", numel, " is negative");
         widths.push_back(ceil_div(ceil_div(numel, h.world), h.group_size) * h.group_size);
     }
     return widths;
 }
 
 void check_on(const at::Tensor& t, const at::Device& device, const char* what) {
-    TORCH_CHECK(t.is_cuda() && t.device() == device, "LoCo kernels: ", what, " must be on ", device, ", got ",
-                t.device());
+    LOCO_CHECK(t.is_cuda() && t.device() == device, what, " must be on ", device, ", got ", t.device());
 }
 
 // `tensors` (`what` each, `all` together in the messages) checked to be on `device` and of tensors[0]'s dtype, as
 // contiguous tensors (strided ones copied) that the caller keeps alive until the launch.
-std::vector<at::Tensor> contiguous_on(const std::vector<at::Tensor>& tensors, const at::Device& device,
-                                      const char* what, const char* all) {
+std::vector<at::Tensor> contiguous_on(at::TensorList tensors, const at::Device& device, const char* what,
+                                      const char* all) {
     std::vector<at::Tensor> contiguous;
     for (const at::Tensor& t : tensors) {
         check_on(t, device, what);
-        TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "LoCo kernels: ", all, " must share one dtype, got ",
-                    tensors[0].scalar_type(), " and ", t.scalar_type());
+        LOCO_CHECK(t.scalar_type() == tensors[0].scalar_type(), all, " must share one dtype, got ",
+                   tensors[0].scalar_type(), " and ", t.scalar_type());
         contiguous.push_back(t.contiguous());
     }
     return contiguous;
@@ -134,12 +215,12 @@ std::vector<at::Tensor> contiguous_on(const std::vector<at::Tensor>& tensors, co
 void check_matrix(const at::Tensor& t, at::ScalarType dtype, int64_t rows, int64_t width, const at::Device& device,
                   const char* what) {
     check_on(t, device, what);
-    TORCH_CHECK(t.scalar_type() == dtype, "LoCo kernels: ", what, " must be ", dtype, ", got ", t.scalar_type());
-    TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == width, "LoCo kernels: ", what, " must have shape (",
-                rows, ", ", width, "), got ", t.sizes());
-    TORCH_CHECK(width <= 1 || t.stride(1) == 1, "LoCo kernels: ", what,
-                " must have unit stride along a row, got strides ", t.strides());
-    TORCH_CHECK(t.stride(0) >= 0, "LoCo kernels: ", what, " has a negative row stride");
+    LOCO_CHECK(t.scalar_type() == dtype, what, " must be ", dtype, ", got ", t.scalar_type());
+    LOCO_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == width, what, " must have shape (", rows, ", ", width,
+               "), got ", t.sizes());
+    LOCO_CHECK(width <= 1 || t.stride(1) == 1, what, " must have unit stride along a row, got strides ",
+               t.strides());
+    LOCO_CHECK(t.stride(0) >= 0, what, " has a negative row stride");
 }
 
 // The kernels' view of a wire buffer uint8 (rows, row_bytes): packed values, then the fp32 scales of each row.
@@ -147,35 +228,46 @@ loco::WireArgs wire_args(const at::Tensor& buffer, const Wire& w, int64_t rows, 
                          const char* what) {
     check_matrix(buffer, at::kByte, rows, w.row_bytes, device, what);
     uint8_t* data = buffer.data_ptr<uint8_t>();
-    TORCH_CHECK(buffer.stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(data + w.data_bytes) % 4 == 0,
-                "LoCo kernels: the scales of ", what, " must be 4-byte aligned (row stride ", buffer.stride(0), ")");
+    LOCO_CHECK(buffer.stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(data + w.data_bytes) % 4 == 0,
+               "the scales of ", what, " must be 4-byte aligned (row stride ", buffer.stride(0), ")");
     return loco::WireArgs{data, buffer.stride(0), reinterpret_cast<float*>(data + w.data_bytes), buffer.stride(0) / 4};
 }
 
-// The error buffers of a bucket: values (and int8 scales) per parameter, `rows` x width each.
-void set_errors(std::vector<loco::BucketItem>& items, const std::vector<at::Tensor>& values,
-                const std::vector<at::Tensor>& scales, int64_t error_bits, int64_t rows, const Wire& w,
-                int64_t group_size, const at::Device& device) {
-    TORCH_CHECK(error_bits == 0 || one_of(error_bits, loco::limits::kErrorBits), "LoCo kernels: error_bits = ",
-                error_bits, " must be 0, ", listed(loco::limits::kErrorBits));
-    if (error_bits == 0) {
-        TORCH_CHECK(values.empty(), "LoCo kernels: error values given with error_bits = 0");
+// The storage of a bucket's error buffers, from its values' dtype (formats.py's ErrorStorage.of_values): none for
+// an empty list.
+loco::ErrorStorage storage_of(at::TensorList values) {
+    if (values.empty()) return loco::ErrorStorage::kNone;
+    const at::ScalarType dtype = values[0].scalar_type();
+    LOCO_CHECK(dtype == at::kChar || dtype == at::kFloat, "error values of dtype ", dtype,
+               ": an error buffer holds torch.int8 or torch.float32 values");
+    return dtype == at::kChar ? loco::ErrorStorage::kInt8 : loco::ErrorStorage::kFp32;
+}
+
+// The error buffers of a bucket: values (and int8 scales) per parameter, `rows` x width each. A parameter without
+// columns (zero elements) is checked for its shape only: the kernels never touch it (`upload` drops it).
+void set_errors(std::vector<loco::BucketItem>& items, at::TensorList values, at::TensorList scales,
+                loco::ErrorStorage storage, int64_t rows, const Wire& w, int64_t group_size,
+                const at::Device& device) {
+    if (storage == loco::ErrorStorage::kNone) {
+        LOCO_CHECK(scales.empty(), scales.size(), " error scales without error values");
         return;
     }
-    TORCH_CHECK(values.size() == items.size(), "LoCo kernels: ", values.size(), " error buffers for ", items.size(),
-                " parameters");
-    TORCH_CHECK(error_bits == 32 || scales.size() == items.size(), "LoCo kernels: int8 error needs its scales");
+    const bool int8 = storage == loco::ErrorStorage::kInt8;
+    LOCO_CHECK(values.size() == items.size(), values.size(), " error buffers for ", items.size(), " parameters");
+    LOCO_CHECK(scales.size() == (int8 ? items.size() : 0), scales.size(), " error scales for ", items.size(),
+               int8 ? " int8 error buffers (each needs its fp32 scales)" : " fp32 error buffers (which take none)");
     for (size_t i = 0; i < items.size(); ++i) {
         const int64_t cols = w.widths[i];
-        check_matrix(values[i], error_bits == 8 ? at::kChar : at::kFloat, rows, cols, device, "error values");
-        TORCH_CHECK(reinterpret_cast<uintptr_t>(values[i].data_ptr()) % 16 == 0 &&
-                        values[i].stride(0) * values[i].element_size() % 16 == 0,
-                    "LoCo kernels: error values must start 16-byte aligned with rows a multiple of 16 bytes apart "
-                    "(row stride ", values[i].stride(0), ")");
+        check_matrix(values[i], int8 ? at::kChar : at::kFloat, rows, cols, device, "error values");
+        if (int8) check_matrix(scales[i], at::kFloat, rows, cols / group_size, device, "error scales");
+        if (cols == 0) continue;
+        LOCO_CHECK(reinterpret_cast<uintptr_t>(values[i].data_ptr()) % 16 == 0 &&
+                       values[i].stride(0) * values[i].element_size() % 16 == 0,
+                   "error values must start 16-byte aligned with rows a multiple of 16 bytes apart (row stride ",
+                   values[i].stride(0), ")");
         items[i].err_values = values[i].data_ptr();
         items[i].err_stride = values[i].stride(0);
-        if (error_bits == 8) {
-            check_matrix(scales[i], at::kFloat, rows, cols / group_size, device, "error scales");
+        if (int8) {
             items[i].err_scale = scales[i].data_ptr<float>();
             items[i].err_scale_stride = scales[i].stride(0);
         }
@@ -184,23 +276,19 @@ void set_errors(std::vector<loco::BucketItem>& items, const std::vector<at::Tens
 
 // Numbers the blocks (each parameter's rows x groups (row, group) pairs, kBlock / team pairs per block, a team being
 // group_size / (8 * chunks) threads of the launch's kernel), drops parameters without columns, and copies the table
-// to the device (asynchronously, on the current stream). Returns the device table and sets `blocks`.
+// to the device (asynchronously, on the current stream). Returns the device table and sets `blocks` (at most the
+// bucket's pairs, which check_pairs bounded).
 at::Tensor upload(std::vector<loco::BucketItem>& items, int64_t rows, int64_t group_size, int chunks,
                   const at::Device& device, int64_t* blocks) {
     std::vector<loco::BucketItem> kept;
     int64_t total = 0;
     for (loco::BucketItem item : items) {
         if (item.cols == 0) continue;
-        // the kernels index a parameter's pairs (and a block's overhang past them) in 32 bits
-        TORCH_CHECK(loco::row_groups(rows, item.cols, (int)group_size) <= 0x7fffffffLL - loco::kBlock,
-                    "LoCo kernels: a parameter of ", rows, " x ", item.cols, " columns has 2^31 or more groups; use a "
-                    "larger group_size");
         item.groups = loco::fast_divisor((uint32_t)(item.cols / group_size));
         item.first_block = total;
         total += loco::blocks_for(rows, item.cols, (int)group_size, chunks);
         kept.push_back(item);
     }
-    TORCH_CHECK(total <= 0x7fffffffLL, "LoCo kernels: ", total, " blocks exceed one launch; use smaller buckets");
     *blocks = total;
     items = kept;
     const int64_t bytes = (int64_t)(kept.size() * sizeof(loco::BucketItem));
@@ -211,12 +299,46 @@ at::Tensor upload(std::vector<loco::BucketItem>& items, int64_t rows, int64_t gr
 
 void raise_if(const char* message) { TORCH_CHECK(message == nullptr, message); }
 
-// Why the kernels cannot take these tensors, or "" when they can: the first tensor off CUDA or on another device than
-// the first, or a 2-D tensor without unit stride along its rows. The wrapper (loco_cuda.py) then runs the reference;
-// checked here rather than in Python because a bucket holds hundreds of tensors (measured: 1.3 ms of host time per
-// LoCo bucket of 256 parameters with the checks in Python).
-std::string unsupported(const std::vector<at::Tensor>& tensors) {
+int dtype_code(at::ScalarType t, const char* what) {
+    LOCO_CHECK(t == at::kFloat || t == at::kHalf || t == at::kBFloat16, what,
+               " must be float32, float16 or bfloat16, got ", t);
+    return t == at::kFloat ? loco::kFloat32 : t == at::kHalf ? loco::kFloat16 : loco::kBFloat16;
+}
+
+// ------------------------------------------------------------------------------------------------ statistics
+// The noise statistics of a launch (the ops' optional `stats`, fp64 (n,) on `device`, added to): per-block fp32
+// partial sums (blocks, n) for the kernel to fill, or an undefined tensor without `stats` (an unmeasured launch).
+// add_stats adds them up after the launch in fp64 (torch's sum: a fixed order, so the bits do not depend on
+// scheduling).
+at::Tensor stats_partials(const std::optional<at::Tensor>& stats, int64_t n, int64_t blocks,
+                          const at::Device& device) {
+    if (!stats.has_value()) return at::Tensor();
+    const at::Tensor& s = *stats;
+    LOCO_CHECK(s.scalar_type() == at::kDouble && s.dim() == 1 && s.size(0) == n && s.device() == device,
+               "stats must be float64 (", n, ",) on ", device, ", got ", s.scalar_type(), " ", s.sizes(), " on ",
+               s.device());
+    return at::empty({blocks, n}, s.options().dtype(at::kFloat));
+}
+
+float* partials_ptr(const at::Tensor& partials) { return partials.defined() ? partials.data_ptr<float>() : nullptr; }
+
+void add_stats(const std::optional<at::Tensor>& stats, const at::Tensor& partials) {
+    if (partials.defined() && partials.size(0) > 0) stats->add_(partials.sum(0, /*keepdim=*/false, at::kDouble));
+}
+
+// ------------------------------------------------------------------------------------------------ fallback
+// Why the kernels cannot take `tensors` of `dtypes` (`rows`: also their 2-D tensors' unit stride along a row, and
+// their devices), or "" when they can: the first tensor off CUDA, several dtypes, a dtype other than float32,
+// float16, bfloat16, a tensor on another device than the first, a row without unit stride.
+std::string unsupported(const std::vector<at::Tensor>& tensors, const std::vector<at::ScalarType>& dtypes,
+                        bool rows) {
     if (tensors.empty()) return "";
+    if (!tensors[0].is_cuda()) return "a tensor is not on a CUDA device";
+    for (const at::ScalarType t : dtypes)
+        if (t != dtypes[0]) return text("dtypes ", dtypes[0], " and ", t, " in one bucket (kernels take one)");
+    if (!dtypes.empty() && dtypes[0] != at::kFloat && dtypes[0] != at::kHalf && dtypes[0] != at::kBFloat16)
+        return text("dtype ", dtypes[0], " (kernels take float32, float16, bfloat16)");
+    if (!rows) return "";
     const at::Device device = tensors[0].device();
     for (const at::Tensor& t : tensors) {
         if (!t.is_cuda()) return "a tensor is not on a CUDA device";
@@ -227,44 +349,62 @@ std::string unsupported(const std::vector<at::Tensor>& tensors) {
     return "";
 }
 
-// The noise statistics of a launch (the ops' optional `stats`, fp32 (n,) on `device`, added to): per-block partial
-// sums (blocks, n) for the kernel to fill, or an undefined tensor without `stats`. add_stats adds them up after
-// the launch (torch's sum: a fixed order, so the bits do not depend on scheduling).
-at::Tensor stats_partials(const c10::optional<at::Tensor>& stats, int64_t n, int64_t blocks, const at::Device& device) {
-    if (!stats.has_value()) return at::Tensor();
-    const at::Tensor& s = *stats;
-    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.size(0) == n && s.device() == device,
-                "LoCo kernels: stats must be float32 (", n, ",) on ", device, ", got ", s.scalar_type(), " ",
-                s.sizes(), " on ", s.device());
-    return at::empty({blocks, n}, s.options());
-}
-
-float* partials_ptr(const at::Tensor& partials) { return partials.defined() ? partials.data_ptr<float>() : nullptr; }
-
-void add_stats(const c10::optional<at::Tensor>& stats, const at::Tensor& partials) {
-    if (partials.defined() && partials.size(0) > 0) stats->add_(partials.sum(0));
-}
-
-int dtype_code(at::ScalarType t, const char* what) {
-    switch (t) {
-        case at::kFloat: return loco::kFloat32;
-        case at::kHalf: return loco::kFloat16;
-        case at::kBFloat16: return loco::kBFloat16;
-        default: TORCH_CHECK(false, "LoCo kernels: ", what, " must be float32, float16 or bfloat16, got ", t);
+// Logs, once per op and reason, that `op` runs the PyTorch reference (logger 'deepspeed_loco', WARNING).
+void report_fallback(const char* op, const std::string& reason) {
+    static std::mutex mutex;
+    static std::set<std::string> reported;
+    {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (!reported.insert(std::string(op) + ": " + reason).second) return;
     }
+    const py::gil_scoped_acquire gil;
+    py::module_::import("logging").attr("getLogger")("deepspeed_loco").attr("warning")(
+        "deepspeed_loco: %s runs the PyTorch reference for this call (and others like it): %s", op, reason);
 }
 
-// deepspeed_loco::quantize_bucket_ on CUDA (hop 1): `send` uint8 (world, row_bytes) of the wire of `bits` bits whose
-// widths are the gradients' padded partitions; error_bits 0 (no error lists), 8 or 32.
-void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& error_values,
-                     const std::vector<at::Tensor>& error_scales, int64_t error_bits, at::Tensor& send, int64_t world,
-                     int64_t local, int64_t bits, int64_t group_size, double err_beta, bool hadamard,
-                     const std::string& grid, const c10::optional<at::Tensor>& stats) {
-    const loco::HopArgs h = hop_args(world, local, bits, group_size, err_beta, hadamard, grid, 0, 0, false);
-    TORCH_CHECK(!grads.empty(), "LoCo kernels: a bucket without gradients");
+// The op `name`'s reference: its CPU kernel (the PyTorch reference of library.py, which runs on any device).
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> reference_of(const char* name) {
+    return c10::Dispatcher::singleton()
+        .findSchemaOrThrow((std::string(LOCO_STRING(LOCO_OPS_NAMESPACE)) + "::" + name).c_str(), "")
+        .typed<Signature>();
+}
+
+const c10::DispatchKeySet kReference(c10::DispatchKey::CPU);
+
+std::vector<at::Tensor> joined(std::initializer_list<at::TensorList> lists) {
+    std::vector<at::Tensor> out;
+    for (const at::TensorList list : lists) out.insert(out.end(), list.begin(), list.end());
+    return out;
+}
+
+std::vector<at::ScalarType> dtypes_of(at::TensorList tensors) {
+    std::vector<at::ScalarType> out;
+    for (const at::Tensor& t : tensors) out.push_back(t.scalar_type());
+    return out;
+}
+
+// ------------------------------------------------------------------------------------------------ the ops
+// deepspeed_loco::quantize_bucket (hop 1): `send` uint8 (world, row_bytes) of the wire of `bits` bits whose widths
+// are the gradients' padded partitions; error lists empty, int8 values with their scales, or fp32 values.
+void quantize_bucket(at::TensorList grads, at::TensorList error_values, at::TensorList error_scales,
+                     const at::Tensor& send, int64_t world_size, int64_t local_size, int64_t bits, int64_t group_size,
+                     double err_beta, bool hadamard, c10::string_view grid, const std::optional<at::Tensor>& stats) {
+    LOCO_CHECK(!grads.empty(), "a bucket without gradients");
+    const std::string reason =
+        unsupported(joined({grads, at::TensorList(send), error_values, error_scales}), dtypes_of(grads), true);
+    if (!reason.empty()) {
+        report_fallback("quantize_bucket", reason);
+        static const auto reference = reference_of<decltype(quantize_bucket)>("quantize_bucket");
+        return reference.redispatch(kReference, grads, error_values, error_scales, send, world_size, local_size, bits,
+                                    group_size, err_beta, hadamard, grid, stats);
+    }
+    const loco::HopArgs h =
+        hop_args(world_size, local_size, bits, group_size, err_beta, hadamard, grid, 0, 0, false);
     std::vector<int64_t> numels;
     for (const at::Tensor& grad : grads) numels.push_back(grad.numel());
     const Wire w = wire_layout(padded_widths(numels, h), h, h.bits, "wire");
+    check_pairs(w, h.world, h.group_size, "grads");
     const at::Device device = send.device();
     const int dtype = dtype_code(grads[0].scalar_type(), "grad");
     const std::vector<at::Tensor> contiguous = contiguous_on(grads, device, "grad", "the gradients of a bucket");
@@ -277,60 +417,80 @@ void quantize_bucket(const std::vector<at::Tensor>& grads, const std::vector<at:
         item.cols = w.widths[i];
         item.col = w.offsets[i];
     }
-    set_errors(items, error_values, error_scales, error_bits, h.world, w, h.group_size, device);
+    const loco::ErrorStorage storage = storage_of(error_values);
+    set_errors(items, error_values, error_scales, storage, h.world, w, h.group_size, device);
     const loco::WireArgs out = wire_args(send, w, h.world, device, "send");
     const c10::cuda::CUDAGuard guard(device);
     int64_t blocks = 0;
-    const int chunks = loco::chunks_per_thread(loco::kHop1Kernel, h.hadamard, (int)error_bits);
+    const int chunks = loco::chunks_per_thread(loco::kHop1Kernel, h.hadamard, storage);
     const at::Tensor table = upload(items, h.world, h.group_size, chunks, device, &blocks);
     const at::Tensor partials = stats_partials(stats, 2, blocks, device);
-    raise_if(loco::quantize_bucket(h, dtype, (int)error_bits,
-                                   reinterpret_cast<const loco::BucketItem*>(table.data_ptr()), (int)items.size(),
-                                   blocks, out, partials_ptr(partials), at::cuda::getCurrentCUDAStream().stream()));
+    raise_if(loco::quantize_bucket(h, dtype, storage, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
+                                   (int)items.size(), blocks, out, partials_ptr(partials),
+                                   at::cuda::getCurrentCUDAStream().stream()));
     add_stats(stats, partials);
 }
 
-// deepspeed_loco::requantize_bucket_ on CUDA (a later hop): `recv` uint8 (in_blocks * nodes, in_row_bytes) of the
-// wire of `in_bits` bits, `send` uint8 (nodes, row_bytes) of `bits` bits, both of parameter widths `widths`.
-void requantize_bucket(const at::Tensor& recv, const std::vector<at::Tensor>& error_values,
-                       const std::vector<at::Tensor>& error_scales, int64_t error_bits, at::Tensor& send,
-                       const std::vector<int64_t>& widths, int64_t world, int64_t local, int64_t bits, int64_t in_bits,
-                       int64_t in_blocks, int64_t group_size, double err_beta, const std::string& grid,
-                       const c10::optional<at::Tensor>& stats) {
-    const loco::HopArgs h = hop_args(world, local, bits, group_size, err_beta, false, grid, in_bits, in_blocks, true);
+// deepspeed_loco::requantize_bucket (a later hop): `recv` uint8 (in_blocks * nodes, in_row_bytes) of the wire of
+// `in_bits` bits, `send` uint8 (nodes, row_bytes) of `bits` bits, both of parameter widths `widths`.
+void requantize_bucket(const at::Tensor& recv, at::TensorList error_values, at::TensorList error_scales,
+                       const at::Tensor& send, at::IntArrayRef widths, int64_t world_size, int64_t local_size,
+                       int64_t bits, int64_t in_bits, int64_t in_blocks, int64_t group_size, double err_beta,
+                       c10::string_view grid, const std::optional<at::Tensor>& stats) {
+    const std::string reason =
+        unsupported(joined({at::TensorList(recv), at::TensorList(send), error_values, error_scales}), {}, true);
+    if (!reason.empty()) {
+        report_fallback("requantize_bucket", reason);
+        static const auto reference = reference_of<decltype(requantize_bucket)>("requantize_bucket");
+        return reference.redispatch(kReference, recv, error_values, error_scales, send, widths, world_size,
+                                    local_size, bits, in_bits, in_blocks, group_size, err_beta, grid, stats);
+    }
+    const loco::HopArgs h =
+        hop_args(world_size, local_size, bits, group_size, err_beta, false, grid, in_bits, in_blocks, true);
     const Wire win = wire_layout(widths, h, h.in_bits, "in_wire");
     const Wire w = wire_layout(widths, h, h.bits, "wire");
     const int64_t nodes = h.world / h.local;
+    check_pairs(w, nodes, h.group_size, "widths");
     const at::Device device = send.device();
     std::vector<loco::BucketItem> items(w.widths.size());
     for (size_t i = 0; i < items.size(); ++i) {
         items[i].cols = w.widths[i];
         items[i].col = w.offsets[i];
     }
-    set_errors(items, error_values, error_scales, error_bits, nodes, w, h.group_size, device);
+    const loco::ErrorStorage storage = storage_of(error_values);
+    set_errors(items, error_values, error_scales, storage, nodes, w, h.group_size, device);
     const loco::WireArgs in = wire_args(recv, win, h.in_blocks * nodes, device, "recv");
     const loco::WireArgs out = wire_args(send, w, nodes, device, "send");
     const c10::cuda::CUDAGuard guard(device);
     int64_t blocks = 0;
-    const int chunks = loco::chunks_per_thread(loco::kHop2Kernel, false, (int)error_bits);
+    const int chunks = loco::chunks_per_thread(loco::kHop2Kernel, false, storage);
     const at::Tensor table = upload(items, nodes, h.group_size, chunks, device, &blocks);
     const at::Tensor partials = stats_partials(stats, 2, blocks, device);
-    raise_if(loco::requantize_bucket(h, (int)error_bits, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
+    raise_if(loco::requantize_bucket(h, storage, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
                                      (int)items.size(), blocks, in, out, partials_ptr(partials),
                                      at::cuda::getCurrentCUDAStream().stream()));
     add_stats(stats, partials);
 }
 
-// deepspeed_loco::final_mean_bucket on CUDA: `recv` uint8 (rows, row_bytes) of the wire of `bits` bits whose widths
-// are the padded partitions of `numels`. Returns the mean partitions of this rank, concatenated: `out_dtype`
+// deepspeed_loco::final_mean_bucket: `recv` uint8 (rows, row_bytes) of the wire of `bits` bits whose widths are the
+// padded partitions of `numels`. Returns the mean partitions of this rank, concatenated: `out_dtype`
 // (sum of ceil(numel / world),).
-at::Tensor final_mean_bucket(const at::Tensor& recv, const std::vector<int64_t>& numels, int64_t world, int64_t bits,
-                             int64_t group_size, bool hadamard, const std::string& grid, int64_t rank,
-                             at::ScalarType out_dtype, const c10::optional<at::Tensor>& stats) {
-    const loco::HopArgs h = hop_args(world, 1, bits, group_size, 0.0, hadamard, grid, 0, 0, false);
+at::Tensor final_mean_bucket(const at::Tensor& recv, at::IntArrayRef numels, int64_t world_size, int64_t bits,
+                             int64_t group_size, bool hadamard, c10::string_view grid, int64_t rank,
+                             at::ScalarType out_dtype, const std::optional<at::Tensor>& stats) {
+    const std::string reason = unsupported({recv}, {out_dtype}, true);
+    if (!reason.empty()) {
+        report_fallback("final_mean_bucket", reason);
+        static const auto reference = reference_of<decltype(final_mean_bucket)>("final_mean_bucket");
+        return reference.redispatch(kReference, recv, numels, world_size, bits, group_size, hadamard, grid, rank,
+                                    out_dtype, stats);
+    }
+    const loco::HopArgs h = hop_args(world_size, 1, bits, group_size, 0.0, hadamard, grid, 0, 0, false);
     const Wire w = wire_layout(padded_widths(numels, h), h, h.bits, "wire");
-    TORCH_CHECK(rank >= 0 && rank < h.world, "LoCo kernels: rank = ", rank, " must be in [0, ", h.world, ")");
-    TORCH_CHECK(recv.dim() == 2 && recv.size(0) >= 1, "LoCo kernels: recv must be 2-D with rows, got ", recv.sizes());
+    check_pairs(w, 1, h.group_size, "numels");
+    LOCO_CHECK(rank >= 0 && rank < h.world, "rank = ", rank, " must be in [0, ", h.world, ")");
+    LOCO_CHECK(recv.dim() == 2 && recv.size(0) >= 1 && recv.size(0) <= 0x7fffffffLL,
+               "recv must be 2-D with 1 to 2147483647 rows, got ", recv.sizes());
     const int dtype = dtype_code(out_dtype, "out_dtype");
     const at::Device device = recv.device();
     const loco::WireArgs in = wire_args(recv, w, recv.size(0), device, "recv");
@@ -350,7 +510,7 @@ at::Tensor final_mean_bucket(const at::Tensor& recv, const std::vector<int64_t>&
     }
     const c10::cuda::CUDAGuard guard(device);
     int64_t blocks = 0;
-    const int chunks = loco::chunks_per_thread(loco::kFinalKernel, h.hadamard, 0);
+    const int chunks = loco::chunks_per_thread(loco::kFinalKernel, h.hadamard, loco::ErrorStorage::kNone);
     const at::Tensor table = upload(items, 1, h.group_size, chunks, device, &blocks);
     const at::Tensor partials = stats_partials(stats, 1, blocks, device);
     raise_if(loco::final_mean_bucket(h, dtype, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
@@ -360,18 +520,24 @@ at::Tensor final_mean_bucket(const at::Tensor& recv, const std::vector<int64_t>&
     return flat;
 }
 
-// The live rho's shared sample on CUDA (deepspeed_loco.ops.loco_reference.gather_sample): fp32 (n,) on the
-// tensors' device, out[i] = scales[owners[i]] * float(tensors[owners[i]].flatten()[coords[i]]), 0 where coords[i]
-// is -1. `owners` int32 (n,), `coords` int64 (n,) and `scales` fp32 (len(tensors),) are on the CPU: validated
-// here, then written to the device with the tensors' pointers in one asynchronous copy; one launch.
-at::Tensor gather_sample(const std::vector<at::Tensor>& tensors, const at::Tensor& owners, const at::Tensor& coords,
+// deepspeed_loco::gather_sample, the live rho's shared sample: fp32 (n,) on the tensors' device, out[i] =
+// scales[owners[i]] * float(tensors[owners[i]].flatten()[coords[i]]), 0 where coords[i] is -1. `owners` int32 (n,),
+// `coords` int64 (n,) and `scales` fp32 (len(tensors),) are on the CPU: validated here, then written to the device
+// with the tensors' pointers in one asynchronous copy; one launch.
+at::Tensor gather_sample(at::TensorList tensors, const at::Tensor& owners, const at::Tensor& coords,
                          const at::Tensor& scales) {
     TORCH_CHECK(!tensors.empty(), "LoCo sample: no tensors to sample");
+    const std::string reason = unsupported(tensors.vec(), dtypes_of(tensors), false);
+    if (!reason.empty()) {
+        report_fallback("gather_sample", reason);
+        static const auto reference = reference_of<decltype(gather_sample)>("gather_sample");
+        return reference.redispatch(kReference, tensors, owners, coords, scales);
+    }
     const int64_t count = (int64_t)tensors.size(), n = coords.numel();
     auto check_host = [](const at::Tensor& t, at::ScalarType dtype, int64_t size, const char* what) {
         TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == size &&
                         t.is_contiguous(),
-                    "LoCo sample: ", what, " must be a contiguous CPU ", dtype, " tensor of ", size, " elements");
+                    text("LoCo sample: ", what, " must be a contiguous CPU ", dtype, " tensor of ", size, " elements"));
     };
     check_host(coords, at::kLong, n, "coords");
     check_host(owners, at::kInt, n, "owners");
@@ -383,10 +549,11 @@ at::Tensor gather_sample(const std::vector<at::Tensor>& tensors, const at::Tenso
     const int32_t* owner = owners.data_ptr<int32_t>();
     const int64_t* coord = coords.data_ptr<int64_t>();
     for (int64_t i = 0; i < n; ++i) {
-        TORCH_CHECK(owner[i] >= 0 && owner[i] < count, "LoCo sample: owners[", i, "] = ", owner[i],
-                    " must be in [0, ", count, ")");
-        TORCH_CHECK(coord[i] >= -1 && coord[i] < contiguous[owner[i]].numel(), "LoCo sample: coords[", i, "] = ",
-                    coord[i], " must be -1 or in [0, ", contiguous[owner[i]].numel(), ")");
+        TORCH_CHECK(owner[i] >= 0 && owner[i] < count,
+                    text("LoCo sample: owners[", i, "] = ", owner[i], " must be in [0, ", count, ")"));
+        TORCH_CHECK(coord[i] >= -1 && coord[i] < contiguous[owner[i]].numel(),
+                    text("LoCo sample: coords[", i, "] = ", coord[i], " must be -1 or in [0, ",
+                         contiguous[owner[i]].numel(), ")"));
     }
     // one pinned table: pointers (count), coords (n), scales (count), owners (n); 8-byte fields first
     const int64_t bytes = 8 * count + 8 * n + 4 * count + 4 * n;
@@ -414,31 +581,29 @@ at::Tensor gather_sample(const std::vector<at::Tensor>& tensors, const at::Tenso
     return out;
 }
 
+// ------------------------------------------------------------------------------------------------ exports
 // The limits of loco_limits.h, as deepspeed_loco.layout.limits names them (a test compares the two).
 py::dict limits() {
     py::dict out;
     out["WIRE_BITS"] = py::tuple(py::cast(as_vector(loco::limits::kWireBits)));
-    out["ERROR_BITS"] = py::tuple(py::cast(as_vector(loco::limits::kErrorBits)));
     out["MIN_GROUP_SIZE"] = loco::limits::kMinGroupSize;
     out["MAX_GROUP_SIZE"] = loco::limits::kMaxGroupSize;
+    out["MAX_PARAMETER_PAIRS"] = loco::limits::kMaxParameterPairs;
+    out["MAX_LAUNCH_PAIRS"] = loco::limits::kMaxLaunchPairs;
     return out;
 }
 
 }  // namespace
 
+TORCH_LIBRARY_IMPL(LOCO_OPS_NAMESPACE, CUDA, m) {
+    m.impl("quantize_bucket", TORCH_FN(quantize_bucket));
+    m.impl("requantize_bucket", TORCH_FN(requantize_bucket));
+    m.impl("final_mean_bucket", TORCH_FN(final_mean_bucket));
+    m.impl("gather_sample", TORCH_FN(gather_sample));
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.doc() = "LoCo fused CUDA kernels, one launch per hop per bucket: the CUDA implementations of the "
-              "deepspeed_loco ops (deepspeed_loco/ops/library.py)";
-    m.def("limits", &limits, "the limits of loco_limits.h (bits, error bits, group sizes)");
-    m.def("unsupported", &unsupported,
-          "why the kernels cannot take these tensors (device or row stride), '' when they can");
-    m.def("quantize_bucket", &quantize_bucket,
-          "hop 1 of a bucket: partition, swizzle, [rotate,] compensate, quantize, update the errors, pack");
-    m.def("requantize_bucket", &requantize_bucket,
-          "a later hop of a bucket: dequantize-sum the received blocks, compensate, quantize, update, pack");
-    m.def("final_mean_bucket", &final_mean_bucket,
-          "the last hop's received rows to this rank's mean partitions ([rotated back,] divided by W, trimmed), "
-          "concatenated");
-    m.def("gather_sample", &gather_sample,
-          "the live rho's shared sample: scaled fp32 values of many tensors at given coordinates, one launch");
+    m.doc() = "LoCo fused CUDA kernels: loading this module registers the CUDA implementations of the " LOCO_STRING(
+        LOCO_OPS_NAMESPACE) " ops (deepspeed_loco/ops/library.py)";
+    m.def("limits", &limits, "the limits of loco_limits.h (wire bits, group sizes, sizes indexed in 32 bits)");
 }

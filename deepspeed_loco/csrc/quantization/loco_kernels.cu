@@ -65,12 +65,18 @@ constexpr int kRotateChunks = 2;
 static_assert(LOCO_FINAL_CHUNKS == 2 || LOCO_FINAL_CHUNKS == 4, "final mean: 2 or 4 chunks per thread");
 
 // The limits of loco_limits.h are what the kernels are compiled for: every group fills whole teams of at least one
-// thread and at most one block, and with_bits / with_error_bits (below) have a case for every limit.
+// thread and at most one block, and with_bits (below) has a case for every wire width; with_error_storage and
+// with_rounding have one for every enumerator of loco_formats.h (the compiler's -Wswitch names a missing one).
 static_assert(limits::kMinGroupSize >= 8 * 4 && (limits::kMinGroupSize & (limits::kMinGroupSize - 1)) == 0,
               "the smallest group is one thread's 4 chunks of 8 values");
 static_assert(limits::kMaxGroupSize / (8 * kRotateChunks) <= kBlock, "the largest group's team fits in one block");
+// The sizes indexed in 32 bits: a parameter's pairs and a block's overhang (locate_pair), a launch's blocks (at most
+// one per pair: a block covers kBlock * 8 * chunks / group_size >= 1 pairs).
+static_assert(limits::kMaxParameterPairs == 0x7fffffff - kBlock,
+              "a parameter's pairs and a block's overhang: 2^31 - 1");
+static_assert(limits::kMaxLaunchPairs == 0x7fffffff && kBlock * 8 * kRotateChunks >= limits::kMaxGroupSize,
+              "a launch's blocks, at most its pairs: 2^31 - 1");
 constexpr bool compiled_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 8; }
-constexpr bool compiled_error_bits(int bits) { return bits == 8 || bits == 32; }
 template <size_t N>
 constexpr bool all_of(const int (&values)[N], bool (*test)(int)) {
     for (size_t i = 0; i < N; ++i)
@@ -78,12 +84,11 @@ constexpr bool all_of(const int (&values)[N], bool (*test)(int)) {
     return true;
 }
 static_assert(all_of(limits::kWireBits, compiled_bits), "with_bits must dispatch every wire bit width of the limits");
-static_assert(all_of(limits::kErrorBits, compiled_error_bits),
-              "with_error_bits must dispatch every error-buffer width of the limits");
 
-constexpr int chunks_of(Kernel kernel, bool rotate, int error_bits) {
-    return rotate ? kRotateChunks
-                  : kernel == kFinalKernel ? LOCO_FINAL_CHUNKS : error_bits == 0 ? LOCO_PLAIN_CHUNKS : LOCO_ERROR_CHUNKS;
+constexpr int chunks_of(Kernel kernel, bool rotate, ErrorStorage storage) {
+    if (rotate) return kRotateChunks;
+    if (kernel == kFinalKernel) return LOCO_FINAL_CHUNKS;
+    return storage == ErrorStorage::kNone ? LOCO_PLAIN_CHUNKS : LOCO_ERROR_CHUNKS;
 }
 
 constexpr int min_blocks(int chunks) { return chunks > 2 ? LOCO_WIDE_MIN_BLOCKS : LOCO_MIN_BLOCKS; }
@@ -114,13 +119,17 @@ __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
     return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
 }
 
-// Runs f(std::true_type) for the mid-rise grid, f(std::false_type) for the symmetric one (uniform per launch).
+template <Rounding R>
+using RoundingConstant = std::integral_constant<Rounding, R>;
+
+// Runs f(RoundingConstant<r>{}): the launch's grid as a template argument (uniform per launch; every rounding's path
+// is compiled into each kernel, so grids double no kernel).
 template <typename F>
-__device__ __forceinline__ void with_grid(bool midrise, F&& f) {
-    if (midrise)
-        f(std::true_type{});
-    else
-        f(std::false_type{});
+__device__ __forceinline__ void with_rounding(Rounding r, F&& f) {
+    switch (r) {
+        case Rounding::kNearestEven: f(RoundingConstant<Rounding::kNearestEven>{}); break;
+        case Rounding::kFloor: f(RoundingConstant<Rounding::kFloor>{}); break;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------- gradients
@@ -217,15 +226,15 @@ struct Launch {
     int in_blocks;                  // hop 2: blocks of the previous hop summed (rows j * nodes + m of `in`)
     FastDivisor nodes_divisor;
     int item_rows;                  // rows of every parameter in this launch (hop 1: world, hop 2: nodes, final: 1)
-    bool midrise;
+    Rounding rounding;              // the wire grid's (both wires of hop 2 have the same grid)
     float beta, one_minus_beta, hadamard_scale;
     bool world_pow2;      // world is a power of two: the final mean multiplies by inv_world = 1 / world (exact)
     float inv_world;
     Levels levels;        // the output wire's grid (the input wire has the same grid, with its own bits)
-    Levels error_levels;  // the int8 error buffer's: 8 bits, symmetric (qmax 127)
-    uint32_t magic_bits;  // math::kRoundMagicBits (see OldError<8, C>)
+    Levels error_levels;  // the int8 error buffer's: 8 bits, nearest-even (qmax 127)
+    uint32_t magic_bits;  // math::kRoundMagicBits (see OldError<ErrorStorage::kInt8, C>)
     WireArgs in, out;
-    float* stats;         // noise statistics: kStats[kernel] fp32 partial sums per block, or nullptr (none computed)
+    float* stats;         // measured launches: N fp32 partial sums per block (N: 2 for the hops, 1 for the final mean)
 };
 
 // Where a team works: its block's parameter, and its own row and group of that parameter.
@@ -298,14 +307,14 @@ struct ErrorRow {
     float* scale;  // the group's scale (int8 storage)
 };
 
-template <int EBits>
+template <ErrorStorage E>
 __device__ __forceinline__ ErrorRow error_row(const Block& k, int64_t row) {
     ErrorRow r{nullptr, nullptr};
     const BucketItem& it = *k.item;
-    if (EBits == 8) {
+    if (E == ErrorStorage::kInt8) {
         r.values = static_cast<int8_t*>(it.err_values) + row * it.err_stride + k.col0;
         r.scale = it.err_scale + row * it.err_scale_stride + k.group;
-    } else if (EBits == 32) {
+    } else if (E == ErrorStorage::kFp32) {
         r.values = static_cast<float*>(it.err_values) + row * it.err_stride + k.col0;
     }
     return r;
@@ -313,14 +322,14 @@ __device__ __forceinline__ ErrorRow error_row(const Block& k, int64_t row) {
 
 // The stored error of the thread's chunks as loaded: int8 keeps the raw bytes and the group's scale (decoded
 // when used, which saves registers), fp32 keeps the values, none is zero.
-template <int EBits, int C>
+template <ErrorStorage E, int C>
 struct OldError {
     __device__ void bind(const Launch&) {}
     __device__ float at(int, int) const { return 0.0f; }
 };
 
 template <int C>
-struct OldError<8, C> {
+struct OldError<ErrorStorage::kInt8, C> {
     uint2 raw[C];  // the int8 codes with their sign bits flipped (see math::code_value)
     float scale;
     // kRoundMagicBits as read from the launch: a value the compiler cannot see keeps the byte permutes' selectors
@@ -328,12 +337,13 @@ struct OldError<8, C> {
     uint32_t magic_bits;
     __device__ void bind(const Launch& p) { magic_bits = p.magic_bits; }
     __device__ float at(int c, int i) const {
-        return f_mul(code_value<8, false>(((uint64_t)raw[c].y << 32) | raw[c].x, i, magic_bits), scale);
+        return f_mul(code_value<8, Rounding::kNearestEven>(((uint64_t)raw[c].y << 32) | raw[c].x, i, magic_bits),
+                     scale);
     }
 };
 
 template <int C>
-struct OldError<32, C> {
+struct OldError<ErrorStorage::kFp32, C> {
     float e[C][8];
     __device__ void bind(const Launch&) {}
     __device__ float at(int c, int i) const { return e[c][i]; }
@@ -341,11 +351,12 @@ struct OldError<32, C> {
 
 // Loads the error of the chunks of lane `lane` (chunk c starts 8 * (c * team + lane) columns into the group).
 template <int C>
-__device__ __forceinline__ void load_error(const ErrorRow&, int, int, OldError<0, C>&) {}
+__device__ __forceinline__ void load_error(const ErrorRow&, int, int, OldError<ErrorStorage::kNone, C>&) {}
 
 // The binding keeps error rows 16-byte aligned: every chunk is one vector access.
 template <int C>
-__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<8, C>& out) {
+__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team,
+                                           OldError<ErrorStorage::kInt8, C>& out) {
     out.scale = *r.scale;
     const int8_t* base = static_cast<const int8_t*>(r.values);
 #pragma unroll
@@ -356,7 +367,8 @@ __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team
 }
 
 template <int C>
-__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team, OldError<32, C>& out) {
+__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team,
+                                           OldError<ErrorStorage::kFp32, C>& out) {
     const float* base = static_cast<const float*>(r.values);
 #pragma unroll
     for (int c = 0; c < C; ++c) {
@@ -368,27 +380,27 @@ __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team
 }
 
 // beta * e of the thread's chunks, taken when the error is read (so int8 codes are decoded once); none without error.
-template <int EBits, int C>
+template <ErrorStorage E, int C>
 struct DecayedError {
     float e[C][8];
     __device__ float at(int c, int i) const { return e[c][i]; }
 };
 
 template <int C>
-struct DecayedError<0, C> {
+struct DecayedError<ErrorStorage::kNone, C> {
     __device__ float at(int, int) const { return 0.0f; }
 };
 
 template <int C>
-__device__ __forceinline__ void zero_error(OldError<0, C>&) {}
+__device__ __forceinline__ void zero_error(OldError<ErrorStorage::kNone, C>&) {}
 template <int C>
-__device__ __forceinline__ void zero_error(OldError<8, C>& e) {
+__device__ __forceinline__ void zero_error(OldError<ErrorStorage::kInt8, C>& e) {
 #pragma unroll
     for (int c = 0; c < C; ++c) e.raw[c] = make_uint2(0x80808080u, 0x80808080u);  // codes 0
     e.scale = 0.0f;
 }
 template <int C>
-__device__ __forceinline__ void zero_error(OldError<32, C>& e) {
+__device__ __forceinline__ void zero_error(OldError<ErrorStorage::kFp32, C>& e) {
 #pragma unroll
     for (int c = 0; c < C; ++c)
 #pragma unroll
@@ -568,60 +580,61 @@ __device__ __forceinline__ void add_squares(const float (&v)[C][8], float& sq) {
 // ------------------------------------------------------------------------------- compensate + quantize
 // Runs pass(quantize_chunk) with the fastest chunk quantizer that gives `quantize`'s codes for all of the thread's
 // values (see reciprocal_codes): one decision per group, none per chunk.
-template <bool Midrise, int Bits, int C, typename Pass>
+template <Rounding R, int Bits, int C, typename Pass>
 __device__ __forceinline__ void with_quantizer(const float (&v)[C][8], const Rule& rule, const Levels& lv,
                                                Pass&& pass) {
-    if (reciprocal_codes<Midrise>(v, rule))
-        pass([&](const float (&x)[8], float (&biased)[8]) { quantize_chunk_fast<Midrise, Bits>(x, rule, biased); });
+    if (reciprocal_codes<R>(v, rule))
+        pass([&](const float (&x)[8], float (&biased)[8]) { quantize_chunk_fast<R, Bits>(x, rule, biased); });
     else
-        pass([&](const float (&x)[8], float (&biased)[8]) {
-            quantize_chunk_exact<Midrise, Bits>(x, rule, lv, biased);
-        });
+        pass([&](const float (&x)[8], float (&biased)[8]) { quantize_chunk_exact<R, Bits>(x, rule, lv, biased); });
+}
+
+// The value of a biased code in steps, k + cell_centre(R) (k itself, with no add, for a cell centre of 0).
+template <Rounding R, int Bits>
+__device__ __forceinline__ float level_of(float biased) {
+    if constexpr (cell_centre(R) != 0.0f)
+        return f_add(code_of<Bits>(biased), cell_centre(R));
+    else
+        return code_of<Bits>(biased);
 }
 
 // v: compensated values c of the thread's chunks (all zero for an inactive team); decayed: beta * the old error.
-// Quantizes the group on the wire grid (Midrise or symmetric, p.levels) to `data`/`scale`, then (EBits != 0)
-// stores the updated error to `er` (int8 storage: symmetric, qmax 127). With p.stats, err_sq gains the squares of
-// the quantization error c - deq of the thread's values. Each chunk is quantized, packed, stored and
+// Quantizes the group on the wire grid (rounding R, p.levels) to `data`/`scale`, then (E != kNone) stores the updated
+// error to `er` (int8 storage: nearest-even, qmax 127). Measured: err_sq gains the squares of the quantization error
+// c - deq of the thread's values (unmeasured kernels compile none of it). Each chunk is quantized, packed, stored and
 // (with error) turned into its new error in one pass, so only 8 codes are live at a time.
-template <int Bits, int EBits, bool Midrise, int C>
+template <int Bits, ErrorStorage E, Rounding R, bool Measured, int C>
 __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, float (&v)[C][8],
-                                               const DecayedError<EBits, C>& decayed, uint32_t key, uint8_t* data,
+                                               const DecayedError<E, C>& decayed, uint32_t key, uint8_t* data,
                                                float* scale, const ErrorRow& er, uint32_t* red, float& err_sq) {
     const int lane = k.lane, team = k.team;
     key = team_max(key, p.team_log2, red);
     const Rule rule = make_rule(key, p.levels);
     uint8_t* const words = data + (int64_t)lane * Bits;  // chunk c's packed word at words + c * team * Bits
     float m = 0.0f;                                       // absmax of the new error
-    with_quantizer<Midrise, Bits>(v, rule, p.levels, [&](auto&& quantize_chunk) {
+    with_quantizer<R, Bits>(v, rule, p.levels, [&](auto&& quantize_chunk) {
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             float biased[8];
             quantize_chunk(v[c], biased);
             if (k.active) store_word<Bits>(words + (int64_t)c * team * Bits, pack_word<Bits>(biased));
-            if (p.stats != nullptr) {
+            if constexpr (Measured || E != ErrorStorage::kNone) {
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
-                    const float level = Midrise ? f_add(code_of<Bits>(biased[i]), 0.5f) : code_of<Bits>(biased[i]);
-                    const float r = f_sub(v[c][i], f_mul(level, rule.scale()));
-                    err_sq = f_fma(r, r, err_sq);
-                }
-            }
-            if constexpr (EBits != 0) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const float level = Midrise ? f_add(code_of<Bits>(biased[i]), 0.5f) : code_of<Bits>(biased[i]);
-                    v[c][i] = update_decayed(decayed.at(c, i), f_sub(v[c][i], f_mul(level, rule.scale())),
-                                             p.one_minus_beta);
-                    m = absmax_step(m, v[c][i]);
+                    const float r = f_sub(v[c][i], f_mul(level_of<R, Bits>(biased[i]), rule.scale()));
+                    if constexpr (Measured) err_sq = f_fma(r, r, err_sq);
+                    if constexpr (E != ErrorStorage::kNone) {
+                        v[c][i] = update_decayed(decayed.at(c, i), r, p.one_minus_beta);
+                        m = absmax_step(m, v[c][i]);
+                    }
                 }
             }
         }
     });
     if (k.active && lane == 0) __stcs(scale, rule.scale());
-    if (EBits == 0) return;
+    if constexpr (E == ErrorStorage::kNone) return;
     const uint32_t ekey = team_max(key_of(m), p.team_log2, red);
-    if (EBits == 32) {
+    if (E == ErrorStorage::kFp32) {
         const bool finite = key_finite(ekey);
         if (!k.active) return;
         float* base = static_cast<float*>(er.values);
@@ -636,11 +649,11 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
         }
         return;
     }
-    // int8 storage: the symmetric quantizer with 8 bits; a non-finite group is stored as zero (scale 0, q 0).
+    // int8 storage: 8 bits rounded to nearest-even (the symmetric grid); a non-finite group is stored as zero.
     const Rule erule = make_rule(ekey, p.error_levels);
     if (!k.active) return;
     uint2* const codes = reinterpret_cast<uint2*>(static_cast<int8_t*>(er.values) + 8 * lane);  // chunk c: + c * team
-    with_quantizer<false, 8>(v, erule, p.error_levels, [&](auto&& quantize_chunk) {
+    with_quantizer<Rounding::kNearestEven, 8>(v, erule, p.error_levels, [&](auto&& quantize_chunk) {
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             float biased[8];
@@ -652,27 +665,28 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
     if (lane == 0) *er.scale = key_finite(ekey) ? erule.scale() : 0.0f;
 }
 
-// The wire grid of the launch as a template argument: quantize_group<Bits, EBits, Midrise>.
-template <int Bits, int EBits, int C>
+// The wire grid's rounding of the launch as a template argument: quantize_group<Bits, E, R, Measured>.
+template <int Bits, ErrorStorage E, bool Measured, int C>
 __device__ __forceinline__ void quantize_group_on_grid(const Launch& p, const Block& k, float (&v)[C][8],
-                                                       const DecayedError<EBits, C>& decayed, uint32_t key,
+                                                       const DecayedError<E, C>& decayed, uint32_t key,
                                                        uint8_t* data, float* scale, const ErrorRow& er, uint32_t* red,
                                                        float& err_sq) {
-    with_grid(p.midrise, [&](auto midrise) {
-        quantize_group<Bits, EBits, decltype(midrise)::value>(p, k, v, decayed, key, data, scale, er, red, err_sq);
+    with_rounding(p.rounding, [&](auto rounding) {
+        quantize_group<Bits, E, decltype(rounding)::value, Measured>(p, k, v, decayed, key, data, scale, er, red,
+                                                                     err_sq);
     });
 }
 
 // c = v + e (when there is an error buffer), in place, and decayed = beta * e; returns the thread's absmax key of c.
-template <int EBits, int C>
-__device__ __forceinline__ uint32_t compensate(float (&v)[C][8], const OldError<EBits, C>& old, float beta,
-                                               DecayedError<EBits, C>& decayed) {
+template <ErrorStorage E, int C>
+__device__ __forceinline__ uint32_t compensate(float (&v)[C][8], const OldError<E, C>& old, float beta,
+                                               DecayedError<E, C>& decayed) {
     float m = 0.0f;
 #pragma unroll
     for (int c = 0; c < C; ++c)
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            if constexpr (EBits != 0) {
+            if constexpr (E != ErrorStorage::kNone) {
                 const float e = old.at(c, i);
                 v[c][i] = f_add(v[c][i], e);
                 decayed.e[c][i] = f_mul(e, beta);
@@ -692,9 +706,9 @@ __device__ __forceinline__ void zero_values(float (&v)[C][8]) {
 
 // ------------------------------------------------------------------------------------------------ hop 1
 // Block row = slot of the send buffer; slot d*M + n carries partition row n*L + d of its gradient.
-// One (row, group) pair of hop 1 for the team: every thread of the block calls it (team reductions, rotation). With
-// p.stats, sq[0] gains the squares of the gradient values, sq[1] those of the quantization error.
-template <int DT, int Bits, int EBits, bool Rotate, int C>
+// One (row, group) pair of hop 1 for the team: every thread of the block calls it (team reductions, rotation).
+// Measured: sq[0] gains the squares of the gradient values, sq[1] those of the quantization error.
+template <int DT, int Bits, ErrorStorage E, bool Rotate, bool Measured, int C>
 __device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint32_t* red, float (&sq)[2]) {
     const BucketItem& it = *k.item;
     const int lane = k.lane, team = k.team;
@@ -704,9 +718,9 @@ __device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint
     const int64_t part = it.part;
     const int64_t row_start = row * part;
     const int64_t row_valid = max((int64_t)0, min(part, it.numel - row_start));
-    const ErrorRow er = error_row<EBits>(k, slot);
+    const ErrorRow er = error_row<E>(k, slot);
     float v[C][8];
-    OldError<EBits, C> old;
+    OldError<E, C> old;
     old.bind(p);
     if (k.active) {
         load_error(er, lane, team, old);
@@ -731,20 +745,21 @@ __device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint
         zero_values(v);
         zero_error(old);
     }
-    if (p.stats != nullptr) add_squares(v, sq[0]);
+    if constexpr (Measured) add_squares(v, sq[0]);
     if constexpr (Rotate) {  // every thread: the butterfly exchanges across the team
         apply_signs(v, chunk_signs(lane, team));
         butterfly(v, lane, p.team_log2, Exchange<Rotate>::get());
         scale_all(v, p.hadamard_scale);
     }
-    DecayedError<EBits, C> decayed;
+    DecayedError<E, C> decayed;
     const uint32_t key = compensate(v, old, p.beta, decayed);
-    quantize_group_on_grid<Bits, EBits>(p, k, v, decayed, key, wire_data<Bits>(p.out, slot, k),
-                                        wire_scale(p.out, slot, k, p.group_log2), er, red, sq[1]);
+    quantize_group_on_grid<Bits, E, Measured>(p, k, v, decayed, key, wire_data<Bits>(p.out, slot, k),
+                                              wire_scale(p.out, slot, k, p.group_log2), er, red, sq[1]);
 }
 
-
-template <int DT, int Bits, int EBits, bool Rotate, int C = chunks_of(kHop1Kernel, Rotate, EBits),
+// Measured (a launch with stats): the block's sums go to p.stats[2 * block ..]; an unmeasured kernel has no trace of
+// them (registers, loads, barriers).
+template <int DT, int Bits, ErrorStorage E, bool Rotate, bool Measured, int C = chunks_of(kHop1Kernel, Rotate, E),
           int G = groups_of(kHop1Kernel, Rotate)>
 __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launch p) {
     __shared__ uint32_t red[kBlock / 32];
@@ -752,8 +767,8 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launc
     float sq[2] = {0.0f, 0.0f};
 #pragma unroll 1
     for (int step = 0; step < G; ++step)
-        hop1_group<DT, Bits, EBits, Rotate, C>(p, locate_pair(p, item, step, G), red, sq);
-    if (p.stats != nullptr) write_block_sums(sq, p.stats + 2 * (int64_t)blockIdx.x);
+        hop1_group<DT, Bits, E, Rotate, Measured, C>(p, locate_pair(p, item, step, G), red, sq);
+    if constexpr (Measured) write_block_sums(sq, p.stats + 2 * (int64_t)blockIdx.x);
 }
 
 // ------------------------------------------------------------------------------------------------ hop 2
@@ -762,9 +777,9 @@ template <int C>
 constexpr int kRowsPerBatch = 8 / C;
 
 // v = sum over j < count of dequant(row first + j * stride of `in`) for the thread's chunks, in j order (fp32), codes
-// of `Bits` bits on the launch's grid (Midrise: value (k + 0.5) * scale). The loads of kRowsPerBatch rows are issued
-// before any of them is used; codes are decoded without integer-to-float conversions (math::code_value).
-template <int Bits, bool Midrise, int C>
+// of `Bits` bits on the launch's grid (rounding R: value (k + cell_centre(R)) * scale). The loads of kRowsPerBatch rows
+// are issued before any of them is used; codes are decoded without integer-to-float conversions (math::code_value).
+template <int Bits, Rounding R, int C>
 __device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, int64_t first, int64_t stride, int count,
                                          float (&v)[C][8]) {
     for (int r0 = 0; r0 < count; r0 += kRowsPerBatch<C>) {
@@ -788,7 +803,7 @@ __device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, int64_
                 for (int c = 0; c < C; ++c)
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
-                        const float d = f_mul(code_value<Bits, Midrise>(w[j][c], i), s[j]);
+                        const float d = f_mul(code_value<Bits, R>(w[j][c], i), s[j]);
                         v[c][i] = r0 + j == 0 ? d : f_add(v[c][i], d);
                     }
             }
@@ -799,20 +814,20 @@ __device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, int64_
 template <int Bits, int C>
 __device__ __forceinline__ void sum_rows_on_grid(const Launch& p, const Block& k, int64_t first, int64_t stride,
                                                  int count, float (&v)[C][8]) {
-    with_grid(p.midrise, [&](auto midrise) {
-        sum_rows<Bits, decltype(midrise)::value>(p, k, first, stride, count, v);
+    with_rounding(p.rounding, [&](auto rounding) {
+        sum_rows<Bits, decltype(rounding)::value>(p, k, first, stride, count, v);
     });
 }
 
-// Block row = output row m (node); the input bits are a run-time switch (p.in_bits). With p.stats, sq[0] gains the
+// Block row = output row m (node); the input bits are a run-time switch (p.in_bits). Measured: sq[0] gains the
 // squares of the summed input, sq[1] those of the quantization error.
-template <int Bits, int EBits, int C>
+template <int Bits, ErrorStorage E, bool Measured, int C>
 __device__ __forceinline__ void hop2_group(const Launch& p, int in_bits, const Block& k, uint32_t* red,
                                            float (&sq)[2]) {
     const int64_t m = k.row;
-    const ErrorRow er = error_row<EBits>(k, m);
+    const ErrorRow er = error_row<E>(k, m);
     float v[C][8];
-    OldError<EBits, C> old;
+    OldError<E, C> old;
     old.bind(p);
     if (k.active) {
         load_error(er, k.lane, k.team, old);
@@ -827,22 +842,23 @@ __device__ __forceinline__ void hop2_group(const Launch& p, int in_bits, const B
         zero_values(v);
         zero_error(old);
     }
-    if (p.stats != nullptr) add_squares(v, sq[0]);
-    DecayedError<EBits, C> decayed;
+    if constexpr (Measured) add_squares(v, sq[0]);
+    DecayedError<E, C> decayed;
     const uint32_t key = compensate(v, old, p.beta, decayed);
-    quantize_group_on_grid<Bits, EBits>(p, k, v, decayed, key, wire_data<Bits>(p.out, m, k),
-                                        wire_scale(p.out, m, k, p.group_log2), er, red, sq[1]);
+    quantize_group_on_grid<Bits, E, Measured>(p, k, v, decayed, key, wire_data<Bits>(p.out, m, k),
+                                              wire_scale(p.out, m, k, p.group_log2), er, red, sq[1]);
 }
 
-template <int Bits, int EBits, int C = chunks_of(kHop2Kernel, false, EBits), int G = groups_of(kHop2Kernel, false)>
+template <int Bits, ErrorStorage E, bool Measured, int C = chunks_of(kHop2Kernel, false, E),
+          int G = groups_of(kHop2Kernel, false)>
 __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launch p, int in_bits) {
     __shared__ uint32_t red[kBlock / 32];
     const BucketItem* const item = p.items + item_of_block(p);
     float sq[2] = {0.0f, 0.0f};
 #pragma unroll 1
     for (int step = 0; step < G; ++step)
-        hop2_group<Bits, EBits, C>(p, in_bits, locate_pair(p, item, step, G), red, sq);
-    if (p.stats != nullptr) write_block_sums(sq, p.stats + 2 * (int64_t)blockIdx.x);
+        hop2_group<Bits, E, Measured, C>(p, in_bits, locate_pair(p, item, step, G), red, sq);
+    if constexpr (Measured) write_block_sums(sq, p.stats + 2 * (int64_t)blockIdx.x);
 }
 
 // ------------------------------------------------------------------------------------------------ final
@@ -891,8 +907,8 @@ __device__ __forceinline__ void store_out(void* out, int64_t col, int64_t count,
     }
 }
 
-// The team's fp32 sums, / W, trimmed to the partition, stored as OutDT; with p.stats, sq gains their squares.
-template <int OutDT, int C>
+// The team's fp32 sums, / W, trimmed to the partition, stored as OutDT; Measured: sq gains their squares.
+template <int OutDT, bool Measured, int C>
 __device__ __forceinline__ void final_store(const Launch& p, const Block& k, const BucketItem& it, float (&v)[C][8],
                                             float& sq) {
     // / W: for W = 2^j the product by the exact 2^-j rounds the same real number once, so it is the IEEE quotient
@@ -919,16 +935,17 @@ __device__ __forceinline__ void final_store(const Launch& p, const Block& k, con
             for (int i = 0; i < 8; ++i)
                 if (col + i >= it.valid) v[c][i] = 0.0f;
         }
-        if (p.stats != nullptr)
+        if constexpr (Measured)
 #pragma unroll
             for (int i = 0; i < 8; ++i) sq = f_fma(v[c][i], v[c][i], sq);
         store_out<OutDT>(it.out, col, it.part - col, v[c]);
     }
 }
 
-// One output row per parameter; with Rotate each group's sum is rotated back (d * (H t) * s) before / W. With
-// p.stats, the block's sum of squares of the fp32 mean it writes (before the cast) goes to p.stats[blockIdx.x].
-template <int Bits, int OutDT, bool Rotate, int C = chunks_of(kFinalKernel, Rotate, 0)>
+// One output row per parameter; with Rotate each group's sum is rotated back (d * (H t) * s) before / W. Measured:
+// the block's sum of squares of the fp32 mean it writes (before the cast) goes to p.stats[blockIdx.x].
+template <int Bits, int OutDT, bool Rotate, bool Measured,
+          int C = chunks_of(kFinalKernel, Rotate, ErrorStorage::kNone)>
 __global__ void __launch_bounds__(kBlock, LOCO_FINAL_MIN_BLOCKS) final_kernel(const Launch p) {
     const Block k = locate(p);
     const BucketItem& it = *k.item;
@@ -943,8 +960,8 @@ __global__ void __launch_bounds__(kBlock, LOCO_FINAL_MIN_BLOCKS) final_kernel(co
         apply_signs(v, chunk_signs(k.lane, k.team));
     }
     float sq[1] = {0.0f};
-    if (k.active) final_store<OutDT, C>(p, k, it, v, sq[0]);
-    if (p.stats != nullptr) write_block_sums(sq, p.stats + (int64_t)blockIdx.x);
+    if (k.active) final_store<OutDT, Measured, C>(p, k, it, v, sq[0]);
+    if constexpr (Measured) write_block_sums(sq, p.stats + (int64_t)blockIdx.x);
 }
 
 // ------------------------------------------------------------------------------------------- launching
@@ -959,14 +976,17 @@ bool with_bits(int bits, F&& f) {
     }
 }
 
+template <ErrorStorage E>
+using StorageConstant = std::integral_constant<ErrorStorage, E>;
+
 template <typename F>
-bool with_error_bits(int bits, F&& f) {
-    switch (bits) {
-        case 0: f(std::integral_constant<int, 0>{}); return true;
-        case 8: f(std::integral_constant<int, 8>{}); return true;
-        case 32: f(std::integral_constant<int, 32>{}); return true;
-        default: return false;
+bool with_error_storage(ErrorStorage storage, F&& f) {
+    switch (storage) {
+        case ErrorStorage::kNone: f(StorageConstant<ErrorStorage::kNone>{}); return true;
+        case ErrorStorage::kInt8: f(StorageConstant<ErrorStorage::kInt8>{}); return true;
+        case ErrorStorage::kFp32: f(StorageConstant<ErrorStorage::kFp32>{}); return true;
     }
+    return false;
 }
 
 template <typename F>
@@ -979,9 +999,10 @@ bool with_dtype(int dtype, F&& f) {
     }
 }
 
+// f(std::true_type) or f(std::false_type): the rotation, or whether a launch is measured, as a template argument.
 template <typename F>
-void with_rotation(bool rotate, F&& f) {
-    if (rotate)
+void with_flag(bool flag, F&& f) {
+    if (flag)
         f(std::true_type{});
     else
         f(std::false_type{});
@@ -996,9 +1017,9 @@ int log2_of(int64_t v) {
 // fp32(1 / sqrt(group_size)), rounded like the reference (double, then fp32).
 float hadamard_scale(int group_size) { return (float)(1.0 / sqrt((double)group_size)); }
 
-// `chunks`: chunks_of the kernel the launch runs (it sets the team size).
+// `chunks`: chunks_of the kernel the launch runs (it sets the team size); `stats`: the measured launch's partial sums.
 Launch make_launch(const HopArgs& a, int chunks, const BucketItem* items, int count, WireArgs in, WireArgs out,
-                   int rows) {
+                   int rows, float* stats) {
     Launch p;
     p.items = items;
     p.count = count;
@@ -1011,18 +1032,18 @@ Launch make_launch(const HopArgs& a, int chunks, const BucketItem* items, int co
     p.nodes_divisor = fast_divisor((uint32_t)p.nodes);
     p.rows = rows;
     p.item_rows = a.world;
-    p.midrise = a.grid == kMidrise;
+    p.rounding = a.rounding;
     p.beta = a.beta;
     p.one_minus_beta = math::f_sub(1.0f, a.beta);
     p.hadamard_scale = hadamard_scale(a.group_size);
     p.world_pow2 = a.world > 0 && (a.world & (a.world - 1)) == 0;
     p.inv_world = p.world_pow2 ? 1.0f / (float)a.world : 0.0f;  // exact: 2^-j, j < 31
-    p.levels = levels(a.bits, a.grid);
-    p.error_levels = levels(8, kSymmetric);
+    p.levels = levels(a.bits, a.rounding);
+    p.error_levels = levels(8, Rounding::kNearestEven);
     p.magic_bits = kRoundMagicBits;
     p.in = in;
     p.out = out;
-    p.stats = nullptr;
+    p.stats = stats;
     return p;
 }
 
@@ -1031,27 +1052,30 @@ const char* launched() {
     return status == cudaSuccess ? nullptr : cudaGetErrorString(status);
 }
 
-constexpr const char* kBadArguments = "LoCo kernels: bits, error bits or dtype outside the compiled set";
+constexpr const char* kBadArguments = "LoCo kernels: bits, error storage or dtype outside the compiled set";
 
 }  // namespace
 
-int chunks_per_thread(Kernel kernel, bool rotate, int error_bits) {
-    return chunks_of(kernel, rotate, error_bits) * groups_of(kernel, rotate);
+int chunks_per_thread(Kernel kernel, bool rotate, ErrorStorage storage) {
+    return chunks_of(kernel, rotate, storage) * groups_of(kernel, rotate);
 }
 
-const char* quantize_bucket(const HopArgs& a, int grad_dtype, int error_bits, const BucketItem* items, int count,
-                            int64_t blocks, WireArgs out, float* stats, cudaStream_t stream) {
+const char* quantize_bucket(const HopArgs& a, int grad_dtype, ErrorStorage storage, const BucketItem* items,
+                            int count, int64_t blocks, WireArgs out, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    Launch p = make_launch(a, chunks_of(kHop1Kernel, a.hadamard, error_bits), items, count, WireArgs{}, out, 0);
-    p.stats = stats;
+    const Launch p = make_launch(a, chunks_of(kHop1Kernel, a.hadamard, storage), items, count, WireArgs{}, out, 0,
+                                 stats);
     bool ok = false;
     with_dtype(grad_dtype, [&](auto dt) {
         with_bits(a.bits, [&](auto bits) {
-            with_error_bits(error_bits, [&](auto ebits) {
-                with_rotation(a.hadamard, [&](auto rotate) {
-                    hop1_kernel<decltype(dt)::value, decltype(bits)::value, decltype(ebits)::value,
-                                decltype(rotate)::value><<<(unsigned)blocks, kBlock, 0, stream>>>(p);
-                    ok = true;
+            with_error_storage(storage, [&](auto e) {
+                with_flag(a.hadamard, [&](auto rotate) {
+                    with_flag(stats != nullptr, [&](auto measured) {
+                        hop1_kernel<decltype(dt)::value, decltype(bits)::value, decltype(e)::value,
+                                    decltype(rotate)::value, decltype(measured)::value>
+                            <<<(unsigned)blocks, kBlock, 0, stream>>>(p);
+                        ok = true;
+                    });
                 });
             });
         });
@@ -1059,18 +1083,19 @@ const char* quantize_bucket(const HopArgs& a, int grad_dtype, int error_bits, co
     return ok ? launched() : kBadArguments;
 }
 
-const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem* items, int count, int64_t blocks,
-                              WireArgs in, WireArgs out, float* stats, cudaStream_t stream) {
+const char* requantize_bucket(const HopArgs& a, ErrorStorage storage, const BucketItem* items, int count,
+                              int64_t blocks, WireArgs in, WireArgs out, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    Launch p = make_launch(a, chunks_of(kHop2Kernel, false, error_bits), items, count, in, out, 0);
-    p.stats = stats;
+    Launch p = make_launch(a, chunks_of(kHop2Kernel, false, storage), items, count, in, out, 0, stats);
     p.item_rows = p.nodes;
     bool ok = false;
     with_bits(a.bits, [&](auto bits) {
-        with_error_bits(error_bits, [&](auto ebits) {
-            hop2_kernel<decltype(bits)::value, decltype(ebits)::value><<<(unsigned)blocks, kBlock, 0, stream>>>(
-                p, a.in_bits);
-            ok = true;
+        with_error_storage(storage, [&](auto e) {
+            with_flag(stats != nullptr, [&](auto measured) {
+                hop2_kernel<decltype(bits)::value, decltype(e)::value, decltype(measured)::value>
+                    <<<(unsigned)blocks, kBlock, 0, stream>>>(p, a.in_bits);
+                ok = true;
+            });
         });
     });
     return ok ? launched() : kBadArguments;
@@ -1079,16 +1104,18 @@ const char* requantize_bucket(const HopArgs& a, int error_bits, const BucketItem
 const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem* items, int count, int64_t blocks,
                               WireArgs in, int rows, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    Launch p = make_launch(a, chunks_of(kFinalKernel, a.hadamard, 0), items, count, in, WireArgs{}, rows);
-    p.stats = stats;
+    Launch p = make_launch(a, chunks_of(kFinalKernel, a.hadamard, ErrorStorage::kNone), items, count, in, WireArgs{},
+                           rows, stats);
     p.item_rows = 1;
     bool ok = false;
     with_dtype(out_dtype, [&](auto dt) {
         with_bits(a.bits, [&](auto bits) {
-            with_rotation(a.hadamard, [&](auto rotate) {
-                final_kernel<decltype(bits)::value, decltype(dt)::value, decltype(rotate)::value>
-                    <<<(unsigned)blocks, kBlock, 0, stream>>>(p);
-                ok = true;
+            with_flag(a.hadamard, [&](auto rotate) {
+                with_flag(stats != nullptr, [&](auto measured) {
+                    final_kernel<decltype(bits)::value, decltype(dt)::value, decltype(rotate)::value,
+                                 decltype(measured)::value><<<(unsigned)blocks, kBlock, 0, stream>>>(p);
+                    ok = true;
+                });
             });
         });
     });

@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include "loco_formats.h"
+
 #if defined(__CUDACC__)
 #define LOCO_HD __host__ __device__ __forceinline__
 #else
@@ -37,7 +39,6 @@ namespace loco {
 // ------------------------------------------------------------------------------------------------------
 
 enum GradDType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-enum QuantGrid : int { kSymmetric = 0, kMidrise = 1 };
 
 // Everything a hop's kernel needs besides tensors: the C form of deepspeed_loco.layout.HopArgs, filled once at
 // the binding boundary (which validates it against loco_limits.h). `bits`: this hop's wire bits; `in_bits` /
@@ -45,7 +46,7 @@ enum QuantGrid : int { kSymmetric = 0, kMidrise = 1 };
 struct HopArgs {
     int world, local, bits, group_size;
     float beta;
-    int grid;  // QuantGrid of the wire values (the int8 error buffer is always symmetric, qmax 127)
+    Rounding rounding;  // the wire grid's (loco_formats.h; the int8 error buffer is always nearest-even, qmax 127)
     bool hadamard;
     int in_bits, in_blocks;
 };
@@ -126,23 +127,24 @@ inline int64_t blocks_for(int64_t rows, int64_t cols, int group_size, int chunks
 // (hop 2 never rotates; the final mean has no error), times the groups each thread takes in turn (1 unless built
 // with LOCO_HOP_GROUPS): the binding numbers the blocks of the launch with it (blocks_for).
 enum Kernel : int { kHop1Kernel = 0, kHop2Kernel = 1, kFinalKernel = 2 };
-int chunks_per_thread(Kernel kernel, bool rotate, int error_bits);
+int chunks_per_thread(Kernel kernel, bool rotate, ErrorStorage storage);
 
 // Each launcher runs one kernel over the `count` parameters of `items` (a device array, `blocks` blocks in all)
-// on `stream`. Arguments are validated by the binding. `stats`: nullptr, or fp32 (blocks, N) that each block fills
-// with its partial sums of the noise statistics (hops: N = 2, the squares of the hop's input and of the quantization
-// error c - deq; final: N = 1, the squares of the fp32 mean), for the binding to add up (no atomics: deterministic).
+// on `stream`. Arguments are validated by the binding. `stats`: nullptr (an unmeasured launch: its kernel is compiled
+// without any of the statistics), or fp32 (blocks, N) that each block fills with its partial sums of the noise
+// statistics (hops: N = 2, the squares of the hop's input and of the quantization error c - deq; final: N = 1, the
+// squares of the fp32 mean), for the binding to add up (no atomics: deterministic).
 
 // hop 1: partition each gradient into `world` rows of `part` elements padded to `cols`, in slot order (slot
 // d*M + n carries row n*L + d), [rotate each group,] compensate with its error (world, cols), quantize into
 // `out` (world rows) and update the error in place. All gradients have dtype `grad_dtype`.
-const char* quantize_bucket(const HopArgs& args, int grad_dtype, int error_bits, const BucketItem* items,
+const char* quantize_bucket(const HopArgs& args, int grad_dtype, ErrorStorage storage, const BucketItem* items,
                             int count, int64_t blocks, WireArgs out, float* stats, cudaStream_t stream);
 
 // hop 2: sum the `in_blocks` dequantized blocks of `in` (in_blocks * nodes rows; block i = rows [i*nodes,
 // (i+1)*nodes), nodes = world / local) in block order, compensate with the error (nodes, cols), quantize into
 // `out` (nodes rows).
-const char* requantize_bucket(const HopArgs& args, int error_bits, const BucketItem* items, int count,
+const char* requantize_bucket(const HopArgs& args, ErrorStorage storage, const BucketItem* items, int count,
                               int64_t blocks, WireArgs in, WireArgs out, float* stats, cudaStream_t stream);
 
 // final: item.out[j] = (sum over the `rows` rows of dequant(in)[row, col + j], [rotated back per group]) /
@@ -270,22 +272,23 @@ LOCO_HD float exact_quotient(float c, const Reciprocal& d) {
     return f_fma(r, d.inv, q0);
 }
 
-// The codes of a grid of `bits` bits: scale = absmax / divisor; code k in [low, high] stands for (k + half) * scale.
-// symmetric: divisor qmax = 2^(b-1) - 1, k = rint(c / scale) in [-qmax, qmax], half 0;
-// midrise: divisor 2^(b-1) - 0.5, k = floor(c / scale) in [-2^(b-1), 2^(b-1) - 1], half 0.5 (every code used).
-// `divisor` carries its reciprocal (set up once per launch) so that a group's scale costs one exact_quotient.
+// The codes of a grid of `bits` bits (deepspeed_loco.layout.formats.Grid.levels, whose mirror this is): scale =
+// absmax / divisor; code k in [low, high] stands for (k + half) * scale, half the rounding's cell_centre; the values
+// are symmetric about 0: high = 2^(b-1) - 1, low = -(high + 2 half), divisor = high + half (the highest value, in
+// steps). Nearest-even (symmetric grid): k = rint(c / scale) in [-qmax, qmax]; floor (mid-rise grid): k = floor(c /
+// scale) in [-2^(b-1), 2^(b-1) - 1], every code used. `divisor` carries its reciprocal (set up once per launch) so
+// that a group's scale costs one exact_quotient.
 struct Levels {
     Reciprocal divisor;
     float low, high, half;
 };
 
-LOCO_HD Levels levels(int bits, int grid) {
-    const float h = (float)(1 << (bits - 1));
+LOCO_HD Levels levels(int bits, Rounding rounding) {
     Levels l;
-    l.divisor = reciprocal(grid == kMidrise ? h - 0.5f : h - 1.0f);
-    l.low = grid == kMidrise ? -h : 1.0f - h;
-    l.high = h - 1.0f;
-    l.half = grid == kMidrise ? 0.5f : 0.0f;
+    l.high = (float)((1 << (bits - 1)) - 1);
+    l.half = cell_centre(rounding);
+    l.divisor = reciprocal(l.high + l.half);
+    l.low = -(l.high + 2.0f * l.half);
     return l;
 }
 
@@ -337,11 +340,11 @@ LOCO_HD Rule make_rule(uint32_t key, const Levels& lv) {
     return r;
 }
 
-// Whether `quantize` divides c itself rather than take exact_quotient: outside kReciprocal rules, and for a mid-rise
-// negative c above rule.tiny (its floor is -1 or 0 by the sign of the subnormal quotient).
-template <bool Midrise>
+// Whether `quantize` divides c itself rather than take exact_quotient: outside kReciprocal rules, and, rounding to
+// floor, for a negative c above rule.tiny (its floor is -1 or 0 by the sign of the subnormal quotient).
+template <Rounding R>
 LOCO_HD bool divides(float c, const Rule& rule) {
-    return rule.mode != kReciprocal || (Midrise && c < 0.0f && c > rule.tiny);
+    return rule.mode != kReciprocal || (R == Rounding::kFloor && c < 0.0f && c > rule.tiny);
 }
 
 struct Quantized {
@@ -349,16 +352,16 @@ struct Quantized {
     float qf;  // (float)q, +0 for 0
 };
 
-// One value's code with IEEE division: symmetric clamp(rint(c / scale)), midrise clamp(floor(c / scale)); 0 for
+// One value's code with IEEE division: clamp(rint(c / scale)) (nearest-even) or clamp(floor(c / scale)); 0 for
 // kAllZero groups; the quotient is exact_quotient's unless `divides`.
-template <bool Midrise>
+template <Rounding R>
 LOCO_HD Quantized quantize(float c, const Rule& rule, const Levels& lv) {
     Quantized out;
     out.q = 0;
     out.qf = 0.0f;
     if (rule.mode == kAllZero) return out;
-    const float quotient = divides<Midrise>(c, rule) ? f_div(c, rule.scale()) : exact_quotient(c, rule.of);
-    const float q = f_min(f_max(Midrise ? floorf(quotient) : f_rint(quotient), lv.low), lv.high);
+    const float quotient = divides<R>(c, rule) ? f_div(c, rule.scale()) : exact_quotient(c, rule.of);
+    const float q = f_min(f_max(R == Rounding::kFloor ? floorf(quotient) : f_rint(quotient), lv.low), lv.high);
     out.q = (int)q;
     out.qf = (float)out.q;
     return out;
@@ -379,37 +382,38 @@ LOCO_HD uint32_t code_bits(float biased) { return float_bits(biased); }
 // The kernels' form of `quantize`: biased[i] = magic<Bits>() + code (see code_of), equal to `quantize`'s codes
 // element by element. A thread first asks reciprocal_codes of all its values: then quantize_chunk_fast (exact_quotient
 // and one rounding add per value, no branch) is exact for each chunk; otherwise (a kDivide or kAllZero rule, or a
-// mid-rise value with a quotient below 2^-24 in magnitude: rare) quantize_chunk_exact takes every value's `quantize`.
+// value rounded to floor with a quotient below 2^-24 in magnitude: rare) quantize_chunk_exact takes every value's
+// `quantize`.
 // Precondition: every |v| is at most the absmax the rule was made from (a group's own values), so
 // |c / scale| <= divisor * (1 + 2^-23) and the codes need no clamp.
-template <bool Midrise, int C>
+template <Rounding R, int C>
 LOCO_HD bool reciprocal_codes(const float (&v)[C][8], const Rule& rule) {
     if (rule.mode != kReciprocal) return false;
     bool tiny = false;
-    if (Midrise) {
+    if (R == Rounding::kFloor) {
         LOCO_UNROLL
         for (int c = 0; c < C; ++c) {
             LOCO_UNROLL
-            for (int i = 0; i < 8; ++i) tiny |= divides<true>(v[c][i], rule);
+            for (int i = 0; i < 8; ++i) tiny |= divides<R>(v[c][i], rule);
         }
     }
     return !tiny;
 }
 
-template <bool Midrise, int Bits>
+template <Rounding R, int Bits>
 LOCO_HD void quantize_chunk_fast(const float (&v)[8], const Rule& rule, float (&biased)[8]) {
     LOCO_UNROLL
     for (int i = 0; i < 8; ++i) {
         const float q = exact_quotient(v[i], rule.of);
-        biased[i] = Midrise ? floor_biased(q, magic<Bits>()) : rint_biased(q, magic<Bits>());
+        biased[i] = R == Rounding::kFloor ? floor_biased(q, magic<Bits>()) : rint_biased(q, magic<Bits>());
     }
 }
 
-template <bool Midrise, int Bits>
+template <Rounding R, int Bits>
 LOCO_HD void quantize_chunk_exact(const float (&v)[8], const Rule& rule, const Levels& lv, float (&biased)[8]) {
     LOCO_UNROLL
     for (int i = 0; i < 8; ++i)
-        biased[i] = rule.mode == kAllZero ? magic<Bits>() : f_add(quantize<Midrise>(v[i], rule, lv).qf, magic<Bits>());
+        biased[i] = rule.mode == kAllZero ? magic<Bits>() : f_add(quantize<R>(v[i], rule, lv).qf, magic<Bits>());
 }
 
 // Residual and LoCo update: e' = beta*e + (1-beta)*(c - dequant(q)), each operation rounded in this order. The
@@ -463,24 +467,26 @@ LOCO_HD uint64_t pack_word(const float (&b)[8]) {
     return (uint64_t)((w - junk) ^ (uint32_t)sign_bits<Bits>());
 }
 
-// The value of code j of a packed word whose sign bits were flipped (`offset_word` = word ^ sign_bits<Bits>()):
-// k as a float (symmetric) or k + 0.5 (midrise), exact and without an integer-to-float conversion: the offset
-// code u = k + h (h = 2^(Bits-1)) is placed in the mantissa of 1.5 * 2^23 (or of 1.5 * 2^22 as 2u, for halves)
-// and the constant M + h (M + h - 0.5) subtracted, both exact.
+// The value of code j of a packed word whose sign bits were flipped (`offset_word` = word ^ sign_bits<Bits>()) in
+// steps, k + cell_centre(R): k as a float (nearest-even) or k + 0.5 (floor), exact and without an integer-to-float
+// conversion: the offset code u = k + h (h = 2^(Bits-1)) is placed in the mantissa of 1.5 * 2^23 (or of 1.5 * 2^22 as
+// 2u, for halves) and the constant M + h (M + h - 0.5) subtracted, both exact.
 // `magic_bits`: kRoundMagicBits, passed in where a kernel holds it in a register (see OldError<8, C>).
-template <int Bits, bool Midrise>
+template <int Bits, Rounding R>
 LOCO_HD float code_value(uint64_t offset_word, int j, uint32_t magic_bits = kRoundMagicBits) {
     constexpr uint32_t h = 1u << (Bits - 1);
+    constexpr bool halves = cell_centre(R) != 0.0f;
+    static_assert(cell_centre(R) == 0.0f || cell_centre(R) == 0.5f, "code_value decodes cell centres 0 and 1/2");
 #if defined(__CUDA_ARCH__)
-    if (Bits == 8 && !Midrise)  // one byte permute: byte j and the top three bytes of M
+    if (Bits == 8 && !halves)  // one byte permute: byte j and the top three bytes of M
         return f_sub(__uint_as_float(__byte_perm((uint32_t)(offset_word >> (32 * (j >> 2))), magic_bits,
                                                  0x7650u + (uint32_t)(j & 3))),
                      kRoundMagic + (float)h);
 #endif
-    constexpr int up = Midrise ? 1 : 0;
+    constexpr int up = halves ? 1 : 0;
     const int at = Bits * j - up;
     const uint32_t field = (uint32_t)(at >= 0 ? offset_word >> at : offset_word << up) & (((1u << Bits) - 1u) << up);
-    if (Midrise) return f_sub(bits_float(0x4ac00000u | field), 6291456.0f + (float)h - 0.5f);  // 1.5 * 2^22
+    if (halves) return f_sub(bits_float(0x4ac00000u | field), 6291456.0f + (float)h - 0.5f);  // 1.5 * 2^22
     return f_sub(bits_float(kRoundMagicBits | field), kRoundMagic + (float)h);
 }
 

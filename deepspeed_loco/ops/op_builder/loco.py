@@ -1,11 +1,10 @@
 """DeepSpeed op builder of LoCo's fused CUDA kernels (``deepspeed_loco/csrc/quantization/``: ``loco_kernels.cu`` +
-``loco_binding.cpp``, headers ``loco_kernels.cuh`` and ``loco_limits.h``).
+``loco_binding.cpp``, headers ``loco_kernels.cuh``, ``loco_formats.h`` and ``loco_limits.h``).
 
 ``LocoBuilder().load()`` JIT-compiles the op with ninja through DeepSpeed's ``CUDAOpBuilder`` (so it honours
 ``TORCH_CUDA_ARCH_LIST``, ``DS_NVCC_THREADS`` and DeepSpeed's build cache) and returns the extension module
-``loco_ops`` with ``quantize_bucket``, ``requantize_bucket``, ``final_mean_bucket`` (the CUDA implementations of the
-``deepspeed_loco`` ops, taking their scalars; ``deepspeed_loco.ops.loco_cuda`` calls them), ``unsupported`` and
-``limits``. DeepSpeed's default ``--use_fast_math`` is removed and
+``loco_ops``, whose loading registers the CUDA implementations of the ``deepspeed_loco`` ops
+(``deepspeed_loco.ops.library``) and which exports ``limits``. DeepSpeed's default ``--use_fast_math`` is removed and
 fp32 contraction, flush-to-zero and approximate division are switched off: the kernels are bit-identical to
 ``deepspeed_loco.ops.loco_reference`` only under IEEE fp32 arithmetic (the source refuses fast math).
 """
@@ -15,7 +14,7 @@ from typing import List
 from deepspeed.ops.op_builder.builder import CUDAOpBuilder
 
 _SOURCES = ("loco_kernels.cu", "loco_binding.cpp")
-_HEADERS = ("loco_kernels.cuh", "loco_limits.h")
+_HEADERS = ("loco_kernels.cuh", "loco_formats.h", "loco_limits.h")
 _IEEE_NVCC_FLAGS = ["-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
 
 

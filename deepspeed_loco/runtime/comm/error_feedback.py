@@ -3,7 +3,7 @@ name, keyed by the parameter's name), the step counter and the reset rule."""
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.layout import HopPlan
+from deepspeed_loco.layout import ErrorStorage, HopPlan
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 
 
@@ -41,13 +41,18 @@ class ErrorFeedbackState:
     def error_bits(self) -> int:
         return self.config.error_bits
 
+    @property
+    def storage(self) -> ErrorStorage:
+        """How the buffers are stored (``error_bits`` is its value)."""
+        return ErrorStorage(self.config.error_bits)
+
     def rows(self) -> Mapping[str, int]:
         """Error-buffer rows per hop name (empty without error feedback)."""
         return self.plan.rows() if self.error_feedback else {}
 
     def planned_bytes(self, numel: int) -> int:
         """Error-buffer bytes this rank will hold for a gradient of ``numel`` elements (0 without buffers)."""
-        return self.plan.error_bytes(numel, self.error_bits) if self.rows() else 0
+        return self.plan.error_bytes(numel, self.storage) if self.rows() else 0
 
     def buffers_for(self, name: str, numel: int, device) -> Optional[Dict[str, ErrorBuffer]]:
         """Buffers of parameter ``name`` (whose gradient has ``numel`` elements), allocated as zeros on ``device``
@@ -58,7 +63,7 @@ class ErrorFeedbackState:
             return None
         if name not in self._buffers:
             cols = self.plan.widths([numel])[0]
-            self._buffers[name] = {hop: ErrorBuffer.zeros(count, cols, self.plan.group_size, self.error_bits, device)
+            self._buffers[name] = {hop: ErrorBuffer.zeros(count, cols, self.plan.group_size, self.storage, device)
                                    for hop, count in rows.items()}
             self._numels[name] = numel
         elif self._numels[name] != numel:

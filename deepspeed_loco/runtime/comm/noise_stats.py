@@ -59,7 +59,7 @@ WINDOW = 10  # measured steps a live estimate averages over
 
 
 class ReduceSums:
-    """One rank's noise statistics of one optimizer step's reduces: the ops' sums, fp32 ``(2H + 1,)`` on the
+    """One rank's noise statistics of one optimizer step's reduces: the ops' sums, fp64 ``(2H + 1,)`` on the
     gradients' device, ``[in_1, Q_1, in_2, Q_2, ..., ||out||^2]`` summed over buckets and micro-steps (``in_h``: sum
     of squares of hop ``h``'s input, ``in_1 = S_r``; allocated as zeros by the first reduce that uses them), and
     ``sample``, the shared sample of coordinates
@@ -72,15 +72,15 @@ class ReduceSums:
     def views(self, device) -> Tuple[List[torch.Tensor], torch.Tensor]:
         """``(per hop the (2,) view [in_h, Q_h], the (1,) view of ||out||^2)``, the ops' ``stats`` arguments."""
         if self.tensor is None:
-            self.tensor = torch.zeros(2 * self.hops + 1, dtype=torch.float32, device=device)
+            self.tensor = torch.zeros(2 * self.hops + 1, dtype=torch.float64, device=device)
         return [self.tensor[2 * h:2 * h + 2] for h in range(self.hops)], self.tensor[2 * self.hops:]
 
     def take(self, device) -> torch.Tensor:
-        """The sums (zeros if no reduce ran) followed by the sample's vector, one fp32 tensor on ``device`` that
+        """The sums (zeros if no reduce ran) followed by the sample's vector, one fp64 tensor on ``device`` that
         the caller owns (what the all-reduce sums); this object starts empty."""
         tensor, self.tensor = self.tensor, None
-        sums = torch.zeros(2 * self.hops + 1, dtype=torch.float32, device=device) if tensor is None else tensor
-        return torch.cat([sums.to(device), self.sample.vector(device)])
+        sums = torch.zeros(2 * self.hops + 1, dtype=torch.float64, device=device) if tensor is None else tensor
+        return torch.cat([sums.to(device), self.sample.vector(device).double()])
 
 
 @dataclass(frozen=True)

@@ -205,12 +205,12 @@ def _check_buffer(at: str, saved: Any, rows: int, cols: int, state) -> Dict[str,
     if not isinstance(saved, Mapping) or "values" not in saved or "scale" not in saved:
         _corrupt(f"{at}: expected a dict with 'values' and 'scale', got {_brief(saved)}")
     values, scale = saved["values"], saved["scale"]
-    int8 = state.error_bits == 8
-    _check_tensor(f"{at}, values", values, torch.int8 if int8 else torch.float32, (rows, cols))
-    if int8:
+    storage = state.storage
+    _check_tensor(f"{at}, values", values, storage.values_dtype, (rows, cols))
+    if storage.scaled:
         _check_tensor(f"{at}, scale", scale, torch.float32, (rows, cols // state.plan.group_size))
     elif scale is not None:
-        _corrupt(f"{at}: scale must be None for error_bits 32, got {_brief(scale)}")
+        _corrupt(f"{at}: scale must be None for error_bits {int(storage)}, got {_brief(scale)}")
     return {"values": values, "scale": scale}
 
 

@@ -187,7 +187,7 @@ class LocoHook:
                 f"{' (auto)' if cfg.quant_grid == 'auto' else ''}, hadamard "
                 f"{'on' if cfg.hadamard else 'off'}; {describe_wire(self.plan)}; err_beta {cfg.err_beta}, reset_T "
                 f"{cfg.reset_T}; error buffers {buffer_bytes / 2**20:.2f} MiB ({buffer_bytes / max(numel, 1):.3f} B "
-                f"per parameter element, int{cfg.error_bits}) on this rank; kernels: {kernels}; live rho "
+                f"per parameter element, {self.state.storage.label}) on this rank; kernels: {kernels}; live rho "
                 f"{f'every {cfg.rho_every} steps' if cfg.rho_every else 'off'}")
 
 

@@ -1,18 +1,20 @@
 """fp32 inputs that probe every boundary of the quantizer, shared by the host and the CUDA kernel tests."""
 import torch
 
+from deepspeed_loco.layout import grid_named
 from deepspeed_loco.ops.quantizer import grid_levels
 
 
 def adversarial_groups(group_size, bits, gen, grid="symmetric"):
-    """fp32 groups: lognormal magnitudes, exact and near rounding boundaries (half-integer quotients for the
-    symmetric grid, integer quotients for mid-rise), denormal, huge, zero, underflowing, non-finite."""
+    """fp32 groups: lognormal magnitudes, exact and near rounding boundaries (quotients half a step from the codes'
+    cell centres: half-integers for the symmetric grid, integers for mid-rise), denormal, huge, zero, underflowing,
+    non-finite."""
     divisor, low, high = grid_levels(bits, grid)
     qmax, step = (1 << (bits - 1)) - 1, 2.0 ** -5
     groups = [torch.randn(64, group_size, generator=gen) * 10.0 ** (torch.rand(64, 1, generator=gen) * 8 - 4)]
     ties = torch.zeros(group_size)
     count = min(high - low, group_size - 1)
-    offset = 0.5 if grid == "symmetric" else 0.0  # quotients on the boundaries of the grid's rounding
+    offset = 0.5 - grid_named(grid).rounding.cell_centre  # quotients on the boundaries of the grid's rounding
     ties[:count] = ((torch.arange(count, dtype=torch.float64) + low + offset) * step).float()
     ties[-1] = divisor * step  # absmax: scale = step exactly
     for direction in (0.0, 1e9, -1e9):

@@ -6,7 +6,7 @@
 * A reduce step (hop 1, an exchange, hop 2, the final mean) compiled with ``torch.compile(fullgraph=True)``: no graph
   break, and the same bytes, error buffers and means as eager.
 * The limits have one source (``loco_limits.h``): the config takes them from it (checked against the header compiled
-  with g++), and so does the CUDA binding.
+  with g++), and so does the CUDA binding; the entry points check a bucket's sizes against them before a call.
 """
 import shutil
 import subprocess
@@ -15,10 +15,12 @@ import pytest
 import torch
 
 from deepspeed_loco import config
-from deepspeed_loco.layout import HopArgs, WireLayout, limits, padded_partition_size
+from deepspeed_loco.layout import HopArgs, MeanArgs, WireLayout, formats, limits, padded_partition_size
 from deepspeed_loco.ops import library
 from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
+
+OPS = library.CUDA  # the entry points that call the ops (on CPU tensors the ops run the reference)
 
 NUMELS = (300, 17, 64)  # tiny: opcheck runs each op several times
 GROUP = 32
@@ -91,6 +93,84 @@ def test_opcheck_final_mean_bucket(device, out_dtype, hadamard, grid):
                            None))
 
 
+def test_opcheck_gather_sample(device):
+    gen = torch.Generator().manual_seed(4)
+    tensors = [torch.randn(n, generator=gen).to(device) for n in NUMELS]
+    owners = torch.arange(len(NUMELS), dtype=torch.int32).repeat_interleave(5)
+    coords = torch.cat([torch.randint(-1, n, (5, ), generator=gen) for n in NUMELS])
+    torch.library.opcheck(torch.ops.deepspeed_loco.gather_sample.default,
+                          (tensors, owners, coords, torch.rand(len(NUMELS), generator=gen)))
+
+
+@pytest.mark.parametrize("error_bits", [8, 32])
+def test_a_parameter_without_elements_is_taken_with_error_feedback(device, error_bits):
+    """A zero-element gradient in a bucket with error buffers (its buffers (rows, 0)): hop 1, hop 2 and the final
+    mean through the ops give the reference's bytes, errors and means (on CUDA: the kernels, which skip it)."""
+    gen = torch.Generator().manual_seed(error_bits)
+    numels = (300, 0, 64)
+    world, local = 4, 2
+    widths = tuple(padded_partition_size(n, world, GROUP) for n in numels)
+    grads = [torch.randn(n, generator=gen) for n in numels]
+    args1 = HopArgs(world, local, 4, GROUP, 0.8)
+    args2 = HopArgs(world, local, 2, GROUP, 0.8, in_bits=4, in_blocks=local)
+    wire1, wire2 = WireLayout(widths, 4, GROUP), WireLayout(widths, 2, GROUP)
+    errors = {}
+    for rows in (world, world // local):
+        errors[rows] = [ErrorBuffer.zeros(rows, w, GROUP, error_bits, "cpu") for w in widths]
+        for e in errors[rows]:
+            e.store_(torch.randn(rows, e.values.shape[1], generator=gen) * 0.1)
+    copy = lambda t: None if t is None else t.to(device, copy=True)
+    on_device = {rows: [ErrorBuffer(copy(e.values), copy(e.scale), GROUP) for e in buffers]
+                 for rows, buffers in errors.items()}
+    got1, want1 = wire1.empty(world, device).zero_(), wire1.empty(world, "cpu").zero_()
+    OPS.quantize_bucket_([g.to(device) for g in grads], on_device[world], args1, wire1, got1)
+    ref.quantize_bucket_(grads, errors[world], args1, wire1, want1)
+    got2, want2 = wire2.empty(2, device).zero_(), wire2.empty(2, "cpu").zero_()
+    OPS.requantize_bucket_(got1, wire1, on_device[2], args2, wire2, got2)
+    ref.requantize_bucket_(want1, wire1, errors[2], args2, wire2, want2)
+    means = OPS.final_mean_bucket(got2, wire2, args2.mean(), numels, 1, torch.float32)
+    wanted = ref.final_mean_bucket(want2, wire2, args2.mean(), numels, 1, torch.float32)
+    assert torch.equal(got1.cpu(), want1) and torch.equal(got2.cpu(), want2)
+    assert [m.shape for m in means] == [w.shape for w in wanted] and means[1].numel() == 0
+    assert all(torch.equal(m.cpu(), w) for m, w in zip(means, wanted))
+    for buffers, wants in ((on_device[world], errors[world]), (on_device[2], errors[2])):
+        for got, want in zip(buffers, wants):
+            assert torch.equal(got.values.cpu(), want.values)
+            assert got.scale is None or torch.equal(got.scale.cpu(), want.scale)
+
+
+def test_the_reference_refuses_error_scales_that_do_not_fit_the_storage():
+    """int8 error values need their scales and fp32 ones take none: ValueError naming ``error_scales``."""
+    grads, send = [torch.randn(10)], torch.zeros(2, 20, dtype=torch.uint8)
+    for values, scales, message in (([torch.zeros(2, 32, dtype=torch.int8)], [], "int8 error values take their fp32"),
+                                    ([torch.zeros(2, 32)], [torch.zeros(2, 1)], "fp32 error values take no scales")):
+        with pytest.raises(ValueError, match=message + r".* \(error_scales\)"):
+            torch.ops.deepspeed_loco.quantize_bucket(grads, values, scales, send, 2, 2, 4, GROUP, 0.8, False,
+                                                     "symmetric", None)
+
+
+def test_entry_points_check_the_kernels_size_limits_before_a_call():
+    """A parameter or a bucket with more (row, group) pairs on a hop than the kernels index in 32 bits is refused
+    before any op runs, naming the tensor and the limit (the wire buffer is never touched: it is too small)."""
+    send = torch.empty(4, 8, dtype=torch.uint8)
+    huge = (limits.MAX_PARAMETER_PAIRS // 4 + 1) * GROUP  # its 4 rows hold 4 pairs too many
+    grads = [torch.zeros(1), torch.zeros(1)]
+    with pytest.raises(ValueError, match=rf"grads\[1\] has 4 x {huge // GROUP} = \d+ \(row, group\) pairs on this hop, "
+                       rf"above kMaxParameterPairs = {limits.MAX_PARAMETER_PAIRS} \(loco_limits.h\)"):
+        OPS.quantize_bucket_(grads, [None, None], HopArgs(4, 2, 4, GROUP, 0.8), WireLayout((GROUP, huge), 4, GROUP),
+                             send)
+    half = limits.MAX_PARAMETER_PAIRS // 4 * GROUP  # each within the parameter limit, together above the launch's
+    with pytest.raises(ValueError, match=rf"the bucket of widths \(3 tensors\) has \d+ \(row, group\) pairs on this "
+                       rf"hop, above kMaxLaunchPairs = {limits.MAX_LAUNCH_PAIRS}"):
+        wire = WireLayout((half, ) * 3, 4, GROUP)
+        OPS.requantize_bucket_(send, wire, [None] * 3, HopArgs(16, 4, 4, GROUP, 0.8, in_bits=4, in_blocks=4), wire,
+                               send)
+    with pytest.raises(ValueError, match=r"numels\[0\] has 1 x"):
+        OPS.final_mean_bucket(send, WireLayout(((limits.MAX_PARAMETER_PAIRS + 1) * GROUP, ), 4, GROUP),
+                              MeanArgs(1, 4, GROUP), [1], 0, torch.float32)
+    limits.check_launch((GROUP, ) * 3, limits.MAX_LAUNCH_PAIRS // 3, GROUP, "grads")  # at the limits: taken
+
+
 def _with_scales(buffer, wire, gen):
     """``buffer`` with finite positive fp32 scales in place of random bytes (random bytes are often NaN scales)."""
     buffer[:, wire.data_bytes:].view(torch.float32).copy_(
@@ -108,12 +188,12 @@ def test_entry_points_give_the_reference_bytes_on_cpu(error_bits):
     twins = [b and ErrorBuffer(b.values.clone(), b.scale if b.scale is None else b.scale.clone(), GROUP)
              for b in buffers]
     want = wire.empty(4, "cpu")
-    library.quantize_bucket_(grads, buffers, args, wire, send)
+    OPS.quantize_bucket_(grads, buffers, args, wire, send)
     ref.quantize_bucket_(grads, twins, args, wire, want)
     assert torch.equal(send, want)
     for b, t in zip(buffers, twins):
         assert b is None or (torch.equal(b.values, t.values) and (b.scale is None or torch.equal(b.scale, t.scale)))
-    got = library.final_mean_bucket(send, wire, args.mean(), list(NUMELS), 1, torch.float32)
+    got = OPS.final_mean_bucket(send, wire, args.mean(), list(NUMELS), 1, torch.float32)
     expected = ref.final_mean_bucket(send, wire, args.mean(), list(NUMELS), 1, torch.float32)
     assert [g.shape for g in got] == [e.shape for e in expected]
     assert all(torch.equal(g, e) for g, e in zip(got, expected))
@@ -123,10 +203,10 @@ def test_entry_points_reject_a_wire_of_other_bits_and_keep_the_reference_errors(
     grads, _, _, send = _hop1_args("cpu", 0, False, "symmetric")[:4]
     args = HopArgs(4, 2, 4, GROUP, 0.8)
     with pytest.raises(ValueError, match="wire has 8 bits"):
-        library.quantize_bucket_(grads, [None] * 3, args, WireLayout((96, 32, 32), 8, GROUP), send)
+        OPS.quantize_bucket_(grads, [None] * 3, args, WireLayout((96, 32, 32), 8, GROUP), send)
     wire = WireLayout(tuple(padded_partition_size(n, 4, GROUP) for n in NUMELS), 4, GROUP)
     with pytest.raises(ValueError, match="wire buffer: expected rows of contiguous bytes"):
-        library.quantize_bucket_(grads, [None] * 3, args, wire, wire.empty(4, "cpu").repeat(1, 2)[:, ::2])
+        OPS.quantize_bucket_(grads, [None] * 3, args, wire, wire.empty(4, "cpu").repeat(1, 2)[:, ::2])
 
 
 def _reduce_step(grads, errors1, errors2, send1, send2):
@@ -136,9 +216,9 @@ def _reduce_step(grads, errors1, errors2, send1, send2):
                                                                           in_bits=4, in_blocks=2)
     widths = tuple(padded_partition_size(g.numel(), 4, GROUP) for g in grads)
     wire1, wire2 = WireLayout(widths, 4, GROUP), WireLayout(widths, 2, GROUP)
-    library.quantize_bucket_(grads, errors1, args1, wire1, send1)
-    library.requantize_bucket_(send1, wire1, errors2, args2, wire2, send2)
-    return library.final_mean_bucket(send2, wire2, args2.mean(), [g.numel() for g in grads], 1, grads[0].dtype)
+    OPS.quantize_bucket_(grads, errors1, args1, wire1, send1)
+    OPS.requantize_bucket_(send1, wire1, errors2, args2, wire2, send2)
+    return OPS.final_mean_bucket(send2, wire2, args2.mean(), [g.numel() for g in grads], 1, grads[0].dtype)
 
 
 def _step_inputs():
@@ -176,8 +256,9 @@ def test_limits_have_one_source():
     assert limits.parse("constexpr int kWireBits[] = {2, 4};  // x\nconstexpr int kMaxGroupSize = 64;") == {
         "WIRE_BITS": (2, 4), "MAX_GROUP_SIZE": 64}
     assert config.SUPPORTED_GRAD_BITS == limits.WIRE_BITS == (2, 3, 4, 8)
-    assert config.SUPPORTED_ERROR_BITS == limits.ERROR_BITS == (8, 32)
+    assert config.SUPPORTED_ERROR_BITS == tuple(int(s) for s in formats.STORED) == (8, 32)
     assert (config.MIN_GROUP_SIZE, config.MAX_GROUP_SIZE) == (limits.MIN_GROUP_SIZE, limits.MAX_GROUP_SIZE)
+    assert (limits.MAX_PARAMETER_PAIRS, limits.MAX_LAUNCH_PAIRS) == (2 ** 31 - 1 - 256, 2 ** 31 - 1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (fused LoCo kernels)")
@@ -250,13 +331,13 @@ def test_the_header_compiles_to_the_limits_python_parses(tmp_path):
     """``loco_limits.h`` as C++ sees it (compiled with g++) against ``deepspeed_loco.layout.limits``."""
     program = tmp_path / "limits.cpp"
     program.write_text('#include <cstdio>\n#include "loco_limits.h"\nusing namespace loco::limits;\n'
-                       'int main() {\n  for (int b : kWireBits) std::printf("%d ", b);\n  std::printf("| ");\n'
-                       '  for (int b : kErrorBits) std::printf("%d ", b);\n'
-                       '  std::printf("| %d %d\\n", kMinGroupSize, kMaxGroupSize);\n}\n')
+                       'int main() {\n  for (int b : kWireBits) std::printf("%d ", b);\n'
+                       '  std::printf("| %d %d | %d %d\\n", kMinGroupSize, kMaxGroupSize, kMaxParameterPairs, '
+                       'kMaxLaunchPairs);\n}\n')
     binary = tmp_path / "limits"
     subprocess.run(["g++", "-std=c++17", f"-I{limits.HEADER.parent}", str(program), "-o", str(binary)], check=True)
-    wire, error, groups = subprocess.run([str(binary)], check=True, capture_output=True,
+    wire, groups, pairs = subprocess.run([str(binary)], check=True, capture_output=True,
                                          text=True).stdout.split("|")
     assert tuple(map(int, wire.split())) == limits.WIRE_BITS
-    assert tuple(map(int, error.split())) == limits.ERROR_BITS
     assert tuple(map(int, groups.split())) == (limits.MIN_GROUP_SIZE, limits.MAX_GROUP_SIZE)
+    assert tuple(map(int, pairs.split())) == (limits.MAX_PARAMETER_PAIRS, limits.MAX_LAUNCH_PAIRS)

@@ -7,17 +7,26 @@ data, int8 error) and fp32 scales / fp32 error must be bit-identical; final outp
 of fp16/bf16 outputs are compared as "is NaN".
 
 Every test draws fresh random inputs (the seed is in each failure message) and poisons every output first.
-Skipped without a CUDA device; with one, the op must build (a build failure fails the tests).
+Skipped without a CUDA device; with one, the op must build (a build failure fails the tests). The binding's argument
+and size checks, and its fallback to the reference, run in a subprocess (``binding_checks.py``): a check that killed
+the process would fail that test, not end the run.
 """
 import itertools
+import json
+import os
+import re
 import secrets
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from deepspeed_loco.layout import HopArgs, MeanArgs, WireLayout
+from deepspeed_loco.layout import GRID_NAMES, HopArgs, MeanArgs, WireLayout
 from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
+from tests.unit.ops import binding_checks
 from tests.unit.ops.adversarial import adversarial_groups
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (fused LoCo kernels)")
@@ -29,16 +38,16 @@ GROUPS = [32, 256, 4096]
 SHAPES = [(7,), (33, 5), (1000, 3)]
 ERRORS = [(None, 0.8), (8, 0.0), (8, 0.8), (32, 0.0), (32, 0.8)]  # (error_bits, beta)
 HADAMARD_GROUPS = [32, 256, 512, 1024, 4096]  # teams of 2, 16, 32 (one warp), 64 and 256 threads
-GRIDS = ["symmetric", "midrise"]
+GRIDS = list(GRID_NAMES)
 
 
 @pytest.fixture(scope="module")
 def cuda():
-    """The ops' bucket entry points (``deepspeed_loco.ops.library``) with the CUDA extension loaded (built the first
-    time): on CUDA tensors they run the fused kernels."""
+    """The ops' bucket entry points (``deepspeed_loco.ops.library.CUDA``) with the CUDA extension loaded (built the
+    first time): on CUDA tensors they run the fused kernels."""
     from deepspeed_loco.ops import library, loco_cuda
     loco_cuda.load()
-    return library
+    return library.CUDA
 
 
 def _generator():
@@ -331,59 +340,54 @@ def test_bucket_of_many_parameters_in_one_launch_per_hop(cuda, bits, in_bits, ha
 
 def test_dispatcher_picks_the_cuda_kernels_and_logs_one_line(cuda, caplog, monkeypatch):
     from deepspeed_loco import ops
+    from deepspeed_loco.ops import library
     monkeypatch.delenv("DS_LOCO_KERNELS", raising=False)
-    ops._reset()
+    library._reset()
     with caplog.at_level("INFO", logger="deepspeed_loco"):
         assert ops.kernels_for(torch.device("cuda")) is ops.CUDA
         assert ops.kernels_for(torch.device("cuda", 0)).name == "loco_cuda"
     lines = [r.getMessage() for r in caplog.records if r.name == "deepspeed_loco"]
     assert len(lines) == 1 and "fused CUDA kernels" in lines[0], lines
-    ops._reset()
+    library._reset()
     monkeypatch.setenv("DS_LOCO_KERNELS", "reference")
     assert ops.kernels_for(torch.device("cuda")) is ops.REFERENCE
-    ops._reset()
+    library._reset()
 
 
-def test_tensors_the_kernels_do_not_take_run_the_reference_with_one_warning(cuda, caplog):
-    """The binding's per-tensor checks: an int8 error buffer without unit stride along its rows makes the wrapper run
-    the reference (the same bytes as the reference on contiguous copies) and log why, once; a wire buffer without it
-    is taken by neither and raises, naming the wire buffer."""
-    gen, seed = _generator()
-    args = HopArgs(4, 2, 4, 32, 0.8)
+def test_a_wire_buffer_without_contiguous_rows_is_refused_naming_it(cuda):
+    """Neither implementation takes a wire buffer without unit stride along its rows: the entry point raises."""
+    gen, _ = _generator()
     grads = [_values(300, gen).cuda(), _values(70, gen).cuda()]
     wire = WireLayout(_widths([g.numel() for g in grads], 4, 32), 4, 32)
     errors = [_to_cuda(_error_buffer(4, w, 32, 8, gen)) for w in wire.widths]
-    strided = []
-    for e in errors:
-        values = torch.empty((4, 2 * e.values.shape[1]), dtype=torch.int8, device="cuda")[:, ::2]
-        strided.append(ErrorBuffer(values.copy_(e.values), e.scale.clone(), e.group_size))
-    send, expected = wire.empty(4, "cuda"), wire.empty(4, "cuda")
-    from deepspeed_loco.ops import loco_cuda
-    loco_cuda._reported.clear()
-    with caplog.at_level("WARNING", logger="deepspeed_loco"):
-        for _ in range(2):
-            cuda.quantize_bucket_(grads, strided, args, wire, send)
-    for _ in range(2):
-        ref.quantize_bucket_(grads, errors, args, wire, expected)
-    assert torch.equal(send, expected), seed
-    for got, want in zip(strided, errors):
-        assert torch.equal(got.values, want.values) and torch.equal(got.scale, want.scale), seed
-    messages = [r.getMessage() for r in caplog.records if r.name == "deepspeed_loco"]
-    assert len(messages) == 1 and "without unit stride" in messages[0], messages
     with pytest.raises(ValueError, match="wire buffer: expected rows of contiguous bytes"):
-        cuda.quantize_bucket_(grads, errors, args, wire, wire.empty(4, "cuda").repeat(1, 2)[:, ::2])
+        strided = wire.empty(4, "cuda").repeat(1, 2)[:, ::2]
+        cuda.quantize_bucket_(grads, errors, HopArgs(4, 2, 4, 32, 0.8), wire, strided)
 
 
-def test_invalid_arguments_raise_at_the_binding(cuda):
-    """Bits and group size are validated by the config and at the binding, which names the argument."""
-    grad = torch.randn(500, device="cuda")
-    wire = WireLayout((288,), 4, 48)  # P = 250, P' = 288 = 6 groups of 48
-    send = wire.empty(2, "cuda")
-    with pytest.raises(RuntimeError, match="group_size = 48 must be a power of two from 32 to 4096"):
-        cuda.quantize_bucket_([grad], [None], HopArgs(2, 2, 4, 48, 0.8), wire, send)
-    wire = WireLayout((256,), 5, 32)
-    with pytest.raises(RuntimeError, match="bits = 5 must be 2, 3, 4 or 8"):
-        cuda.quantize_bucket_([grad], [None], HopArgs(2, 2, 5, 32, 0.8), wire, wire.empty(2, "cuda"))
+def test_the_binding_checks_raise_in_a_process_of_their_own(cuda):
+    """Every argument and size check of the binding (``binding_checks.CASES``: bits, group size, err_beta, grid,
+    layout, shapes, error storage, stats, rank, the 32-bit sizes of loco_limits.h, the sample's indices) raises a
+    RuntimeError with its message, in a subprocess: a check that ended the process fails here, naming the case. And a
+    tensor the kernels do not take (an int8 error without unit stride along its rows) runs the reference, with the
+    reference's bytes and errors and one WARNING line saying why."""
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, "-m", "tests.unit.ops.binding_checks"], cwd=root, env=env, text=True,
+                         capture_output=True, timeout=600)
+    lines = run.stdout.splitlines()
+    started = [line.split(" ", 1)[1] for line in lines if line.startswith("start ")]
+    assert run.returncode == 0 and lines[-1:] == ["done"], (
+        f"the binding's checks ended the process (exit code {run.returncode}) in case "
+        f"{started[-1] if started else None!r}:\n{run.stderr[-4000:]}")
+    results = {r["case"]: r for r in (json.loads(line) for line in lines if line.startswith("{"))}
+    for name, (_, pattern) in binding_checks.CASES.items():
+        result = results[name]
+        assert result["raised"] == "RuntimeError" and re.search(pattern, result["message"]), result
+    fallback = results["fallback_once"]
+    assert fallback["same"], "the fallback's bytes or errors differ from the reference's"
+    assert len(fallback["lines"]) == 1, fallback["lines"]
+    assert re.search(r"quantize_bucket runs the PyTorch reference .*without unit stride", fallback["lines"][0])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -391,7 +395,6 @@ def test_gather_sample_matches_reference_in_one_launch(cuda, dtype):
     """The live rho's sample gather: bit-identical to the reference on CPU copies, for many tensors (2-D,
     non-contiguous, a non-finite value) in one call, coordinates -1 giving 0; an empty sample gives an empty
     tensor."""
-    from deepspeed_loco.ops import loco_cuda
     gen, seed = _generator()
     host = [_values(n, gen).to(dtype) for n in (7, 300, 4099, 123_457)] + [_values(60, gen).to(dtype).view(12, 5).t()]
     host[1][3] = float("inf")
@@ -401,9 +404,9 @@ def test_gather_sample_matches_reference_in_one_launch(cuda, dtype):
     coords[torch.rand(coords.numel(), generator=gen) < 0.3] = -1
     scales = torch.rand(len(host), generator=gen) * 10
     want = ref.gather_sample(host, owners, coords, scales)
-    got = loco_cuda.gather_sample([t.cuda() for t in host], owners, coords, scales)
+    got = cuda.gather_sample([t.cuda() for t in host], owners, coords, scales)
     assert got.is_cuda and torch.equal(got.cpu(), want), seed
-    assert loco_cuda.gather_sample([host[0].cuda()], owners[:0], coords[:0], scales[:1]).shape == (0,)
+    assert cuda.gather_sample([host[0].cuda()], owners[:0], coords[:0], scales[:1]).shape == (0,)
 
 
 def _free_gpu_bytes():

@@ -4,8 +4,8 @@
   the reciprocal-with-exact-fallback quantizer, the LoCo update, the bit packing, the Hadamard signs) built as host
   C++ with g++ and compared bit for bit with the reference on adversarial inputs (ties, denormal and huge scales,
   non-finite groups).
-* The builder (sources found, fast math stripped), the dispatcher (reference on CPU, one log line,
-  ``DS_LOCO_KERNELS``) and the CUDA wrappers' fallback to the reference for tensors they do not cover.
+* The builder (sources found, fast math stripped) and the dispatcher (reference on CPU, one log line,
+  ``DS_LOCO_KERNELS``).
 """
 import ctypes
 import logging
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from deepspeed_loco import ops
-from deepspeed_loco.ops import loco_reference as ref
-from deepspeed_loco.layout import HopArgs, WireLayout
+from deepspeed_loco.layout import GRID_NAMES
+from deepspeed_loco.ops import library
 from deepspeed_loco.ops.quantizer import dequantize_groups, pack, quantize_groups, unpack
 from tests.unit.ops.adversarial import adversarial_groups
 
@@ -44,10 +44,19 @@ static void store_packed(const float (&biased)[8], unsigned char* out) {
     for (int b = 0; b < Bits; ++b) out[b] = (unsigned char)(word >> (8 * b));
 }
 
-// grid: 0 symmetric, 1 midrise (loco::QuantGrid); codes to q, packed as the kernels pack them to `packed`
-template <int Bits, bool Midrise>
+// f(std::integral_constant<loco::Rounding, r>{}) for the rounding of grid `grid` (an index of loco::kGrids).
+template <typename F>
+static void with_grid(int grid, F&& f) {
+    if (loco::kGrids[grid].rounding == loco::Rounding::kFloor)
+        f(std::integral_constant<loco::Rounding, loco::Rounding::kFloor>{});
+    else
+        f(std::integral_constant<loco::Rounding, loco::Rounding::kNearestEven>{});
+}
+
+// grid: an index of loco::kGrids; codes to q, packed as the kernels pack them to `packed`
+template <int Bits, loco::Rounding R>
 static void quantize_all(const float* c, long long n, int group, signed char* q, float* scale, unsigned char* packed) {
-    const Levels lv = levels(Bits, Midrise ? loco::kMidrise : loco::kSymmetric);
+    const Levels lv = levels(Bits, R);
     for (long long g = 0; g < n / group; ++g) {
         float m = 0.0f;
         for (int i = 0; i < group; ++i) m = absmax_step(m, c[g * group + i]);
@@ -57,13 +66,13 @@ static void quantize_all(const float* c, long long n, int group, signed char* q,
             const long long at = g * group + chunk;
             float v[1][8], biased[8];
             for (int i = 0; i < 8; ++i) v[0][i] = c[at + i];
-            if (reciprocal_codes<Midrise>(v, rule))
-                quantize_chunk_fast<Midrise, Bits>(v[0], rule, biased);
+            if (reciprocal_codes<R>(v, rule))
+                quantize_chunk_fast<R, Bits>(v[0], rule, biased);
             else
-                quantize_chunk_exact<Midrise, Bits>(v[0], rule, lv, biased);
+                quantize_chunk_exact<R, Bits>(v[0], rule, lv, biased);
             for (int i = 0; i < 8; ++i) {
                 q[at + i] = (signed char)(int)code_of<Bits>(biased[i]);
-                const Quantized one = quantize<Midrise>(c[at + i], rule, lv);
+                const Quantized one = quantize<R>(c[at + i], rule, lv);
                 if (float_bits(one.qf) != float_bits(code_of<Bits>(biased[i])) || one.q != q[at + i]) q[0] = 99;
             }
             store_packed<Bits>(biased, packed + at * Bits / 8);
@@ -74,30 +83,30 @@ static void quantize_all(const float* c, long long n, int group, signed char* q,
 extern "C" void host_quantize(const float* c, long long n, int group, int bits, int grid, signed char* q,
                               float* scale, unsigned char* packed) {
     with_bits(bits, [&](auto b) {
-        if (grid == 1)
-            quantize_all<decltype(b)::value, true>(c, n, group, q, scale, packed);
-        else
-            quantize_all<decltype(b)::value, false>(c, n, group, q, scale, packed);
+        with_grid(grid, [&](auto r) {
+            quantize_all<decltype(b)::value, decltype(r)::value>(c, n, group, q, scale, packed);
+        });
     });
 }
 
 // The scale of a group of absmax key keys[i] (make_rule: the divisor's reciprocal_product, or the division itself).
 extern "C" void host_scales(const unsigned* keys, long long n, int bits, int grid, float* out) {
-    const Levels lv = levels(bits, grid);
+    const Levels lv = levels(bits, loco::kGrids[grid].rounding);
     for (long long i = 0; i < n; ++i) out[i] = make_rule(keys[i], lv).scale();
 }
 
 extern "C" void host_update(const float* c, const float* e, long long n, int group, int bits, int grid, float beta,
                             float* out) {
     const float omb = f_sub(1.0f, beta);
-    const Levels lv = levels(bits, grid);
+    const Levels lv = levels(bits, loco::kGrids[grid].rounding);
     for (long long g = 0; g < n / group; ++g) {
         float m = 0.0f;
         for (int i = 0; i < group; ++i) m = absmax_step(m, c[g * group + i]);
         const Rule rule = make_rule(key_of(m), lv);
         for (int i = 0; i < group; ++i) {
             const long long j = g * group + i;
-            const float qf = grid == 1 ? quantize<true>(c[j], rule, lv).qf : quantize<false>(c[j], rule, lv).qf;
+            float qf = 0.0f;
+            with_grid(grid, [&](auto r) { qf = quantize<decltype(r)::value>(c[j], rule, lv).qf; });
             out[j] = update(e[j], residual(c[j], qf, lv.half, rule.scale()), beta, omb);
         }
     }
@@ -119,20 +128,21 @@ extern "C" void host_pack(const signed char* q, long long n, int bits, unsigned 
     with_bits(bits, [&](auto b) { pack_all<decltype(b)::value>(q, n, out); });
 }
 
-template <int Bits>
-static void unpack_values(const unsigned char* data, long long n, int midrise, float* out) {
+template <int Bits, loco::Rounding R>
+static void unpack_values(const unsigned char* data, long long n, float* out) {
     for (long long w = 0; w < n / 8; ++w) {
         uint64_t word = 0;
         for (int b = 0; b < Bits; ++b) word |= (uint64_t)data[w * Bits + b] << (8 * b);
         word ^= sign_bits<Bits>();
-        for (int j = 0; j < 8; ++j)
-            out[8 * w + j] = midrise ? code_value<Bits, true>(word, j) : code_value<Bits, false>(word, j);
+        for (int j = 0; j < 8; ++j) out[8 * w + j] = code_value<Bits, R>(word, j);
     }
 }
 
-// The value of every packed code: k (symmetric) or k + 0.5 (midrise), as the kernels decode them.
-extern "C" void host_unpack(const unsigned char* data, long long n, int bits, int midrise, float* out) {
-    with_bits(bits, [&](auto b) { unpack_values<decltype(b)::value>(data, n, midrise, out); });
+// The value of every packed code on grid `grid`: k + its rounding's cell centre, as the kernels decode them.
+extern "C" void host_unpack(const unsigned char* data, long long n, int bits, int grid, float* out) {
+    with_bits(bits, [&](auto b) {
+        with_grid(grid, [&](auto r) { unpack_values<decltype(b)::value, decltype(r)::value>(data, n, out); });
+    });
 }
 
 extern "C" void host_to_bf16(const float* x, long long n, unsigned short* out) {
@@ -166,7 +176,7 @@ def _ptr(t):
     return ctypes.c_void_p(t.data_ptr())
 
 
-GRIDS = {"symmetric": 0, "midrise": 1}  # loco::QuantGrid
+GRIDS = {name: index for index, name in enumerate(GRID_NAMES)}  # loco::kGrids' indices
 
 
 @pytest.mark.parametrize("grid", GRIDS)
@@ -215,9 +225,9 @@ def test_host_packing_matches_the_reference_layout(host, bits):
     raw = torch.randint(0, 256, (4096 * bits // 8,), dtype=torch.uint8, generator=gen)
     codes = unpack(raw, bits).float()
     assert set(codes.unique().tolist()) == set(range(-(1 << (bits - 1)), 1 << (bits - 1)))  # every code occurs
-    for midrise, want in ((0, codes), (1, codes + 0.5)):
+    for grid, want in (("symmetric", codes), ("midrise", codes + 0.5)):
         values = torch.empty(4096)
-        host.host_unpack(_ptr(raw), ctypes.c_longlong(values.numel()), bits, midrise, _ptr(values))
+        host.host_unpack(_ptr(raw), ctypes.c_longlong(values.numel()), bits, GRIDS[grid], _ptr(values))
         assert torch.equal(values.view(torch.int32), want.view(torch.int32))  # bit for bit: +0.0 for code 0
 
 
@@ -282,7 +292,9 @@ def test_builder_finds_its_sources_and_strips_fast_math(monkeypatch):
     assert [s.rsplit("/", 1)[-1] for s in sources] == ["loco_kernels.cu", "loco_binding.cpp"]
     for source in sources + builder.include_paths():
         assert source.startswith("/")
-    kernels = open(sources[0]).read() + open(sources[0].replace(".cu", ".cuh")).read()
+    folder = sources[0].rsplit("/", 1)[0]
+    kernels = "".join(open(f"{folder}/{name}").read()
+                      for name in ("loco_kernels.cu", "loco_kernels.cuh", "loco_formats.h", "loco_limits.h"))
     assert "#include <torch" not in kernels and "ATen" not in kernels
     monkeypatch.setattr(CUDAOpBuilder, "nvcc_args", lambda self: ["-O3", "--use_fast_math", "-std=c++20"])
     args = builder.nvcc_args()
@@ -290,66 +302,48 @@ def test_builder_finds_its_sources_and_strips_fast_math(monkeypatch):
 
 
 def test_dispatcher_uses_the_reference_on_cpu_and_logs_one_line(caplog):
-    ops._reset()
+    library._reset()
     with caplog.at_level(logging.INFO, logger="deepspeed_loco"):
         for _ in range(3):
             assert ops.kernels_for(torch.device("cpu")) is ops.REFERENCE  # the ops; off CUDA they run the reference
         assert ops.kernels_for("cpu", "cuda") is ops.REFERENCE
     lines = [r.getMessage() for r in caplog.records if r.name == "deepspeed_loco"]
     assert len(lines) == 1 and "reference" in lines[0] and "cpu" in lines[0], lines
-    ops._reset()
+    library._reset()
 
 
 def test_dispatcher_environment_variable(monkeypatch, caplog):
-    ops._reset()
+    library._reset()
     monkeypatch.setenv("DS_LOCO_KERNELS", "reference")
     with caplog.at_level(logging.INFO, logger="deepspeed_loco"):
         assert ops.kernels_for(torch.device("cuda"), "cuda") is ops.REFERENCE  # no build attempted
     assert any("DS_LOCO_KERNELS=reference" in r.getMessage() for r in caplog.records)
     assert any("overrides zeropp_loco_param.kernels='cuda'" in r.getMessage() for r in caplog.records)
-    ops._reset()
+    library._reset()
     monkeypatch.setenv("DS_LOCO_KERNELS", "fastest")
     with pytest.raises(ValueError, match="DS_LOCO_KERNELS"):
         ops.kernels_for(torch.device("cuda"))
-    ops._reset()
+    library._reset()
 
 
 def test_dispatcher_config_key(monkeypatch, caplog):
     """``zeropp_loco_param.kernels`` chooses without the environment variable: "reference" takes no build, an invalid
     mode names the key, and "cuda" without the extension is an error (the build fails on a machine without CUDA)."""
     monkeypatch.delenv("DS_LOCO_KERNELS", raising=False)
-    ops._reset()
+    library._reset()
     with caplog.at_level(logging.INFO, logger="deepspeed_loco"):
         assert ops.kernels_for(torch.device("cuda"), "reference") is ops.REFERENCE
     assert any("zeropp_loco_param.kernels=reference" in r.getMessage() for r in caplog.records)
     with pytest.raises(ValueError, match="zeropp_loco_param.kernels"):
         ops.kernels_for("cpu", "fastest")
-    ops._reset()
-    monkeypatch.setattr(ops, "_cuda_load_error", lambda: OSError("no nvcc"))
+    library._reset()
+    monkeypatch.setattr(library, "_cuda_load_error", lambda: OSError("no nvcc"))
     with pytest.raises(RuntimeError, match="zeropp_loco_param.kernels=cuda"):
         ops.kernels_for(torch.device("cuda"), "cuda")
     with caplog.at_level(logging.INFO, logger="deepspeed_loco"):
         assert ops.kernels_for(torch.device("cuda"), "auto") is ops.REFERENCE
     assert any("did not build or load (OSError: no nvcc)" in r.getMessage() for r in caplog.records)
-    ops._reset()
-
-
-def test_cuda_wrappers_fall_back_to_the_reference_for_cpu_tensors_with_a_warning(caplog):
-    from deepspeed_loco.ops import loco_cuda
-    grads = [torch.randn(100, 3), torch.randn(17)]
-    args = HopArgs(4, 2, 4, 32, 0.8, grid="midrise")
-    wire = WireLayout(tuple(ref.padded_partition_size(g.numel(), 4, 32) for g in grads), 4, 32)
-    send, want = wire.empty(4, "cpu"), wire.empty(4, "cpu")
-    with caplog.at_level(logging.WARNING, logger="deepspeed_loco"):
-        loco_cuda.quantize_bucket(grads, [], [], send, 4, 2, 4, 32, 0.8, False, "midrise", None)
-        out = loco_cuda.final_mean_bucket(send, [g.numel() for g in grads], 4, 4, 32, False, "midrise", 1,
-                                          torch.float32, None)
-    ref.quantize_bucket_(grads, [None, None], args, wire, want)
-    assert torch.equal(send, want)
-    expected = ref.final_mean_bucket(send, wire, args.mean(), [g.numel() for g in grads], 1, torch.float32)
-    assert torch.equal(out, torch.cat(expected))
-    messages = [r.getMessage() for r in caplog.records]
-    assert any("quantize_bucket runs" in m and "not on a CUDA device" in m for m in messages), messages
+    library._reset()
 
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8, 16, 64, 1024, 2 ** 20, 2 ** 30])

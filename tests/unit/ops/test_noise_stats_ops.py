@@ -1,9 +1,10 @@
 """The ops' optional noise-statistics output (``stats``, the live rho's per-rank sums).
 
 * opcheck of every op with ``stats`` (schema, fake implementation, the declared mutation);
-* the sums equal a direct fp64 computation from the op's own inputs and outputs: ``||x||^2`` of the hop's input,
-  ``||c - deq||^2`` with ``c`` the compensated (rotated) values and ``deq`` the wire's dequantized values, and
-  ``||mean||^2`` of the final mean; the ops' other outputs are the same bits with and without ``stats``;
+* the sums (float64, as the ops take them) equal a direct fp64 computation from the op's own inputs and outputs:
+  ``||x||^2`` of the hop's input, ``||c - deq||^2`` with ``c`` the compensated (rotated) values and ``deq`` the wire's
+  dequantized values, and ``||mean||^2`` of the final mean; the ops' other outputs are the same bits with and without
+  ``stats``; they build up in float64;
 * on CUDA (skipped here; run on the device machine) the fused kernels' sums against the CPU reference's.
 """
 import pytest
@@ -82,7 +83,7 @@ def _hop1(device, error_bits, hadamard, grid, stats, seed=0, dtype=torch.float32
 @pytest.mark.parametrize("error_bits", [0, 8, 32])
 @pytest.mark.parametrize("hadamard,grid", [(False, "symmetric"), (True, "midrise"), (False, "midrise")])
 def test_hop1_stats_are_the_input_power_and_the_quantizers_error_power(device, error_bits, hadamard, grid):
-    stats = torch.full((2, ), 0.25, device=device)  # the op adds to what is there
+    stats = torch.full((2, ), 0.25, dtype=torch.float64, device=device)  # the op adds to what is there
     grads, (values, scales), _, send, wire = _hop1(device, error_bits, hadamard, grid, stats)
     old = _old_errors(values, scales, WORLD)
     rows = [ref.partition_rows(g, WORLD, GROUP)[slot_to_row(WORLD, LOCAL)] for g in grads]
@@ -95,7 +96,7 @@ def test_hop1_stats_are_the_input_power_and_the_quantizers_error_power(device, e
 
 @pytest.mark.parametrize("error_bits", [0, 8])
 def test_stats_change_no_other_output(device, error_bits):
-    with_stats = _hop1(device, error_bits, True, "midrise", torch.zeros(2, device=device))
+    with_stats = _hop1(device, error_bits, True, "midrise", torch.zeros(2, dtype=torch.float64, device=device))
     without = _hop1(device, error_bits, True, "midrise", None)
     assert torch.equal(with_stats[3], without[3])
     assert all(torch.equal(a, b) for a, b in zip(with_stats[2][0] + with_stats[2][1], without[2][0] + without[2][1]))
@@ -112,7 +113,7 @@ def test_requantize_stats_are_the_summed_input_power_and_the_error_power(device,
                                                                       generator=gen) * 0.01 + 1e-3)
     values, scales = _errors(nodes, error_bits, gen)
     old = _old_errors(values, scales, nodes)
-    send, stats = wire.empty(nodes, device).zero_(), torch.zeros(2, device=device)
+    send, stats = wire.empty(nodes, device).zero_(), torch.zeros(2, dtype=torch.float64, device=device)
     torch.ops.deepspeed_loco.requantize_bucket(recv.to(device), _on(device, values), _on(device, scales), send,
                                                list(_widths()), WORLD, LOCAL, 2, 4, LOCAL, GROUP, 0.5, grid, stats)
     sums = [v.view(LOCAL, nodes, -1).sum(0) for v in _wire_values(recv, in_wire, grid)]
@@ -128,10 +129,27 @@ def test_final_mean_stats_are_the_power_of_the_returned_mean(device, hadamard, g
     wire = WireLayout(_widths(), 8, GROUP)
     recv = torch.randint(0, 256, (WORLD, wire.row_bytes), dtype=torch.uint8, generator=gen)
     recv[:, wire.data_bytes:].view(torch.float32).copy_(torch.rand(WORLD, wire.columns // GROUP, generator=gen))
-    stats = torch.zeros(1, device=device)
+    stats = torch.zeros(1, dtype=torch.float64, device=device)
     mean = torch.ops.deepspeed_loco.final_mean_bucket(recv.to(device), list(NUMELS), WORLD, 8, GROUP, hadamard, grid,
                                                       3, torch.float32, stats)
     assert stats.item() == pytest.approx(float(mean.double().pow(2).sum()), rel=1e-5)
+
+
+def test_stats_build_up_in_float64(device):
+    """Added to 2^27, the sums come out as the same op's sums from zero, bit for bit: the op adds in float64 (its fp32
+    partial sums of a few hundred are exact there; in fp32 the sums would lose their last 16 bits)."""
+    start = float(2 ** 27)
+    big = torch.full((2, ), start, dtype=torch.float64, device=device)
+    small = torch.zeros(2, dtype=torch.float64, device=device)
+    _hop1(device, 8, False, "symmetric", big)
+    _hop1(device, 8, False, "symmetric", small)
+    assert small.min() > 1 and torch.equal(big - start, small)
+
+
+def test_stats_of_another_dtype_or_shape_are_refused(device):
+    for stats in (torch.zeros(2, device=device), torch.zeros(3, dtype=torch.float64, device=device)):
+        with pytest.raises(RuntimeError, match=r"stats must be float64 \(2,\)"):
+            _hop1(device, 0, False, "symmetric", stats)
 
 
 def test_opcheck_with_stats(device):
@@ -141,17 +159,19 @@ def test_opcheck_with_stats(device):
     wire = WireLayout(_widths(), 4, GROUP)
     torch.library.opcheck(torch.ops.deepspeed_loco.quantize_bucket.default,
                           (grads, _on(device, values), _on(device, scales), wire.empty(WORLD, device).zero_(), WORLD,
-                           LOCAL, 4, GROUP, 0.8, False, "symmetric", torch.zeros(2, device=device)))
+                           LOCAL, 4, GROUP, 0.8, False, "symmetric",
+                           torch.zeros(2, dtype=torch.float64, device=device)))
     recv = wire.empty(WORLD, device).zero_()
     torch.library.opcheck(torch.ops.deepspeed_loco.final_mean_bucket.default,
                           (recv, list(NUMELS), WORLD, 4, GROUP, False, "symmetric", 1, torch.float32,
-                           torch.zeros(1, device=device)))
+                           torch.zeros(1, dtype=torch.float64, device=device)))
     nodes = WORLD // LOCAL
     values, scales = _errors(nodes, 32, gen)
     torch.library.opcheck(torch.ops.deepspeed_loco.requantize_bucket.default,
                           (wire.empty(WORLD, device).zero_(), _on(device, values), [],
                            WireLayout(_widths(), 2, GROUP).empty(nodes, device).zero_(), list(_widths()), WORLD, LOCAL,
-                           2, 4, LOCAL, GROUP, 0.5, "midrise", torch.zeros(2, device=device)))
+                           2, 4, LOCAL, GROUP, 0.5, "midrise",
+                           torch.zeros(2, dtype=torch.float64, device=device)))
 
 
 @CUDA
@@ -163,7 +183,7 @@ def test_cuda_stats_match_the_cpu_reference(dtype, error_bits, hadamard, grid):
     loco_cuda.load()
     sums = {}
     for device in ("cpu", "cuda"):
-        stats = torch.zeros(2, device=device)
+        stats = torch.zeros(2, dtype=torch.float64, device=device)
         _hop1(device, error_bits, hadamard, grid, stats, seed=3, dtype=dtype)
         sums[device] = stats.cpu()
     torch.testing.assert_close(sums["cuda"], sums["cpu"], rtol=1e-5, atol=0)

@@ -101,7 +101,7 @@ def kernel_choice_lines(load_error):
     extension failing to load with ``load_error``, or loading when None)."""
     import torch
 
-    from deepspeed_loco import ops
+    from deepspeed_loco.ops import library as ops
     records = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())

@@ -144,6 +144,7 @@ def test_start_up_line_and_telemetry_report_the_wire_bytes_per_element_of_each_h
                "intra-node 0.625 B (4-bit + fp32 scale/32), inter-node 0.625 B (4-bit + fp32 scale/32); " \
                "err_beta" in result["startup"]
         assert result["stats"].bytes_per_element("intra_node") == result["stats"].bytes_per_element("inter_node") == 0.625
+        assert "B per parameter element, int8) on this rank" in result["startup"]  # the buffers' ErrorStorage.label
 
 
 @pytest.mark.parametrize("nodes,local,expected", [
