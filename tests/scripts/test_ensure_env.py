@@ -1,0 +1,52 @@
+"""scripts/ensure_env.sh and scripts/missing_requirements.py: what is missing is read from setup.py (the core and the
+extras named), and with nothing missing pip is not called at all. (That the scripts leave an installed deepspeed-loco
+as it was is tried from venvs holding one: README.md, "Install".)"""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(REPO, "scripts")
+
+
+def _missing(setup_py: str, extras: str, tmp_path) -> list:
+    """missing_requirements.py's lines for a checkout whose setup.py is ``setup_py``."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(os.path.join(SCRIPTS, "missing_requirements.py"), tmp_path / "scripts")
+    (tmp_path / "setup.py").write_text(textwrap.dedent(setup_py))
+    done = subprocess.run([sys.executable, str(tmp_path / "scripts" / "missing_requirements.py"), extras],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_unsatisfied_requirements_of_the_core_and_the_named_extras_are_printed(tmp_path):
+    setup_py = """
+        from setuptools import setup
+        setup(name="x", install_requires=["pytest", "no-such-distribution-xyz>=1"],
+              extras_require={"a": ["pytest>=999", "pytest"], "b": ["another-missing-one"]})
+    """
+    assert _missing(setup_py, "a", tmp_path) == ["no-such-distribution-xyz>=1", "pytest>=999"]
+
+
+def test_an_unknown_extra_is_refused_naming_the_extras():
+    done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "missing_requirements.py"), "tset"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "no extra ['tset'] in setup.py (extras: ['demo', 'hf', 'report', 'test'])" in \
+        done.stderr
+
+
+def test_with_everything_installed_nothing_is_missing_and_pip_is_not_called(tmp_path):
+    """This suite runs, so the core and the test command's extras are installed: ensure_env.sh finds nothing to
+    install and never starts pip (a python3 that records its arguments says so)."""
+    calls = tmp_path / "calls"
+    python = tmp_path / "python3"
+    python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    done = subprocess.run(["bash", os.path.join(SCRIPTS, "ensure_env.sh"), "test,demo,hf"], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHON=str(python)))
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    ran = calls.read_text().splitlines()
+    assert ran and not any(" pip " in f" {line} " for line in ran)
