@@ -15,7 +15,10 @@ py=${PYTHON:-python3}
 index=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
 if ! "$py" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null; then
   echo "deepspeed-loco: no torch in $("$py" -c 'import sys; print(sys.prefix)'): installing torch 2.13.0 (CPU build)" >&2
-  "$py" -m pip install -q "torch==2.13.0" ${index:+--extra-index-url "$index"}
+  # torch alone from the CPU index (pip would otherwise ask that index for each of torch's requirements too), then
+  # its requirements from pip's own index
+  "$py" -m pip install -q --no-deps "torch==2.13.0" ${index:+--extra-index-url "$index"}
+  "$py" -m pip install -q "torch==2.13.0"
 fi
 missing=$("$py" "$root/scripts/missing_requirements.py" "$extras")
 if [ -n "$missing" ]; then
