@@ -4,8 +4,8 @@ first argument, a comma list) that the running Python does not satisfy; nothing 
     python3 scripts/missing_requirements.py test,demo,hf
 
 setup.py is read, not run: its ``install_requires`` and ``extras_require`` are literals. deepspeed-loco itself is
-never printed, whatever is installed: the scripts run the checkout's code. A requirement whose version cannot be
-checked here (``packaging`` not installed yet) is printed too; pip skips it if it is satisfied after all.
+never printed, whatever is installed: the scripts run the checkout's code. Versions are compared by ``packaging``,
+or, in a fresh environment without it, by the copy pip carries.
 """
 import ast
 import os
@@ -35,7 +35,7 @@ def declared(extras):
 
 
 def satisfied(requirement: str) -> bool:
-    """The requirement's distribution is installed at a version it admits (False where that cannot be told)."""
+    """The requirement's distribution is installed at a version it admits."""
     name = re.match(r"[A-Za-z0-9._-]+", requirement).group(0)
     try:
         installed = metadata.version(name)
@@ -43,8 +43,8 @@ def satisfied(requirement: str) -> bool:
         return False
     try:
         from packaging.requirements import Requirement
-    except ImportError:
-        return False
+    except ImportError:  # a fresh environment: the copy pip carries (pip installs whatever this prints)
+        from pip._vendor.packaging.requirements import Requirement
     return Requirement(requirement).specifier.contains(installed, prereleases=True)
 
 

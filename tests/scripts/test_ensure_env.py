@@ -7,28 +7,37 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(REPO, "scripts")
 
 
-def _missing(setup_py: str, extras: str, tmp_path) -> list:
-    """missing_requirements.py's lines for a checkout whose setup.py is ``setup_py``."""
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(os.path.join(SCRIPTS, "missing_requirements.py"), tmp_path / "scripts")
-    (tmp_path / "setup.py").write_text(textwrap.dedent(setup_py))
-    done = subprocess.run([sys.executable, str(tmp_path / "scripts" / "missing_requirements.py"), extras],
-                          capture_output=True, text=True, timeout=120)
+SETUP_PY = """
+    from setuptools import setup
+    setup(name="x", install_requires=["pytest", "no-such-distribution-xyz>=1"],
+          extras_require={"a": ["pytest>=999", "pytest"], "b": ["another-missing-one"]})
+"""
+
+
+def _missing(extras: str, tmp_path, without_packaging: bool = False) -> list:
+    """missing_requirements.py's lines for a checkout whose setup.py is :data:`SETUP_PY` (``without_packaging``:
+    as in a fresh environment, where ``import packaging`` fails)."""
+    script = tmp_path / "scripts" / "missing_requirements.py"
+    script.parent.mkdir(exist_ok=True)
+    shutil.copy(os.path.join(SCRIPTS, "missing_requirements.py"), script)
+    (tmp_path / "setup.py").write_text(textwrap.dedent(SETUP_PY))
+    block = "sys.modules['packaging'] = None; " if without_packaging else ""
+    code = f"import runpy, sys; {block}sys.argv = [{str(script)!r}, {extras!r}]; runpy.run_path(sys.argv[0], " \
+           f"run_name='__main__')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 
 
-def test_the_unsatisfied_requirements_of_the_core_and_the_named_extras_are_printed(tmp_path):
-    setup_py = """
-        from setuptools import setup
-        setup(name="x", install_requires=["pytest", "no-such-distribution-xyz>=1"],
-              extras_require={"a": ["pytest>=999", "pytest"], "b": ["another-missing-one"]})
-    """
-    assert _missing(setup_py, "a", tmp_path) == ["no-such-distribution-xyz>=1", "pytest>=999"]
+@pytest.mark.parametrize("without_packaging", [False, True])
+def test_the_unsatisfied_requirements_of_the_core_and_the_named_extras_are_printed(tmp_path, without_packaging):
+    assert _missing("a", tmp_path, without_packaging) == ["no-such-distribution-xyz>=1", "pytest>=999"]
 
 
 def test_an_unknown_extra_is_refused_naming_the_extras():
