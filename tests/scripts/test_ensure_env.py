@@ -1,5 +1,5 @@
 """scripts/ensure_env.sh and scripts/missing_requirements.py: what is missing is read from setup.py (the core and the
-extras named), and with nothing missing pip is not called at all. (That the scripts leave an installed deepspeed-loco
+extras named), with nothing missing pip is not called at all, and a torch too old is an error, not replaced. (That the scripts leave an installed deepspeed-loco
 as it was is tried from venvs holding one: README.md, "Install".)"""
 import os
 import shutil
@@ -47,13 +47,33 @@ def test_an_unknown_extra_is_refused_naming_the_extras():
         done.stderr
 
 
-def test_with_everything_installed_nothing_is_missing_and_pip_is_not_called(tmp_path):
-    """This suite runs, so the core and the test command's extras are installed: ensure_env.sh finds nothing to
-    install and never starts pip (a python3 that records its arguments says so)."""
+def _recording_python(tmp_path):
+    """A python3 that appends its arguments to ``tmp_path/calls`` and runs this interpreter; (path, calls file)."""
     calls = tmp_path / "calls"
     python = tmp_path / "python3"
     python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
+    return python, calls
+
+
+def test_a_torch_too_old_for_setup_py_is_an_error_and_never_replaced(tmp_path):
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    for name in ("ensure_env.sh", "missing_requirements.py"):
+        shutil.copy(os.path.join(SCRIPTS, name), checkout / "scripts")
+    (checkout / "setup.py").write_text('from setuptools import setup\nsetup(name="x", install_requires=["torch>=999"], '
+                                       'extras_require={"a": []})\n')
+    python, calls = _recording_python(tmp_path)
+    done = subprocess.run(["bash", str(checkout / "scripts" / "ensure_env.sh"), "a"], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHON=str(python)))
+    assert done.returncode == 1 and "this checkout needs torch>=999: install a newer torch yourself" in done.stderr
+    assert not any(" pip " in f" {line} " for line in calls.read_text().splitlines())
+
+
+def test_with_everything_installed_nothing_is_missing_and_pip_is_not_called(tmp_path):
+    """This suite runs, so the core and the test command's extras are installed: ensure_env.sh finds nothing to
+    install and never starts pip (a python3 that records its arguments says so)."""
+    python, calls = _recording_python(tmp_path)
     done = subprocess.run(["bash", os.path.join(SCRIPTS, "ensure_env.sh"), "test,demo,hf"], capture_output=True,
                           text=True, timeout=120, env=dict(os.environ, PYTHON=str(python)))
     assert done.returncode == 0 and done.stderr == "", done.stderr
