@@ -116,7 +116,8 @@ def test_accelerate_example_config_is_zero3_qgz_loco_and_accepted_by_the_acceler
 
 
 # rank 0's loss over the example's 20 default steps, as its docstring and docs/frameworks.md state it: at the first
-# step, averaged over the first five and over the last five (each held to half a unit of its last digit)
+# step, averaged over the first five and over the last five; each held to a unit of its last digit (rounding plus
+# room for another CPU's float sums moving a 4-bit rounding)
 ACCELERATE_FIGURES = (("0.86", lambda losses: losses[0]), ("1.00", lambda losses: sum(losses[:5]) / 5),
                       ("0.068", lambda losses: sum(losses[-5:]) / 5))
 
@@ -171,5 +172,5 @@ def test_accelerate_launch_runs_the_example_with_loco_and_the_documented_figures
     assert result["world"] == WORLD and result["rank"] == 0 and len(losses) == steps
     _check(result["loco"], steps)
     for said, measure in ACCELERATE_FIGURES:
-        half_digit = 0.5 * 10 ** -len(said.split(".")[1])
-        assert abs(measure(losses) - float(said)) <= half_digit, (said, losses)
+        last_digit = 10 ** -len(said.split(".")[1])
+        assert abs(measure(losses) - float(said)) <= last_digit, (said, losses)
