@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -64,7 +65,7 @@ SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
     "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float,
     "ef_from": int, "stream_nodes": int, "variant": str, "grad_mode": str, "save_at": int, "resume_from": int,
-    "state_dir": str, "trunk_tag": str
+    "state_dir": str, "trunk_tag": str, "compile": str, "eval_windows": int, "stop_at": int
 }
 
 
@@ -87,6 +88,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                         "library's (reference kernels only; 'none': the library's)")
     p.add_argument("--diagnostics", type=int, default=0, help="1: record the released share (LoCo arms)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16: forward/backward under autocast")
+    p.add_argument("--compile", default="", help="a torch.compile backend (e.g. inductor) for the model's training "
+                                               "passes, with --grad-mode loop ('': eager; simulate's compile)")
     p.add_argument("--eval-every", dest="eval_every", type=int, default=50)
     p.add_argument("--eval-windows", dest="eval_windows", type=int, default=256)
     p.add_argument("--quant-grid", dest="quant_grid", choices=("symmetric", "midrise", "auto"), default="symmetric")
@@ -112,6 +115,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                         "this step and train the steps after it (0: from scratch)")
     p.add_argument("--state-dir", dest="state_dir", default=".branch_states",
                    help="where --save-at writes and --resume-from reads the saved states")
+    p.add_argument("--stop-at", dest="stop_at", type=int, default=0,
+                   help="train only up to this step of the --steps schedule (a long branch that ends before the "
+                        "schedule does; 0: to its end)")
     p.add_argument("--trunk-tag", dest="trunk_tag", default="",
                    help="--resume-from the state that the trunk of this tag saved (default: this run's --tag; a "
                         "branch on another cluster shape at the same global batch names its trunk)")
@@ -161,8 +167,9 @@ class Experiments(StepObserver):
     whose error buffers carry over steps; the others' are zeroed after every reduce, which leaves that hop plain
     qgZ. ``from_step``: before this optimizer step every buffer is zeroed after each reduce (plain qgZ); from it
     on error feedback runs as ``kept_hops`` says (1: from the start). ``diagnostics``: every LoCo arm's rank
-    gradients also go through plain qgZ with the same bits (a shadow cluster), and each step appends to the
-    result's ``released_fractions`` the share of coordinates LoCo sent nonzero where plain qgZ sent zero.
+    gradients also go through plain qgZ with the same bits (a shadow cluster), and each step appends to
+    ``released[arm key]`` the share of coordinates LoCo sent nonzero where plain qgZ sent zero (its "released
+    fraction"; an arm without diagnostics has no entry).
 
     Raises ValueError for a hop that the ``world x local`` layout does not have, or ``from_step < 1``."""
 
@@ -175,6 +182,7 @@ class Experiments(StepObserver):
             raise ValueError(f"--ef-from {from_step}: it must be an optimizer step >= 1")
         self.kept_hops = None if kept_hops is None else tuple(kept_hops)
         self.from_step, self.diagnostics = from_step, diagnostics
+        self.released: Dict[str, List[float]] = {}
 
     def shadow_blocks(self, arm, block):
         return [dict(block, error_feedback=False)] if self.diagnostics and arm.kind == "loco" else []
@@ -192,7 +200,7 @@ class Experiments(StepObserver):
             import torch
             sent = torch.cat([g.reshape(-1) for g in reduced.communicated]).double() != 0
             plain_zero = torch.cat([g.reshape(-1) for g in reduced.shadows[0]]) == 0
-            reduced.result.released_fractions.append((sent & plain_zero).double().mean().item())
+            self.released.setdefault(reduced.arm.key, []).append((sent & plain_zero).double().mean().item())
 
 
 def run_one(args) -> dict:
@@ -219,9 +227,13 @@ def run_one(args) -> dict:
     global_batch = args.micro_batch * world
     trunk = _Trunk(args, branch_state)
     first = trunk.resumed.step if trunk.resumed else 0  # steps done before this run's first
+    last = args.stop_at or args.steps  # the schedule's step this run ends after
+    if not first < last <= args.steps:
+        raise SystemExit(f"--stop-at {args.stop_at}: it must be a step in ({first}, {args.steps}] (after the resumed "
+                         f"step, within --steps)")
 
     def batches():
-        for step in range(first, args.steps):
+        for step in range(first, last):
             yield corpus.train_batch(step, args.seed, global_batch, cfg.seq_len, 0, 1)
 
     validation = [(x.to(device), y.to(device))
@@ -258,21 +270,23 @@ def run_one(args) -> dict:
                           optimizer_fn=optimizer, scheduler_fn=schedule, eval_fn=evaluate,
                           eval_every=args.eval_every, device=device, grad_clip=1.0, autocast_dtype=autocast,
                           rank_chunk=args.rank_chunk or None, stream_nodes=bool(args.stream_nodes),
-                          grad_mode=args.grad_mode)
+                          grad_mode=args.grad_mode, compile=args.compile or None)
     experiments = Experiments(world, args.local, hops, args.ef_from, bool(args.diagnostics))
-    (result, ) = simulate(SimulationSpec(setup, [arm], args.steps - first, args.seed), experiments,
+    (result, ) = simulate(SimulationSpec(setup, [arm], last - first, args.seed), experiments,
                           on_step=progress)
     result.validation = [(first + step, loss) for step, loss in result.validation]  # steps of the whole schedule
+    released = experiments.released.get(result.key, [])
     kernels = kernels_for(device).name
     record = {
         "tag": args.tag, "key": result.key, "label": result.label, "seed": args.seed,
-        "setup": {"steps": args.steps, "size": args.size, "params": count_parameters(ByteLlama(cfg)),
+        "setup": {"steps": args.steps, "stop_at": last, "size": args.size, "params": count_parameters(ByteLlama(cfg)),
                   "text": args.text or "bundled plays", "train_bytes": corpus.sizes()["train_bytes"],
                   "model": cfg.to_dict(), "nodes": args.nodes, "local": args.local, "micro_batch": args.micro_batch,
                   "lr": args.lr, "warmup": args.warmup, "dtype": args.dtype, "group_size": args.group_size,
                   "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops, "ef_from": args.ef_from,
                   "variant": args.variant,
-                  "quant_grid": args.quant_grid, "grad_mode": args.grad_mode, "resumed_from": first,
+                  "quant_grid": args.quant_grid, "grad_mode": args.grad_mode, "compile": args.compile or None,
+                  "resumed_from": first,
                   "trunk": trunk.resumed_tag,
                   "eval_windows": args.eval_windows, "device": torch.cuda.get_device_name(device)
                   if device.type == "cuda" else "cpu", "kernels": kernels},
@@ -282,9 +296,10 @@ def run_one(args) -> dict:
         "grad_rel_error_mean": statistics.fmean(result.grad_rel_errors),
         "sum_rel_error_final": result.sum_rel_errors[-1],
         "nonzero_fraction_mean": statistics.fmean(result.nonzero_fractions),
-        "released_fraction_mean": statistics.fmean(result.released_fractions) if result.released_fractions else None,
-        "series": {name: _windowed(getattr(result, name)) for name in
-                   ("grad_rel_errors", "sum_rel_errors", "nonzero_fractions", "update_rms", "released_fractions")},
+        "released_fraction_mean": statistics.fmean(released) if released else None,
+        "series": dict({name: _windowed(getattr(result, name)) for name in
+                        ("grad_rel_errors", "sum_rel_errors", "nonzero_fractions", "update_rms")},
+                       released_fractions=_windowed(released)),
         "update_rms_max": max(result.update_rms),
         "noise_scale": gradient_noise_scale(result, first_step=max(1, args.warmup + 1 - first)),
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
@@ -300,7 +315,7 @@ def run_one(args) -> dict:
         fcntl.flock(f, fcntl.LOCK_UN)
     print(f"[{args.tag}] {result.key} seed {args.seed}: val {result.final_val_loss:.4f} "
           f"grad err {record['grad_rel_error_mean']:.4f} sum err {record['sum_rel_error_final']:.4f} "
-          f"{1000 * result.wall_s / (args.steps - first):.0f} ms/step ({kernels})", flush=True)
+          f"{1000 * result.wall_s / (last - first):.0f} ms/step ({kernels})", flush=True)
     return record
 
 
@@ -356,6 +371,7 @@ def baseline(args) -> dict:
     torch.manual_seed(0)
     model = ByteLlama(cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    forward = torch.compile(model, backend=args.compile) if args.compile else model
     autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     times = []
     for step in range(args.steps + 2):
@@ -365,7 +381,7 @@ def baseline(args) -> dict:
         started = time.monotonic()
         for chunk_x, chunk_y in zip(x.split(args.micro_batch), y.split(args.micro_batch)):
             with torch.autocast(**autocast):
-                loss = model(chunk_x, chunk_y) / world
+                loss = forward(chunk_x, chunk_y) / world
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -376,6 +392,7 @@ def baseline(args) -> dict:
     ms = 1000 * statistics.median(times[2:])
     record = {"tag": "baseline", "size": args.size, "nodes": args.nodes, "local": args.local,
               "micro_batch": args.micro_batch, "global_batch": args.micro_batch * world, "ms_per_step": ms,
+              "compile": args.compile or None,
               "tokens_per_s": args.micro_batch * world * cfg.seq_len / (ms / 1000),
               "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}

@@ -71,15 +71,15 @@ if [ -n "$CONVERGENCE" ]; then
 fi
 # the binding's bad-argument test alone, with Python's fault handler and, where gdb exists, a native backtrace
 # (it crashes the process when the binding's first argument check throws)
-timeout 120 python3 -X faulthandler -m pytest -q -p no:cacheprovider tests/unit/ops/test_loco_kernels.py \
+timeout 120 python3 -X faulthandler -m pytest -q -p no:cacheprovider -m "" tests/unit/ops/test_loco_kernels.py \
     -k test_invalid_arguments_raise_at_the_binding >"$LOGS/binding_errors.log" 2>&1
 echo "binding-error test exit $?: $(tail -1 "$LOGS/binding_errors.log")"
 if command -v gdb >/dev/null; then
-    timeout 60 gdb -batch -ex run -ex bt --args python3 -m pytest -q -p no:cacheprovider \
+    timeout 60 gdb -batch -ex run -ex bt --args python3 -m pytest -q -p no:cacheprovider -m "" \
         tests/unit/ops/test_loco_kernels.py -k test_invalid_arguments_raise_at_the_binding >"$LOGS/binding_errors_gdb.log" 2>&1
     echo "gdb backtrace: $(grep -c '^#' "$LOGS/binding_errors_gdb.log") frames in binding_errors_gdb.log"
 fi
-python3 -m pytest -q -p no:cacheprovider tests/unit/ops tests/unit/runtime/comm/test_loco_reduce_cuda.py \
+python3 -m pytest -q -p no:cacheprovider -m "" tests/unit/ops tests/unit/runtime/comm/test_loco_reduce_cuda.py \
     --deselect tests/unit/ops/test_loco_kernels.py::test_invalid_arguments_raise_at_the_binding >"$OUT/tests.log" 2>&1
 echo "tests: $(tail -1 "$OUT/tests.log") at $(( $(date +%s) - start )) s"
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20

@@ -93,6 +93,16 @@ def tost(values, margin: float = MARGIN):
     return _tost_p(mean, se, n - 1, margin), low, high
 
 
+def equivalence_label(p: float, tost_p: float, margin: float = MARGIN) -> str:
+    """How a paired difference reads against the margin: ``"equivalent within +-margin"`` where the two one-sided
+    tests show it (``tost_p < 0.05``) and the 95% interval holds 0 (``p >= 0.05``); ``"resolved, inside +-margin"``
+    where both tests pass but the interval excludes 0 (a real difference smaller than the margin, never called
+    equivalent); ``"not shown"`` otherwise."""
+    if tost_p >= 0.05:
+        return "not shown"
+    return f"resolved, inside +-{margin}" if p < 0.05 else f"equivalent within +-{margin}"
+
+
 def _tost_p(estimate: float, se: float, df: int, margin: float) -> float:
     """The p-value of the two one-sided t-tests of equivalence within ``+-margin`` (> 0)."""
     if not margin > 0:
@@ -255,11 +265,17 @@ def _effect(cell) -> str:
     if cell["low"] is None:
         return f"{cell['mean']:+.4f} (1 seed)"
     mark = " **yes**" if cell["low"] > 0 or cell["high"] < 0 else ""
-    equivalent = f"; equivalent within +-{MARGIN}" if cell["tost_p"] < 0.05 else ""
+    label = equivalence_label(cell["p"], cell["tost_p"])
+    equivalent = f"; {label}" if label != "not shown" else ""
     regime = f"; regime effect {_regime_test(cell)}" if cell["p_regime"] is not None else ""
     return (f"{cell['mean']:+.4f} [{cell['low']:+.4f}, {cell['high']:+.4f}]{mark} ({cell['regimes']} "
             f"regime{'s' if cell['regimes'] > 1 else ''}, {cell['n']} pairs, {cell['seeds']} seeds: "
             f"{cell['df']} df{equivalent}{regime})")
+
+
+def _bold_equivalent(label: str) -> str:
+    """An :func:`equivalence_label` for the per-regime table: the equivalence shown, in bold."""
+    return f"**{label}**" if label.startswith("equivalent") else label
 
 
 def _regime_test(cell) -> str:
@@ -310,12 +326,13 @@ def markdown(analysis, differences) -> str:
         lines.append(f"| {label} | {family['count']} | {family['excluding_zero']} | {family['surviving']} | "
                      f"{survivors} |")
     lines += ["", f"Equivalence per regime (two one-sided t-tests at 5%, margin +-{margin} nats; the cell: 90% "
-              f"interval, TOST p): 'equivalent' only where the test shows it, 'not shown' elsewhere, whatever the "
-              f"95% interval says:", "", "| regime | bits | " + " | ".join(labels) + " |",
+              f"interval, TOST p): 'equivalent' only where the test shows it and the 95% interval holds 0, "
+              f"'resolved, inside' where the test passes but the 95% interval excludes 0 (a real difference smaller "
+              f"than the margin), 'not shown' elsewhere:", "", "| regime | bits | " + " | ".join(labels) + " |",
               "|" + "---|" * (2 + len(labels))]
     tests = {key: {(t["tag"], t["bits"]): t for t in analysis["families"][key]["tests"]} for key, _ in differences}
     for regime in dict.fromkeys(k for key, _ in differences for k in tests[key]):
-        cells = [f"{'**equivalent**' if t['tost_p'] < 0.05 else 'not shown'} [{t['low90']:+.4f}, "
+        cells = [f"{_bold_equivalent(equivalence_label(t['p'], t['tost_p'], margin))} [{t['low90']:+.4f}, "
                  f"{t['high90']:+.4f}] p = {t['tost_p']:.2g}" if t else "-"
                  for t in (tests[key].get(regime) for key, _ in differences)]
         lines.append(f"| {regime[0]} | {regime[1]} | " + " | ".join(cells) + " |")

@@ -5,14 +5,14 @@ import time
 from dataclasses import replace
 from typing import List, Optional, Sequence
 
+from deepspeed_loco.simulation.report import report_text, write_report
 from loco_lab.arms import RunSpec
 from loco_lab.data import TRAIN_PLAYS, VALIDATION_PLAYS, load_corpus
 from loco_lab.launcher import gpu_count, gpu_sharing_line, launch
 from loco_lab.model import ByteLlama, count_parameters
+from loco_lab.progress_bar import ProgressBar
 
 LOSS = "next-byte cross-entropy"  # what the demo's validation loss is
-from deepspeed_loco.simulation.progress_bar import ProgressBar
-from deepspeed_loco.simulation.report import report_text, write_report
 
 
 def describe(spec: RunSpec, engine: str = "deepspeed") -> str:
@@ -50,7 +50,7 @@ def _held_out(spec: RunSpec) -> str:
 
 
 class _Progress(ProgressBar):
-    """The library's bar over all arms' steps, fed by the launcher's messages (DeepSpeed workers) or by the
+    """The bar over all arms' steps, fed by the launcher's messages (DeepSpeed workers) or by the
     simulation, plus LoCo's own log lines from the workers (each once)."""
 
     def __init__(self, spec: RunSpec, runs: int, enabled: bool = True):

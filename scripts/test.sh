@@ -6,4 +6,4 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/ensure_env.sh" test,demo,hf
 cd "$root"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-exec python3 -m pytest -q "$@"
+exec python3 -m pytest -q -m "" "$@"  # -m "": every tier (pytest.ini's default is the fast one)

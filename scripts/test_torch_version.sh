@@ -23,4 +23,5 @@ fi
 "$venv/bin/python" -c "import torch, deepspeed; print(f'torch {torch.__version__}, DeepSpeed {deepspeed.__version__}')"
 cd "$root"
 if [ $# -eq 0 ]; then set -- tests; fi
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} exec "$venv/bin/python" -m pytest -q "$@"
+# -m "": every tier (pytest.ini's default is the fast one), unless the arguments give their own -m
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} exec "$venv/bin/python" -m pytest -q -m "" "$@"

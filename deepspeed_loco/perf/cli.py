@@ -1,19 +1,18 @@
-"""``python -m deepspeed_loco.perf predict ...`` prints one JSON object for one method and cluster;
-``python -m deepspeed_loco.perf calibrate RESULTS.json ...`` takes the engine's host time per step and the GPU's
-measured rate from ``gpu_e2e.py`` runs on one GPU."""
+"""``python -m deepspeed_loco.perf predict ...`` prints one JSON object for one method and cluster (with
+``--calibration``, the JSON that ``benchmarks/calibrate.py`` fits to ``gpu_e2e.py`` runs on one GPU)."""
 import argparse
 import json
 from dataclasses import asdict
 from typing import Optional, Sequence
 
 from deepspeed_loco.layout.wire import wire_bytes_per_element
-from deepspeed_loco.perf.calibration import Calibration, fit, leave_one_out, load_e2e_points
+from deepspeed_loco.perf.calibration import Calibration
 from deepspeed_loco.perf.model import (DEFAULT_KERNELS, GPUS, INTER_LATENCY_US, INTRA_LATENCY_US, METHODS, Cluster,
                                        Workload, load_kernel_costs, predict)
 
 DESCRIPTION = ("The performance model of ZeRO++ with LoCo. predict prints one JSON object for one method and "
-               "cluster; calibrate takes the engine's host time per step and the GPU's measured rate from gpu_e2e.py "
-               "runs on one GPU.")
+               "cluster; --calibration takes the engine's host time per step and the GPU's measured rate that "
+               "benchmarks/calibrate.py fits to gpu_e2e.py runs on one GPU.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,14 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="assume communication fully overlaps compute, a lower bound on the step (default: off, the "
                         "variant that reproduces the published ZeRO++ gains, benchmarks/published.py)")
     p.add_argument("--calibration", default=None,
-                   help="JSON written by 'calibrate --out': the engine's host seconds per step, and the GPU's "
-                        "measured rate, which stands for --tflops when that is not given")
-    c = commands.add_parser("calibrate", help="the engine's host seconds per step and the GPU's rate from gpu_e2e.py "
-                            "runs on one GPU")
-    c.add_argument("results", nargs="+", help="JSON files written by benchmarks/gpu_e2e.py --out (world size 1)")
-    c.add_argument("--gpu", choices=sorted(GPUS), default="h200", help="the GPU they ran on (its sustained TFLOPS)")
-    c.add_argument("--tflops", type=float, default=None, help="sustained TFLOPS (overrides the GPU table)")
-    c.add_argument("--out", default=None, help="write the calibration JSON here (for predict --calibration)")
+                   help="JSON written by 'benchmarks/calibrate.py --out': the engine's host seconds per step, and "
+                        "the GPU's measured rate, which stands for --tflops when that is not given")
     return parser
 
 
@@ -62,7 +55,7 @@ def run_predict(args, parser) -> dict:
             with open(args.calibration) as f:
                 calibration = Calibration(**json.load(f))
         except (OSError, ValueError, TypeError) as exc:
-            parser.error(f"--calibration: {exc} (expected the JSON of 'calibrate --out')")
+            parser.error(f"--calibration: {exc} (expected the JSON of 'benchmarks/calibrate.py --out')")
     tflops = args.tflops or (calibration.gpu_flops / 1e12 if calibration.gpu_flops else None)
     try:
         cluster = Cluster(args.gpus, args.gpus_per_node, GPUS[args.gpu], args.intra_gbps, args.inter_gbps,
@@ -85,43 +78,7 @@ def run_predict(args, parser) -> dict:
     return result
 
 
-def run_calibrate(args, parser) -> str:
-    """The calibration (written to ``--out`` if given) and the leave-one-micro-batch-out table."""
-    rate = args.tflops * 1e12 if args.tflops else GPUS[args.gpu].sustained_flops
-    try:
-        points = load_e2e_points(args.results)
-        calibration = fit(points, rate)
-    except (OSError, ValueError) as exc:
-        parser.error(str(exc))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(calibration.to_json() + "\n")
-    fixed = (f" plus {calibration.gpu_fixed_s_per_param * 1e12:.1f} ps per parameter that does not grow with the "
-             f"tokens" if calibration.gpu_fixed_s_per_param else "")
-    gpu = (f"the GPU at {calibration.gpu_flops / 1e12:.1f} TFLOPS{fixed} (fitted on {calibration.gpu_points} "
-           f"profiled arms)" if calibration.gpu_flops else f"the GPU at the table's {rate / 1e12:.0f} TFLOPS (no "
-           f"profiled arm)")
-    lines = [f"engine host time {calibration.engine_s * 1e3:.1f} ms per step: the mean of {calibration.points} "
-             f"host-bound arms (spread {calibration.spread:.0%}); {gpu}", "",
-             "each micro-batch predicted from the others (leave one out), "
-             "step = max(engine, fixed * parameters + flops / GPU rate):",
-             f"{'arm':8s} {'micro-batch':>11s} {'gpu ms':>10s} {'pred. gpu ms':>12s} {'measured ms':>11s} "
-             f"{'predicted ms':>12s} {'rel.err':>8s} {'rounds moved':>12s}"]
-    for row in leave_one_out(points, rate):
-        held_out = row["predicted_s"] is not None
-        gpu = f"{row['predicted_gpu_s'] * 1e3:12.1f}" if held_out else f"{'n/a':>12s}"
-        predicted = (f"{row['predicted_s'] * 1e3:12.1f} {row['error']:+8.1%}" if held_out
-                     else f"{'n/a':>12s} {'n/a':>8s}")
-        moved = f"{row['round_spread']:12.1%}" if row["round_spread"] is not None else f"{'-':>12s}"
-        lines.append(f"{row['arm']:8s} {row['micro_batch']:11d} {row['gpu_s'] * 1e3:10.1f} {gpu} "
-                     f"{row['step_s'] * 1e3:11.1f} {predicted} {moved}")
-    return "\n".join(lines)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "predict":
-        print(json.dumps(run_predict(args, parser), indent=1))
-    else:
-        print(run_calibrate(args, parser))
+    print(json.dumps(run_predict(args, parser), indent=1))

@@ -1,25 +1,14 @@
 """Which ``zeropp_loco_param`` to use on a given cluster shape, answered by short simulations: :func:`advise`.
 
-The answer follows the regime map of ``benchmarks/RESULTS.md`` ("Where LoCo pays"): what decides whether a bit
-setting costs loss is ``rho``, the power of plain qgZ's quantization error in the communicated mean gradient over
-the power of the gradient's own sampling noise at the step's batch. Where ``rho < 1`` (every 4/4 and 8/2 + Hadamard
-point at a global batch of 64) LoCo changed nothing and plain qgZ stayed within noise of full precision over a few
-hundred steps, but for one (8/2 + Hadamard on the 0.87M model at 16 ranks, where plain lost a little); over 1000
-steps at 4/4 the 0.87M model lost 0.007 with plain qgZ and LoCo did not measurably win it back (-0.001 over 7
-seeds); a loss that small is beyond this function's budgets, so 4/4 is judged by ``rho`` alone; where ``rho >= 1``
-plain qgZ lost loss in 13 of 17 regimes (not resolved in 100 steps at 256 ranks or for 116M at 64, nor over 300
-steps for 10.8M at 16), and LoCo recovered part or all of it at 2/2 for the 0.87M and 10.8M models (resolved) but
-not at 8/2 + Hadamard (a global batch of 512). For the 116M model LoCo from step 1 started behind plain qgZ at 2/2
-and at 4/4 (an early burst of larger updates; at 16 ranks resolved after 100 steps) and was catching up, so above
-10.8M parameters the map has no prior for LoCo. A comparison of a few hundred steps can under-read LoCo's gain at
-small models (at 16 ranks 300 steps measured a quarter of what 1000 did at 0.87M, two fifths at 10.8M). So
-:func:`advise` first measures ``rho`` of each candidate in a short probe (cheap: a few steps of plain qgZ), then
-spends the rest of the budget on training comparisons (full precision, plain qgZ, qgZ + LoCo over several seeds) of
-the candidates with ``rho >= 1``, and recommends the setting with the fewest inter-node bits whose best arm is
-within noise of full precision, with LoCo on where it measurably beat plain qgZ, or where the comparison leaves
-LoCo - plain open at 2/2 on the mid-rise grid for a model of at most 10.8M parameters, where the map resolved
-LoCo's gain (:func:`arm_map_finding`; the verdict then says that the map, not this comparison, decided), unless the
-comparison's mean LoCo - plain lies above 0 (its own runs lean against the prior).
+:func:`advise` first measures ``rho`` of each candidate setting in a short probe (a few steps of plain qgZ): the
+power of plain qgZ's quantization error in the communicated mean gradient over the power of the gradient's own
+sampling noise at the step's batch. A candidate with ``rho < 1`` (its error hides in that noise) is judged by
+``rho`` alone; the rest of the budget trains the candidates with ``rho >= 1`` side by side (full precision, plain
+qgZ, qgZ + LoCo, several seeds). It recommends the setting with the fewest inter-node bits whose best arm is within
+noise of full precision, with LoCo on where it measurably beat plain qgZ, or where the comparison leaves LoCo -
+plain open and the findings table (:func:`~deepspeed_loco.findings.read_map`, :func:`arm_map_finding`) reads
+"pays" for the setting and model, unless the comparison's mean LoCo - plain lies above 0; the verdict then says
+that the table, not this comparison, decided. The measurements behind the table: ``docs/when_loco_pays.md``.
 """
 import math
 import statistics
@@ -28,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.findings import LOCO_PAYS, LOCO_UNPROVEN, UPDATE_BURST_WARNING, read_map
+from deepspeed_loco.findings import LOCO_PAYS, LOCO_UNPROVEN, MAP_DOC, UPDATE_BURST, UPDATE_BURST_WARNING, read_map
 from deepspeed_loco.layout import resolve_grid, wire_bytes_per_element
 from deepspeed_loco.simulation.arms import parse_arm, zeropp_loco_param
 from deepspeed_loco.simulation.burst import update_burst, window_means
@@ -45,7 +34,6 @@ PROBE_STEPS = 20
 MIN_STEPS = 50  # a comparison shorter than this says nothing about a real run
 CALIBRATION_STEPS = 2  # the timing run that sizes the probe before the budget is committed
 MIN_SEEDS = 3  # a 95% interval needs at least 2; 3 is the least that resolved anything in the map
-LOCO_GAIN_STEPS = 1000  # at 2/2 on 16 ranks the map resolved LoCo's gain over this many steps; 300 showed a quarter
 
 
 class AdviseInputError(ValueError):
@@ -151,8 +139,7 @@ class Advice:
             "Differences: final loss (validation if given, else the mean training loss of the last tenth of the "
             "steps), paired over seeds, mean [95% t-interval]; '-': not compared (rho below 1, or no budget left). "
             "LoCo update burst: the largest over seeds and over 10-step windows of the first 100 steps of LoCo's "
-            f"update RMS over plain qgZ's; above {UPDATE_BURST_WARNING} the regime map's LoCo runs sometimes lost "
-            "(all that lost more than 0.03 nats were above it)."
+            f"update RMS over plain qgZ's; above {UPDATE_BURST_WARNING}: {UPDATE_BURST.reason}."
         ]
         return "\n".join(lines)
 
@@ -322,18 +309,18 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
             return Verdict(True, False, f"{reason}, and LoCo cost loss ({loco_plain.said()}).")
         if loco_plain.better:
             return Verdict(True, False, f"{reason}; LoCo gained ({loco_plain.said()}) but {loco_full.said()}.")
-        short = (f" The regime map resolved LoCo's 2/2 gain on 16 ranks only over {LOCO_GAIN_STEPS} steps (300 "
-                 f"showed a quarter of it): a larger budget may resolve it here."
-                 if arm.intra_bits == arm.inter_bits == 2 and comparison.steps < LOCO_GAIN_STEPS else "")
         unresolved = (f"{arm.variant}: {loco_plain.said()}: whether LoCo helps was not resolved in "
                       f"{comparison.steps}-step runs; ")
         finding = arm_map_finding(arm, quant_grid, params, tokens_per_step)
         reading = finding.reading if finding else None
+        horizon = finding.horizon_steps if finding else None
+        short = (f" The measurements resolved LoCo's gain at this setting only over schedules of {horizon} steps: a "
+                 f"larger budget may resolve it here." if horizon and comparison.steps < horizon else "")
         prior = reading == LOCO_PAYS
         leans_against = loco_plain.mean > 0  # the mean, whatever the interval says
         if prior and not leans_against and loco_full.not_worse:
             return Verdict(True, True, f"{reason}; LoCo is on by the regime map's prior: {finding.summary} "
-                           f"(docs/config.md).",
+                           f"({MAP_DOC}).",
                            [unresolved + "LoCo is recommended by the regime map, not by a gain measured here."
                             + short], basis="map")
         against = " Its mean lies above 0, against the map's prior." if prior and leans_against else ""
@@ -513,8 +500,8 @@ def _burst_warning(comparison: Optional[Comparison]) -> str:
         return ""
     seeds = ", ".join(f"{seed} ({burst:.2f}x)" for seed, burst in sorted(high.items()))
     return (f" Warning: LoCo's updates in the first 100 steps were larger than plain qgZ's by more than "
-            f"{UPDATE_BURST_WARNING}x on seed {seeds}; in the regime map every LoCo run that lost more than 0.03 "
-            f"nats to plain had such a burst (and some that gained): watch LoCo's first steps in a real run.")
+            f"{UPDATE_BURST_WARNING}x on seed {seeds} ({UPDATE_BURST.reason}): watch LoCo's first steps in a "
+            f"real run.")
 
 
 def _final_loss(result) -> float:

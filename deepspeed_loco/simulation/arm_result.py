@@ -13,11 +13,7 @@ class ArmResult:
     share of coordinates whose communicated mean is nonzero. ``update_rms``: root mean square of the parameter
     change divided by the step's learning rate (first param group): how far the optimizer moved the replica
     (AdamW moves a coordinate with a steady gradient by about one learning rate, one that gets zeros by less).
-    ``released_fractions``: empty from :func:`simulate`; an observer that measures it appends one entry per step
-    (``benchmarks/convergence_sim.py``'s diagnostics: share of coordinates whose communicated mean is nonzero while
-    plain qgZ with the same bits would have sent zero for the same gradients).
-    ``bytes_per_step``: what one rank sends per step on all
-    hops; ``full`` sends a fp32 reduce-scatter, so its ``bytes_per_step`` is ``full_precision_bytes_per_step``,
+    ``bytes_per_step``: what one rank sends per step on all hops; ``full`` sends a fp32 reduce-scatter, so its ``bytes_per_step`` is ``full_precision_bytes_per_step``,
     ``(W - 1) / W * N * 4`` (a ratio of 1.0). ``loco``: the ``zeropp_loco_param`` block the arm ran with (None for
     ``full``). ``rank_grad_sq[t]`` / ``mean_grad_sq[t]``: the mean over ranks of ``||g_rank||^2`` and
     ``||g_exact||^2`` (the exact fp32 gradients, before any quantization), from which :func:`gradient_noise_scale`
@@ -37,7 +33,6 @@ class ArmResult:
     sum_rel_errors: List[float] = field(default_factory=list)
     nonzero_fractions: List[float] = field(default_factory=list)
     update_rms: List[float] = field(default_factory=list)
-    released_fractions: List[float] = field(default_factory=list)
     rank_grad_sq: List[float] = field(default_factory=list)
     mean_grad_sq: List[float] = field(default_factory=list)
     live_rho_steps: List[int] = field(default_factory=list)

@@ -42,6 +42,7 @@ def check_setup(setup) -> Tuple[Dict[str, Any], torch.device]:
     _choice("autocast_dtype", setup.autocast_dtype, (None, ) + AUTOCAST_DTYPES)
     if not isinstance(setup.stream_nodes, bool):
         raise TypeError(f"{SETUP}: stream_nodes = {setup.stream_nodes!r} is invalid: it must be True or False")
+    _compile(setup.compile, setup.grad_mode)
     loco = _loco(setup.loco, setup.local)
     _valid_block(loco, dict(loco, local_world_size=setup.local))
     return loco, _device(setup.device)
@@ -88,6 +89,19 @@ def _grad_clip(value: Any) -> None:
 def _choice(name: str, value: Any, valid: Sequence[Any]) -> None:
     if not any(value is v or value == v for v in valid):
         raise ValueError(f"{SETUP}: {name} = {value!r} is invalid: it must be one of {tuple(valid)}")
+
+
+def _compile(backend: Any, grad_mode: str) -> None:
+    """``compile``: None, or a ``torch.compile`` backend name, with ``grad_mode="loop"`` (the passes it compiles)."""
+    if backend is None:
+        return
+    known = torch.compiler.list_backends(exclude_tags=())
+    if not isinstance(backend, str) or backend not in known:
+        raise ValueError(f"{SETUP}: compile = {backend!r} is invalid: it must be None or a torch.compile backend "
+                         f"of this torch, one of {tuple(known)}")
+    if grad_mode != "loop":
+        raise ValueError(f"{SETUP}: compile = {backend!r} is invalid with grad_mode = {grad_mode!r}: only the "
+                         f"'loop' passes are compiled; set grad_mode='loop' or compile=None")
 
 
 def _arms(arms: Any) -> List[Arm]:

@@ -16,8 +16,6 @@ import torch
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import INTER_NODE, INTRA_NODE, HopPlan, plan_hops
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
-from deepspeed_loco.runtime.comm.error_sample import MeanErrorSample
-from deepspeed_loco.runtime.comm.noise_stats import ReduceSums
 from deepspeed_loco.runtime.comm.topology import check_layout
 from deepspeed_loco.simulation.exchange import InProcessAllToAll
 
@@ -109,18 +107,15 @@ class SimulatedCluster:
         return any([state.on_optimizer_step() for state in self.states])
 
     def measure_noise(self, step: int) -> None:
-        """Every rank's reducer adds the noise statistics of optimizer step ``step``'s reduces until
-        :meth:`noise_totals` (:class:`~deepspeed_loco.runtime.comm.noise_stats.ReduceSums`)."""
-        for rank, reducer in enumerate(self.reducers):
-            reducer.noise = ReduceSums(len(self.plan.hops), MeanErrorSample(step, rank))
+        """Every rank's reducer begins measuring optimizer step ``step``
+        (:meth:`~deepspeed_loco.runtime.comm.loco_reduce.LocoReducer.begin_measured_step`) until :meth:`noise_totals`."""
+        for reducer in self.reducers:
+            reducer.begin_measured_step(step)
 
     def noise_totals(self, device) -> torch.Tensor:
-        """The sums over ranks of the statistics since :meth:`measure_noise` (the live rho's all-reduce), in rank
-        order; the reducers stop adding them."""
-        sums = [reducer.noise.take(device) for reducer in self.reducers]
-        for reducer in self.reducers:
-            reducer.noise = None
-        return torch.stack(sums).sum(0)
+        """Ends every rank's measured step: the sums over ranks of its statistics (the live rho's all-reduce), added
+        in rank order."""
+        return torch.stack([reducer.end_measured_step(device) for reducer in self.reducers]).sum(0)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

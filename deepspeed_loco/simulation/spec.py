@@ -49,7 +49,9 @@ class TrainingSetup:
     computes this many ranks (>= 1) per batched pass (default: all ``W``), which bounds the activation memory of a
     large ``W`` (``docs/simulation.md``). ``stream_nodes``: compute the gradients node by node and push each node's
     through its first hop before the next node's are computed (at most one node's fp32 gradients alive); the result
-    is the same, bit for bit, when ``rank_chunk`` divides ``local`` (the same batched passes).
+    is the same, bit for bit, when ``rank_chunk`` divides ``local`` (the same batched passes). ``compile``: None, or
+    the ``torch.compile`` backend (e.g. ``"inductor"``) that compiles the model for the ranks' passes in "loop" mode
+    (fused kernels: faster on a GPU, the same function up to floating-point rounding; evaluation stays eager).
     """
     model_fn: Callable[[], torch.nn.Module]
     data_fn: Callable[[], Iterable[Batch]]
@@ -67,6 +69,7 @@ class TrainingSetup:
     grad_mode: str = "vmap"
     rank_chunk: Optional[int] = None
     stream_nodes: bool = False
+    compile: Optional[str] = None
 
     def __post_init__(self):
         loco, device = check_setup(self)

@@ -153,11 +153,13 @@ class _ArmRun:
         self.clusters = [cluster] * (cluster is not None) + shadows  # every cluster the rank gradients go through
         self.device, self.world, self.local = setup.device, setup.world_size, setup.local
         self.rank_chunk = setup.rank_chunk or self.world
+        self.forward_model: Optional[torch.nn.Module] = None  # the model the "loop" passes call (compiled or not)
 
     def train(self, spec: SimulationSpec, observer: StepObserver, on_step) -> ArmResult:
         setup, steps = self.setup, spec.steps
         torch.manual_seed(spec.seed)
         model, named, optimizer, scheduler = _build(setup)
+        self.forward_model = torch.compile(model, backend=setup.compile) if setup.compile else model
         params = [p for _, p in named]
         result = ArmResult(self.arm.key, self.arm.label, spec.seed, self.block, world_size=self.world)
         numel = sum(p.numel() for p in params)
@@ -259,7 +261,7 @@ class _ArmRun:
         for batch in micro:
             model.zero_grad(set_to_none=True)
             with torch.autocast(**autocast):
-                loss = self.setup.loss_fn(model, batch)
+                loss = self.setup.loss_fn(self.forward_model, batch)
             loss.backward()
             grads.append([torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.detach().float()
                           for _, p in named])

@@ -26,23 +26,24 @@ def sim(benchmark_module):
 
 @pytest.fixture(scope="module")
 def runs(sim, tmp_path_factory):
-    """The trunk (full, 6 steps, saved after step 3), a full branch and a plain 4/4 branch resumed from it."""
+    """The trunk (full, 6 steps, saved after step 3), a full branch and a plain 4/4 branch resumed from it, and a
+    full branch resumed from it that stops after step 5 of the 6-step schedule."""
     folder = tmp_path_factory.mktemp("branch")
     threads = torch.get_num_threads()
     out, states = str(folder / "runs.jsonl"), str(folder / "states")
     try:
         for arm, extra in (("full", ["--save-at", "3"]), ("full", ["--resume-from", "3"]),
-                           ("plain4", ["--resume-from", "3"])):
+                           ("plain4", ["--resume-from", "3"]), ("full", ["--resume-from", "3", "--stop-at", "5"])):
             sim.run_one(sim.parse_args(["run", "--arm", arm, "--tag", "t", "--out", out, "--state-dir", states,
                                         *FLAGS, *extra]))
     finally:
         torch.set_num_threads(threads)
-    trunk, full, plain = [json.loads(line) for line in open(out)]
-    return trunk, full, plain, states
+    trunk, full, plain, stopped = [json.loads(line) for line in open(out)]
+    return trunk, full, plain, states, stopped
 
 
 def test_a_branch_trains_exactly_the_steps_after_the_saved_one(runs):
-    trunk, full, _, _ = runs
+    trunk, full, *_ = runs
     assert trunk["setup"]["resumed_from"] == 0 and full["setup"]["resumed_from"] == 3
     assert len(trunk["train_losses"]) == 6 and full["train_losses"] == trunk["train_losses"][3:]
     assert [s for s, _ in full["validation"]] == [4, 5, 6]  # steps of the whole schedule
@@ -50,8 +51,15 @@ def test_a_branch_trains_exactly_the_steps_after_the_saved_one(runs):
     assert full["final_val_loss"] == trunk["final_val_loss"]
 
 
+def test_a_branch_stopped_before_the_schedule_ends_trains_its_steps_of_the_same_schedule(runs):
+    trunk, _, _, _, stopped = runs
+    assert stopped["setup"]["stop_at"] == 5 and stopped["setup"]["steps"] == 6
+    assert stopped["train_losses"] == trunk["train_losses"][3:5]  # the same learning rates: the trunk's schedule
+    assert [s for s, _ in stopped["validation"]] == [4, 5] and stopped["final_val_loss"] == trunk["validation"][4][1]
+
+
 def test_a_quantized_branch_starts_from_the_same_state_and_departs(runs):
-    trunk, _, plain, _ = runs
+    trunk, _, plain, *_ = runs
     assert plain["key"] == "plain4" and plain["setup"]["resumed_from"] == 3
     # the first step's loss is taken before the first update, on the saved weights: the same bits as the trunk's
     assert plain["train_losses"][0] == trunk["train_losses"][3]
@@ -61,7 +69,7 @@ def test_a_quantized_branch_starts_from_the_same_state_and_departs(runs):
 def test_a_branch_on_another_cluster_shape_at_the_same_global_batch_resumes_the_named_trunk(sim, runs, tmp_path):
     """4 x 1 ranks of 2 sequences (the trunk: 2 x 2 of 2): the same global batch, so the full-precision branch
     repeats the trunk's steps up to the order of the mean's fp32 sums; another global batch is refused."""
-    trunk, *_, states = runs
+    trunk, _, _, states, _ = runs
     shape = [flag for flag in FLAGS]
     shape[shape.index("--nodes") + 1], shape[shape.index("--local") + 1] = "4", "1"
     out = str(tmp_path / "runs.jsonl")
@@ -86,7 +94,7 @@ def test_a_branch_on_another_cluster_shape_at_the_same_global_batch_resumes_the_
 
 
 def test_a_branch_with_other_settings_or_no_trunk_is_refused(sim, runs):
-    *_, states = runs
+    *_, states, _ = runs
     with pytest.raises(ValueError, match=r"differs from the run that saved it in lr = 0\.002 \(the state's: 0\.001\)"):
         sim.run_one(sim.parse_args(["run", "--arm", "plain4", "--tag", "t", "--out", "/dev/null", "--state-dir",
                                     states, *FLAGS, "--lr", "2e-3", "--resume-from", "3"]))

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from loco_lab.arms import parse_arm
+from tests.extras import needs_extra
 
 SETUP = {"steps": 4, "model": {"layers": 2, "dim": 32, "seq_len": 16}, "nodes": 2, "local": 2, "device": "cpu",
          "dtype": "fp32", "micro_batch": 2, "lr": 0.003, "group_size": 256, "err_beta": 0.8}
@@ -60,6 +61,7 @@ def _table(text, first_header):
 
 
 def test_bits_per_link_table_and_goals_met(convergence, tmp_path):
+    needs_extra("matplotlib", "demo")  # the summary draws its PNGs
     means = {"full": 2.0, "plain4": 2.01, "loco4": 2.004, "plain2": 2.2, "loco2": 2.1, "loco8-4": 2.002,
              "plain8-2": 2.15, "loco8-2": 2.04, "loco8-2h": 2.06}
     text = convergence.summarize(_write(tmp_path, means, old_keys=("full", "plain4", "loco4", "plain2", "loco2")))
@@ -96,6 +98,7 @@ def test_bits_per_link_table_and_goals_met(convergence, tmp_path):
 
 
 def test_goals_not_met_name_the_shortfall(convergence, tmp_path):
+    needs_extra("matplotlib", "demo")  # the summary draws its PNGs
     means = {"full": 2.0, "plain4": 2.012, "loco4": 2.01, "plain2": 2.2, "loco2": 2.15, "loco8-2": 2.1}
     text = convergence.summarize(_write(tmp_path, means))
     goals = [line for line in text.splitlines() if line.startswith("Goal:")]
@@ -105,6 +108,7 @@ def test_goals_not_met_name_the_shortfall(convergence, tmp_path):
 
 
 def test_goals_without_references_say_what_is_missing(convergence, tmp_path):
+    needs_extra("matplotlib", "demo")  # the summary draws its PNGs
     text = convergence.summarize(_write(tmp_path, {"plain4": 2.01, "loco4": 2.0}))
     goals = [line for line in text.splitlines() if line.startswith("Goal:")]
     assert goals[0].endswith("not measured (needs the arms full and plain2)")
@@ -135,6 +139,7 @@ def test_base_spec_device_backend_dtype(convergence, gpus, count, flags, expecte
 
 def test_only_the_chosen_seeds_are_compared(convergence, tmp_path):
     """A seed only some arms have (here seed 2 of full) stays out of every mean, so all arms share their seeds."""
+    needs_extra("matplotlib", "demo")  # the summary draws its PNGs
     means = {"full": 2.0, "plain4": 2.01, "loco4": 2.004}
     text = convergence.summarize(_write(tmp_path, means, extra=[("full", 2, 9.0)]))
     table = _table(text, "arm")

@@ -1,23 +1,13 @@
 """benchmarks/convergence_sim.py's experiments (error feedback on some hops only, from a later step, the released
-share) as a StepObserver: the same bits as when they were simulate()'s own parameters.
-
-``data/observer_experiments_before.json`` was recorded by ``simulate(..., error_feedback_hops=("inter_node", ))``,
-``simulate(..., error_feedback_from_step=4)`` and ``simulate(..., diagnostics=True)`` at commit 1446a8a, before the
-parameters moved into the observer (arms plain2 and loco2, the toy MLP with 16 hidden units, 2 x 2 ranks, global
-batch 8, 8 steps, seed 1, group_size 32, grad_mode "loop")."""
+share) as a StepObserver, each checked against a run of the same process: what it zeroes, that it changes LoCo
+alone, and that the diagnostics only observe."""
 import json
-import os
 
 import pytest
 import torch
 
 from deepspeed_loco.simulation import SimulationSpec, TrainingSetup, simulate
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
-
-RECORDED = os.path.join(os.path.dirname(__file__), "data", "observer_experiments_before.json")
-EXPERIMENTS = {"ef_hops_inter": dict(kept_hops=("inter_node", )), "ef_from_4": dict(from_step=4),
-               "diagnostics": dict(diagnostics=True)}
-
 
 STEPS = 30
 
@@ -32,17 +22,15 @@ def run(sim):
     """``run(arms, loco=..., **experiments)``: the arms over 30 steps at 2 x 2 ranks, 4 samples per rank."""
 
     def run(arms, loco=None, **experiments):
-        setup = TrainingSetup(toy_model, lambda: toy_batches(16), nodes=2, local=2, loss_fn=toy_loss,
-                              loco={"group_size": 32, **(loco or {})})
-        return simulate(SimulationSpec(setup, arms, STEPS), sim.Experiments(4, 2, **experiments))
+        return simulate(_spec(arms, loco), sim.Experiments(4, 2, **experiments))
 
     return run
 
 
-@pytest.fixture(scope="module")
-def recorded():
-    with open(RECORDED) as f:
-        return json.load(f)
+def _spec(arms, loco=None, steps=STEPS):
+    setup = TrainingSetup(toy_model, lambda: toy_batches(16), nodes=2, local=2, loss_fn=toy_loss,
+                          loco={"group_size": 32, **(loco or {})})
+    return SimulationSpec(setup, arms, steps)
 
 
 def _small_model():
@@ -50,35 +38,46 @@ def _small_model():
 
 
 def _tiny(experiments):
+    """Arms plain2 and loco2 on the toy MLP with 16 hidden units, 2 x 2 ranks, global batch 8, 8 steps, seed 1, as
+    JSON records (``wall_s`` zeroed)."""
     torch.set_num_threads(1)
     setup = TrainingSetup(_small_model, lambda: toy_batches(8), nodes=2, local=2, loco={"group_size": 32},
                           loss_fn=toy_loss, grad_mode="loop")
     results = simulate(SimulationSpec(setup, ["plain2", "loco2"], 8, seed=1), experiments)
-    return [json.loads(json.dumps(dict(r.to_dict(), wall_s=0.0))) for r in results]  # tuples as the file has them
+    return [json.loads(json.dumps(dict(r.to_dict(), wall_s=0.0))) for r in results]
 
 
-def _as_recorded(runs, recorded_runs):
-    """``runs`` cut to the fields the recording has; the fields added since (the live rho's, all ``live_*``) must be
-    empty here: 8 steps never reach the default ``rho_every`` of 10."""
-    for run in runs:
-        assert all(not value for key, value in run.items() if key.startswith("live_"))
-    return [{key: run[key] for key in old} for run, old in zip(runs, recorded_runs)]
+def test_the_experiments_change_loco_alone_and_the_diagnostics_change_nothing(sim):
+    """Zeroing buffers changes LoCo's run, never plain's; the diagnostics leave every figure of both runs as it is."""
+    default = _tiny(None)
+    for experiments in (dict(kept_hops=("inter_node", )), dict(from_step=4)):
+        plain, loco = _tiny(sim.Experiments(4, 2, **experiments))
+        assert plain == default[0]
+        assert loco["train_losses"] != default[1]["train_losses"]
+    diagnosed = sim.Experiments(4, 2, diagnostics=True)
+    assert _tiny(diagnosed) == default
+    assert list(diagnosed.released) == ["loco2"] and len(diagnosed.released["loco2"]) == 8
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
-def test_the_observer_gives_the_bits_the_parameters_gave(sim, recorded, name):
-    assert _as_recorded(_tiny(sim.Experiments(4, 2, **EXPERIMENTS[name])), recorded[name]) == recorded[name]
+def test_kept_hops_keep_their_buffers_from_the_step_on_and_the_others_are_zero_after_every_reduce(sim):
+    """``kept_hops=("inter_node",)`` from step 3: after each reduce of the LoCo arm, which hops' buffers hold
+    anything, seen by an observer running after the experiment's."""
+    held = []
 
+    class Watched(sim.Experiments):
 
-def test_the_experiments_change_loco_alone_and_the_diagnostics_change_nothing(recorded):
-    """The recorded runs are not all the library's default: zeroing buffers changes LoCo's run, never plain's;
-    the released share is recorded for LoCo only and leaves training as it is."""
-    default = _as_recorded(_tiny(None), recorded["diagnostics"])
-    assert recorded["diagnostics"][1]["released_fractions"] and not recorded["diagnostics"][0]["released_fractions"]
-    assert [dict(r, released_fractions=[]) for r in recorded["diagnostics"]] == default
-    for name in ("ef_hops_inter", "ef_from_4"):
-        assert recorded[name][0] == default[0]
-        assert recorded[name][1]["train_losses"] != default[1]["train_losses"]
+        def after_reduce(self, reduced):
+            super().after_reduce(reduced)
+            if reduced.arm.kind == "loco":
+                nonzero = {}
+                for state in reduced.cluster.states:
+                    for _, hop, buffer in state.named_buffers():
+                        nonzero[hop] = nonzero.get(hop, False) or bool(buffer.dequantize().any())
+                held.append(nonzero)
+
+    simulate(_spec(["plain2", "loco2"], steps=6), Watched(4, 2, kept_hops=("inter_node", ), from_step=3))
+    plain = {"intra_node": False, "inter_node": False}
+    assert held == [plain] * 2 + [{"intra_node": False, "inter_node": True}] * 4
 
 
 def test_a_hop_the_layout_lacks_is_refused(sim):
@@ -96,20 +95,20 @@ def test_error_feedback_on_no_hop_is_plain_qgz_and_on_every_hop_is_loco(run):
     assert inter.train_losses not in (plain.train_losses, loco.train_losses)
 
 
-def test_diagnostics_record_what_error_feedback_released(run):
+def test_diagnostics_record_what_error_feedback_released(sim, run):
     # the symmetric 2-bit grid has a zero level that plain qgZ leaves many coordinates at ("auto" would pick mid-rise)
     symmetric = {"loco": {"quant_grid": "symmetric"}}
-    plain, loco = run(["plain2", "loco2"], diagnostics=True, **symmetric)
-    assert plain.released_fractions == [] and len(loco.released_fractions) == STEPS
+    diagnosed = sim.Experiments(4, 2, diagnostics=True)
+    plain, loco = simulate(_spec(["plain2", "loco2"], symmetric["loco"]), diagnosed)
+    released = diagnosed.released["loco2"]
+    assert list(diagnosed.released) == ["loco2"] and len(released) == STEPS
     # released coordinates are nonzero in LoCo's mean: their share is at most the nonzero share, and some exist
-    assert all(0 <= r <= n for r, n in zip(loco.released_fractions, loco.nonzero_fractions))
-    assert max(loco.released_fractions) > 0
+    assert all(0 <= r <= n for r, n in zip(released, loco.nonzero_fractions))
+    assert max(released) > 0
     assert all(u > 0 for u in plain.update_rms) and len(plain.update_rms) == STEPS
     # diagnostics only observe: the arm trains exactly as without them
     again, = run(["loco2"], **symmetric)
     assert again.train_losses == loco.train_losses
-
-
 
 
 def test_error_feedback_from_a_later_step_is_plain_qgz_until_then(run):

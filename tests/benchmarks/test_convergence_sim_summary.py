@@ -5,10 +5,18 @@ import json
 
 import pytest
 
+from tests.extras import needs_extra
+
 SETUP = {"steps": 4, "size": "tiny", "params": 1000, "text": None, "model": {"layers": 2, "dim": 32, "seq_len": 16},
          "nodes": 2, "local": 2, "micro_batch": 2, "lr": 0.003, "warmup": 1, "dtype": "fp32", "group_size": 256,
          "err_beta": 0.8, "reset_T": 1024, "ef_hops": "all", "quant_grid": "symmetric", "eval_windows": 8,
          "device": "cpu", "kernels": "loco_reference"}
+
+
+@pytest.fixture(autouse=True)
+def matplotlib():
+    """Every summary here draws its PNG."""
+    return needs_extra("matplotlib", "demo")
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,25 @@
 """benchmarks/map_statistics.py: Benjamini-Hochberg against a hand-computed example, the two one-sided tests
 against SciPy's one-sided t-tests, and the seed-blocked model on made-up runs with known regime and seed effects
 (seeded, so every run of this file draws the same data)."""
-import numpy as np
 import pytest
-from scipy import stats
 
 from deepspeed_loco.utils.stats import t_interval
+from tests.extras import needs_extra
 
 
 @pytest.fixture(scope="module")
-def ms(benchmark_module):
+def np():
+    return needs_extra("numpy", "demo")
+
+
+@pytest.fixture(scope="module")
+def stats():
+    return needs_extra("scipy.stats", "demo")
+
+
+@pytest.fixture(scope="module")
+def ms(benchmark_module, np, stats):
+    """benchmarks/map_statistics.py, which imports numpy and scipy itself."""
     return benchmark_module("map_statistics")
 
 
@@ -26,7 +36,7 @@ def test_benjamini_hochberg_matches_a_hand_computed_example(ms):
         ms.benjamini_hochberg([0.5, 1.2])
 
 
-def test_tost_is_the_larger_of_two_shifted_one_sided_t_tests(ms):
+def test_tost_is_the_larger_of_two_shifted_one_sided_t_tests(ms, np, stats):
     rng = np.random.default_rng(7)
     for mean, sd, n in ((0.0, 0.004, 8), (0.006, 0.004, 5), (0.0, 0.05, 3), (0.02, 0.002, 6)):
         values = list(rng.normal(mean, sd, n))
@@ -41,6 +51,20 @@ def test_tost_is_the_larger_of_two_shifted_one_sided_t_tests(ms):
     assert ms.tost(list(rng.normal(0.02, 0.001, 10)), margin=0.01)[0] > 0.99  # a resolved difference beyond it
 
 
+def test_a_resolved_difference_inside_the_margin_is_not_called_equivalent(ms, stats):
+    """The stage-3 8/2 + H cost (+0.0071 on every seed, 95% interval above 0) passes the two one-sided tests at
+    +-0.01 but is a real difference: "resolved, inside", not "equivalent"; a tight difference around 0 is
+    equivalent; a wide one is not shown."""
+    cost = [0.0068, 0.0071, 0.0074]
+    p, tost_p = stats.ttest_1samp(cost, 0.0).pvalue, ms.tost(cost)[0]
+    assert p < 0.05 and tost_p < 0.05
+    assert ms.equivalence_label(p, tost_p) == "resolved, inside +-0.01"
+    tight = [-0.0004, 0.0003, 0.0001, -0.0002]
+    assert ms.equivalence_label(stats.ttest_1samp(tight, 0.0).pvalue, ms.tost(tight)[0]) == "equivalent within +-0.01"
+    wide = [-0.03, 0.04, 0.01]
+    assert ms.equivalence_label(stats.ttest_1samp(wide, 0.0).pvalue, ms.tost(wide)[0]) == "not shown"
+
+
 def _draw(rng, regime_effects, seeds=8, effect=-0.01, seed_sd=0.01, noise=0.003, drop=0.3):
     """Made-up paired differences: ``effect + regime effect + seed effect + noise`` over ``seeds`` seeds, each
     (regime, seed) cell kept with probability 1 - drop (seed 0 always runs every regime, so they stay connected)."""
@@ -49,7 +73,7 @@ def _draw(rng, regime_effects, seeds=8, effect=-0.01, seed_sd=0.01, noise=0.003,
             for r, a in enumerate(regime_effects) for s in range(seeds) if s == 0 or rng.random() > drop]
 
 
-def test_the_seed_blocked_effect_covers_the_true_effect_and_the_f_test_finds_an_injected_regime_effect(ms):
+def test_the_seed_blocked_effect_covers_the_true_effect_and_the_f_test_finds_an_injected_regime_effect(ms, np):
     rng = np.random.default_rng(2026)
     none, injected = [0.0] * 4, [0.012, -0.012, 0.0, 0.0]  # regime effects summing to 0: the mean stays -0.01
     covered, found, false_alarms, reps = 0, 0, 0, 300
@@ -68,7 +92,7 @@ def test_the_seed_blocked_effect_covers_the_true_effect_and_the_f_test_finds_an_
     assert ms.blocked_effect(_draw(np.random.default_rng(1), none))["p_regime"] > 0.05
 
 
-def test_one_regime_is_its_paired_t_interval_and_a_balanced_design_the_t_interval_of_seed_means(ms):
+def test_one_regime_is_its_paired_t_interval_and_a_balanced_design_the_t_interval_of_seed_means(ms, np):
     rng = np.random.default_rng(3)
     values = list(rng.normal(-0.01, 0.01, 5))
     one = ms.blocked_effect([("a", s, v) for s, v in enumerate(values)])

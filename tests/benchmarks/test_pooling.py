@@ -4,6 +4,14 @@ import math
 import pytest
 
 from benchmarks.pooling import pool_intervals
+from tests.extras import needs_extra
+
+
+@pytest.fixture(autouse=True)
+def scipy():
+    """benchmarks/pooling.py's quantiles."""
+    return needs_extra("scipy", "demo")
+
 
 Z95 = 1.959963984540054  # the normal quantile of a 95% two-sided interval
 

@@ -6,6 +6,15 @@ import pytest
 
 from benchmarks.pooling import pool_intervals
 from deepspeed_loco.utils.stats import t_interval
+from tests.extras import needs_extra
+
+
+@pytest.fixture(autouse=True)
+def extras():
+    """benchmarks/regime_map.py's statistics (map_statistics.py and pooling.py: scipy) and its map.png
+    (matplotlib)."""
+    return needs_extra("scipy", "demo"), needs_extra("matplotlib", "demo")
+
 
 LOSSES = {  # regime tag: arm: final validation loss per seed 0, 1, 2
     "a_w4": {"full": [2.00, 2.10, 2.20], "plain2": [2.05, 2.16, 2.24], "loco2": [2.02, 2.12, 2.22]},

@@ -3,9 +3,11 @@ probe only, and a budget that cannot pay for the probe)."""
 import json
 
 from loco_lab import cli
+from tests.extras import needs_extra
 
 
 def test_advise_writes_its_evidence_and_a_valid_block(tmp_path, capsys):
+    needs_extra("matplotlib", "report")  # advise.png
     from deepspeed_loco.config import LocoConfig
     out = tmp_path / "advise"
     code = cli.main(["advise", "--nodes", "2", "--gpus-per-node", "2", "--budget-minutes", "1", "--probe-steps", "5",

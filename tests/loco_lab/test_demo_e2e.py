@@ -4,6 +4,7 @@ import json
 import os
 
 from loco_lab import cli
+from tests.extras import needs_extra
 
 SMALL = ["--model-size", "tiny", "--steps", "3", "--micro-batch", "2", "--eval-windows", "8", "--device", "cpu",
          "--no-progress"]
@@ -21,6 +22,7 @@ def _check_arms(results, runs_per_arm):
 
 
 def test_demo_on_the_simulated_cluster(tmp_path, capsys):
+    needs_extra("matplotlib", "report")  # loss_curves.png
     out = tmp_path / "demo"
     code = cli.main(["demo", *SMALL, "--seeds", "0", "1", "--out", str(out)])
     printed = capsys.readouterr().out

@@ -2,12 +2,16 @@
 lands inside the bar), in its own format; closing it gives the logger its handlers back."""
 import re
 
-import tqdm
-
+from deepspeed_loco.simulation import SimulationSpec, TrainingSetup, simulate
 from deepspeed_loco.utils.logging import HANDLER_NAME, logger
 from loco_lab.arms import RunSpec
 from loco_lab.model import SIZES
+from loco_lab.progress_bar import ProgressBar
 from loco_lab.run import _Progress
+from tests.extras import needs_extra
+from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
+
+tqdm = needs_extra("tqdm", "demo")  # the bar (a DeepSpeed requirement too)
 
 
 def test_log_lines_go_through_the_bar(monkeypatch):
@@ -29,3 +33,13 @@ def test_log_lines_go_through_the_bar(monkeypatch):
     assert logger.handlers == before
     quiet.close()
     assert logger.handlers == before
+
+
+def test_progress_bar_counts_the_steps_and_gives_the_logger_back():
+    handlers = list(logger.handlers)
+    bar = ProgressBar(24)
+    setup = TrainingSetup(toy_model, lambda: toy_batches(16), loss_fn=toy_loss)
+    simulate(SimulationSpec(setup, ["full", "plain4"], 12), on_step=bar)
+    assert bar.bar.n == 24 and bar.bar.desc.startswith("seed 0: qgZ 4-bit")
+    bar.close()
+    assert logger.handlers == handlers

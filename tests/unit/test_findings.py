@@ -1,17 +1,17 @@
-"""The regime map as data: the one reader's rule at and around each row's thresholds, rows that never overlap,
-a row bounded in global batch read only where the batch is known, and provenance that names files the checkout
-holds."""
+"""The findings as data: the one reader's rule at and around each row's thresholds, rows that never overlap, a row
+bounded in global batch read only where the batch is known, and a table that refuses a malformed row."""
 import dataclasses
 import itertools
-import os
+import json
 
 import pytest
 
-from deepspeed_loco.findings import (GAIN_MAX_PARAMS, LARGEST_2BIT_MAP_BATCH, LOCO_IDLE, LOCO_PAYS, LOCO_UNPROVEN,
-                                     MAP, READINGS, UPDATE_BURST, read_map)
+from deepspeed_loco.findings import LOCO_IDLE, LOCO_PAYS, LOCO_UNPROVEN, MAP, READINGS, UPDATE_BURST, load, read_map
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL, LARGE = 10_818_432, 116_430_720  # the map's 10.8M and 116M models
+_PAYS_2BIT = next(row for row in MAP if row.reading == LOCO_PAYS and row.intra_bits == (2, 2))
+GAIN_MAX_PARAMS = _PAYS_2BIT.params[1]  # the largest size the 2/2 gain holds for
+LARGEST_2BIT_MAP_BATCH = next(row for row in MAP if row.intra_bits == (2, 2) and row.batch_bounded).tokens_per_step[0]
 
 
 def _reading(*args, **kwargs):
@@ -68,10 +68,22 @@ def test_a_row_bounded_in_global_batch_is_read_only_where_the_batch_is_known_and
         read_map([4, 4], False, "symmetric", SMALL, table=MAP + (idle,))
 
 
-def test_every_row_and_threshold_names_its_reading_and_raw_runs_the_checkout_holds():
+def test_every_row_and_threshold_says_what_it_means():
+    assert len({row.id for row in MAP}) == len(MAP)
     for row in MAP:
-        assert row.reading in READINGS and row.provenance and row.summary and row.evidence
-    for provenance in [p for row in MAP for p in row.provenance] + list(UPDATE_BURST.provenance):
-        assert provenance.runs.startswith("benchmarks/results/")
-        assert os.path.isfile(os.path.join(ROOT, provenance.runs))
-        assert len(provenance.date) == 10 and provenance.regime
+        assert row.reading in READINGS and row.summary and row.id
+    assert UPDATE_BURST.value > 1 and UPDATE_BURST.reason
+
+
+def test_a_malformed_row_is_refused_naming_it():
+    good = {"id": "x", "reading": "idle", "intra_bits": [4, 8], "inter_bits": [4, 8], "hadamard": None,
+            "grid": None, "params": [0, None], "tokens_per_step": [0, None], "summary": "s"}
+
+    def table(**row):
+        return json.dumps({"doc": "d", "rows": [dict(good, **row)], "thresholds": {}})
+
+    assert load(table())[1][0].reading == LOCO_IDLE
+    with pytest.raises(ValueError, match="row 'x': reading 'great' must be one of"):
+        load(table(reading="great"))
+    with pytest.raises(ValueError, match="row 'x': params = \\[0\\] must be a \\[low, high\\] pair"):
+        load(table(params=[0]))

@@ -9,6 +9,7 @@ from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import Hop, HopPlan, WireLayout, plan_hops
 from deepspeed_loco.ops import kernels_for
 from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
+from deepspeed_loco.runtime.comm.error_sample import MeanErrorSample
 from deepspeed_loco.runtime.comm.noise_stats import ReduceSums
 from deepspeed_loco.utils.logging import logger
 
@@ -64,9 +65,10 @@ class LocoReducer:
     (``err_beta`` goes from it into every hop's kernel arguments), built for the same plan (ValueError otherwise);
     ``rank``: this rank's index in the group. :meth:`for_topology` builds all three.
 
-    ``noise``: None, or the :class:`~deepspeed_loco.runtime.comm.noise_stats.ReduceSums` that every reduce adds its
-    noise statistics to (the ops' ``stats`` outputs; set by the live rho on measured steps only: with None nothing is
-    computed).
+    A measured optimizer step (the live rho's, :mod:`deepspeed_loco.runtime.comm.noise_stats`) lies between
+    :meth:`begin_measured_step` and :meth:`end_measured_step`: its reduces add their noise statistics (the ops'
+    ``stats`` outputs and the shared sample of coordinates) to a
+    :class:`~deepspeed_loco.runtime.comm.noise_stats.ReduceSums`; outside one nothing of the kind is computed.
     """
 
     def __init__(self, plan: HopPlan, state: ErrorFeedbackState, rank: int):
@@ -77,7 +79,7 @@ class LocoReducer:
         self.state = state
         self.rank = rank
         self.stats = WireStats()
-        self.noise: Optional[ReduceSums] = None
+        self._noise: Optional[ReduceSums] = None  # the measured step's sums, between begin and end
         self._touched = False
 
     @classmethod
@@ -92,6 +94,30 @@ class LocoReducer:
             layout = plan_hops(topology.world_size, topology.local_size, config)
         plan = layout.with_exchanges(topology.exchanges)
         return cls(plan, ErrorFeedbackState(config, plan), topology.rank)
+
+    @property
+    def measuring(self) -> bool:
+        """Whether a measured step has begun and not ended: the reduces add their noise statistics."""
+        return self._noise is not None
+
+    def begin_measured_step(self, step: int) -> None:
+        """From now until :meth:`end_measured_step`, every reduce adds its noise statistics of optimizer step ``step``
+        (1-based; it picks the shared sample of coordinates, :class:`MeanErrorSample`). RuntimeError while a measured
+        step is open already."""
+        if self._noise is not None:
+            raise RuntimeError(f"LoCo reduce: rank {self.rank} began measuring step {step} inside another measured "
+                               f"step; end that one first (end_measured_step)")
+        self._noise = ReduceSums(len(self.plan.hops), MeanErrorSample(step, self.rank))
+
+    def end_measured_step(self, device) -> torch.Tensor:
+        """Ends the measured step: its sums (zeros if no reduce ran) followed by its sampled values, one fp32 tensor
+        on ``device`` that the caller owns (:meth:`ReduceSums.take`: what the live rho's all-reduce sums).
+        RuntimeError without :meth:`begin_measured_step`."""
+        if self._noise is None:
+            raise RuntimeError(f"LoCo reduce: rank {self.rank} ended a measured step it never began "
+                               f"(begin_measured_step)")
+        noise, self._noise = self._noise, None
+        return noise.take(device)
 
     @torch.no_grad()
     def reduce_scatter(self, names: Sequence[str], grads: Iterable[torch.Tensor]) -> List[torch.Tensor]:
@@ -130,8 +156,9 @@ class LocoReducer:
         buffers = [self.state.buffers_for(n, g.numel(), g.device) for n, g in zip(names, grads)]
         self._touched = any(b is not None for b in buffers)  # the kernels below update the buffers in place
         recv = wire = None
-        hop_stats, mean_stats = self.noise.views(device) if self.noise is not None else ([None] * len(plan.hops), None)
-        sample = self.noise.sample if self.noise is not None else None
+        noise = self._noise
+        hop_stats, mean_stats = noise.views(device) if noise is not None else ([None] * len(plan.hops), None)
+        sample = noise.sample if noise is not None else None
         picks = sample.pick(names, numels) if sample is not None else None
         if picks is not None:
             sample.take_inputs(picks, grads, kernels.gather_sample)

@@ -35,8 +35,9 @@ accumulated step. Absolute powers are in the units of the reduced gradient (an f
 
 Single steps are noisy: :class:`RhoEstimator` averages numerator and denominator over a window of measured steps
 before dividing (as McCandlish et al. do) and gives the ratio estimator's standard error. :class:`LiveRho` runs it in
-a real run: arms the reducer on every ``rho_every``-th step, makes the one all-reduce, logs a line every
-``rho_log_every`` steps.
+a real run: on every ``rho_every``-th step it begins a measured step of the reducer
+(:meth:`~deepspeed_loco.runtime.comm.loco_reduce.LocoReducer.begin_measured_step`), after it ends it and makes the one
+all-reduce, and it logs a line every ``rho_log_every`` steps.
 
 With error feedback, ``E`` is the communicated mean's own error: the quantizer's error on the compensated values and
 the remembered error those carry (about ``(1 - beta) / (1 + beta)`` more power than the quantizer's error alone in a
@@ -196,9 +197,10 @@ def describe(estimate: RhoEstimate, bits: str, world_size: int, rank_batch: int,
 
 class LiveRho:
     """The live rho of one reducer in a real run (every rank of the data-parallel ``group`` holds one and calls
-    :meth:`on_step` after every optimizer step, so that all make the same all-reduce).
+    :meth:`on_step` after every optimizer step, so that all make the same all-reduce). :attr:`fresh` is the estimate
+    the last :meth:`on_step` updated.
 
-    ``every``: measure the ``every``-th optimizer steps (1-based; 0: never, and nothing is armed);
+    ``every``: measure the ``every``-th optimizer steps (1-based; 0: never, and the reducer never measures);
     ``log_every``: rank-0 log line every so many steps (0: never). ``rank_batch``: samples per rank and micro-step
     (DeepSpeed's ``train_micro_batch_size_per_gpu``); ``micro_steps``: micro-steps per optimizer step;
     ``device``: where the all-reduce runs (the accelerator's for NCCL).
@@ -214,20 +216,22 @@ class LiveRho:
         self.bits = "/".join(str(hop.bits) for hop in hops)
         self.error_feedback = reducer.state.error_feedback
         self.estimator = RhoEstimator([hop.name for hop in hops], self.world_size, rank_batch, window)
-        self._arm(next_step)
+        self.fresh: Optional[RhoEstimate] = None
+        self._begin(next_step)
 
-    def _arm(self, step: int) -> None:
-        """Gives the reducer a fresh :class:`ReduceSums` if optimizer step ``step`` is measured, else none."""
-        measured = self.enabled and step % self.every == 0
-        self.reducer.noise = ReduceSums(len(self.reducer.plan.hops), MeanErrorSample(
-            step, self.reducer.rank)) if measured else None
+    def _begin(self, step: int) -> None:
+        """Begins the reducer's measured step if optimizer step ``step`` is one to measure."""
+        if self.enabled and step % self.every == 0:
+            self.reducer.begin_measured_step(step)
 
-    def on_step(self, step: int) -> Optional[RhoEstimate]:
-        """After optimizer step ``step`` (1-based): if it was measured, one all-reduce of its sums and the updated
-        estimate (returned); the log line when due; arms the reducer for step ``step + 1``."""
-        sums, fresh = self.reducer.noise, None
-        if sums is not None:
-            totals = sums.take(self.device)
+    def on_step(self, step: int, cleared: bool) -> None:
+        """After optimizer step ``step`` (1-based; a step listener of the hook, ``cleared`` is not used: a step that
+        cleared the error buffers is measured like any other): if it was measured, one all-reduce of its sums, and
+        :attr:`fresh` the updated estimate (else None); the log line when due; begins step ``step + 1``'s
+        measurement if it is one to measure."""
+        fresh = None
+        if self.reducer.measuring:
+            totals = self.reducer.end_measured_step(self.device)
             dist.all_reduce(totals, group=self.group)
             sample = NoiseSample.from_totals(totals, len(self.reducer.plan.hops), self.world_size, self.micro_steps)
             if sample is None:
@@ -240,5 +244,5 @@ class LiveRho:
             if estimate is not None:
                 log_rank0(describe(estimate, self.bits, self.world_size, self.estimator.rank_batch,
                                    self.error_feedback))
-        self._arm(step + 1)
-        return fresh
+        self.fresh = fresh
+        self._begin(step + 1)

@@ -6,19 +6,30 @@ What is patched, and how it is undone:
   :func:`uninstall`): the config key ``zero_optimization.zeropp_loco_param``, which DeepSpeed >= 0.19.8 rejects,
   is validated and taken out before DeepSpeed parses the config.
 * On one ``DeepSpeedZeroOptimizer_Stage3`` instance (by :class:`OptimizerPatch`, undone by its ``restore``): the
-  bucket reduce ``__avg_scatter_grads`` (name-mangled, :data:`REDUCE_METHOD`), ``step``, ``state_dict`` and
+  bucket reduce ``__avg_scatter_grads`` (name-mangled: :attr:`PrivateNames.reduce`), ``step``, ``state_dict`` and
   ``load_state_dict``. ``restore`` removes LoCo's own wrappers only: one that something else wrapped afterwards
   stays under that wrapper, passing every call through (see :class:`_Slot`). Or, on an optimizer LoCo is not
   attached to, the bucket reduce alone, only to observe it (:class:`StockReduceObservation`, undone by its
   ``remove``).
 * Read, never written: the optimizer's ``dp_process_group``, ``dtype``, ``gradient_accumulation_dtype``,
-  ``loss_scale``, ``overflow``, ``param_names`` and its partition-group helpers; a ZeRO-3 parameter's ``ds_id``,
-  ``ds_numel`` and ``ds_tensor``; the engine's ``monitor``, ``train_micro_batch_size_per_gpu()`` and
-  ``gradient_accumulation_steps()``. Code outside this module reads them through the named
-  functions at its end (:func:`data_parallel_group`, :func:`param_numel`, ...), never by attribute.
+  ``loss_scale``, ``overflow``, ``param_names``, ``gradient_predivide_factor``, ``postscale_gradients`` and its
+  partition-group helpers; a ZeRO-3 parameter's ``ds_id``, ``ds_numel`` and ``ds_tensor``; the engine's ``monitor``,
+  ``train_micro_batch_size_per_gpu()`` and ``gradient_accumulation_steps()``. Code outside this module reads them
+  through the named functions at its end (:func:`data_parallel_group`, :func:`param_numel`, ...), never by
+  attribute.
 
-:data:`TESTED_DEEPSPEED` lists the DeepSpeed releases this module was tested with; others start with a warning,
-releases without the hooked method or older than :data:`MIN_DEEPSPEED` fail at start-up.
+DeepSpeed's private names (its own leading underscore) that the seam calls or replaces stand in one table,
+:data:`PRIVATE_NAMES`, keyed by the DeepSpeed release they were read from; its keys are the releases this module was
+tested with (:data:`TESTED_DEEPSPEED`). Another release uses the row of the newest tested release not newer than it
+and starts with a warning; a release older than :data:`MIN_DEEPSPEED`, or one whose ZeRO-3 optimizer lacks a name of
+its row, fails at start-up.
+
+What LoCo's reduce leaves out of DeepSpeed's: ``gradient_predivide_factor`` and ``prescale_gradients`` (DeepSpeed's
+reduce divides the gradients by the factor before the reduce-scatter and multiplies the partitions back after it).
+DeepSpeed 0.19.8 itself refuses other values than their defaults (1.0 and false) with qgZ, which LoCo requires (qgZ
+forces reduce-scatter on, and with it DeepSpeed asserts both); :func:`reduce_scaling_not_applied` names a value that
+LoCo's reduce would silently leave out all the same, and the hook refuses it at attach: the guard for a release that
+stops asserting.
 """
 import dataclasses
 import functools
@@ -32,26 +43,69 @@ from packaging import version
 
 from deepspeed_loco.utils.logging import log_rank0
 
-MIN_DEEPSPEED = "0.19.8"
-TESTED_DEEPSPEED = ("0.19.8", )
-REDUCE_METHOD = "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads"
+@dataclasses.dataclass(frozen=True)
+class PrivateNames:
+    """DeepSpeed's private names that the seam relies on in one release, all methods of its ZeRO-3 optimizer
+    (``DeepSpeedZeroOptimizer_Stage3``): ``reduce``, the bucket reduce LoCo replaces (as Python name-mangles it), and
+    the three helpers LoCo's reduce calls where DeepSpeed's does: ``same_partition_group`` (asserts that a bucket's
+    parameters share one partition group), ``partition_group`` (a parameter's partition group) and
+    ``averaging_world_size`` (the world size a bucket is averaged over, which differs for expert groups)."""
+    reduce: str
+    same_partition_group: str
+    partition_group: str
+    averaging_world_size: str
+
+    def missing_from(self, cls: type) -> List[str]:
+        """The names of this row that ``cls`` has no callable for, in field order."""
+        return [name for name in dataclasses.astuple(self) if not callable(getattr(cls, name, None))]
+
+
+# each tested DeepSpeed release, oldest first, with the private names read from its source
+PRIVATE_NAMES: Dict[str, PrivateNames] = {
+    "0.19.8": PrivateNames(reduce="_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads",
+                           same_partition_group="_assert_same_partition_group",
+                           partition_group="_get_param_partition_group",
+                           averaging_world_size="_gradient_averaging_world_size"),
+}
+TESTED_DEEPSPEED = tuple(PRIVATE_NAMES)
+MIN_DEEPSPEED = TESTED_DEEPSPEED[0]
+
+# the DeepSpeed config keys (top level) whose effect lives inside the bucket reduce LoCo replaces, each with the
+# value at which it has none: LoCo's reduce applies neither
+REDUCE_SCALING_DEFAULTS: Dict[str, Any] = {"gradient_predivide_factor": 1.0, "prescale_gradients": False}
 
 _STOCK: Dict[str, Any] = {}  # what install() replaced: {"initialize": fn, "config_init": fn}
 
 
 # ------------------------------------------------------------------------------------------------ versions
+def names_for(release: str) -> PrivateNames:
+    """The private names of DeepSpeed ``release``: the row of the newest tested release not newer than it.
+    RuntimeError for a release older than :data:`MIN_DEEPSPEED`."""
+    parsed = version.parse(release)
+    known = [tested for tested in PRIVATE_NAMES if version.parse(tested) <= parsed]
+    if not known:
+        raise RuntimeError(f"deepspeed-loco needs DeepSpeed >= {MIN_DEEPSPEED}, found {release}; DeepSpeed "
+                           f"0.16.2-0.19.7 ship their own zeropp_loco_param (use that, or upgrade DeepSpeed)")
+    return PRIVATE_NAMES[max(known, key=version.parse)]
+
+
+def private_names() -> PrivateNames:
+    """The private names of the installed DeepSpeed (:func:`names_for` its ``__version__``)."""
+    import deepspeed
+    return names_for(deepspeed.__version__)
+
+
 def check_deepspeed_version() -> None:
-    """Fails unless the installed DeepSpeed has the stage-3 reduce :class:`OptimizerPatch` replaces."""
+    """Fails unless the installed DeepSpeed's ZeRO-3 optimizer has every name of its :data:`PRIVATE_NAMES` row;
+    warns for a release that is not a key of the table."""
     import deepspeed
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
     installed = deepspeed.__version__
-    if version.parse(installed) < version.parse(MIN_DEEPSPEED):
-        raise RuntimeError(f"deepspeed-loco needs DeepSpeed >= {MIN_DEEPSPEED}, found {installed}; DeepSpeed "
-                           f"0.16.2-0.19.7 ship their own zeropp_loco_param (use that, or upgrade DeepSpeed)")
-    if not callable(getattr(DeepSpeedZeroOptimizer_Stage3, REDUCE_METHOD, None)):
+    missing = private_names().missing_from(DeepSpeedZeroOptimizer_Stage3)
+    if missing:
         raise RuntimeError(f"deepspeed-loco cannot hook DeepSpeed {installed}: its ZeRO-3 optimizer has no "
-                           f"__avg_scatter_grads (tested with {', '.join(TESTED_DEEPSPEED)}); pin one of those")
+                           f"{', '.join(missing)} (tested with {', '.join(TESTED_DEEPSPEED)}); pin one of those")
     if installed not in TESTED_DEEPSPEED:
         log_rank0(f"deepspeed-loco: DeepSpeed {installed} is untested (tested: {', '.join(TESTED_DEEPSPEED)})",
                   logging.WARNING)
@@ -160,8 +214,9 @@ class OptimizerPatch:
         self._state_key, self._missing = state_key, missing
         self._group_ranks: Optional[List[int]] = None  # the data-parallel ranks, read at the first reduce
         self._checked_groups = set()
+        self._names = private_names()
         self._slots = [_Slot(optimizer, name, method) for name, method in (
-            (REDUCE_METHOD, self._avg_scatter_grads), ("step", self._step), ("state_dict", self._state_dict),
+            (self._names.reduce, self._avg_scatter_grads), ("step", self._step), ("state_dict", self._state_dict),
             ("load_state_dict", self._load_state_dict))]
         self._stock = {slot.name: slot.replaced for slot in self._slots}  # what LoCo's methods call through to
         self._load_signature = inspect.signature(self._stock["load_state_dict"])
@@ -197,12 +252,12 @@ class OptimizerPatch:
     def _avg_scatter_grads(self, params: List[torch.nn.Parameter],
                            communication_data_type: torch.dtype) -> List[torch.Tensor]:
         """Mean partitions of a bucket, in the optimizer's gradient-accumulation dtype (DeepSpeed's contract)."""
-        opt = self.optimizer
-        opt._assert_same_partition_group(params)
-        self._check_partition_group(opt._get_param_partition_group(params[0]))
+        opt, names = self.optimizer, self._names
+        getattr(opt, names.same_partition_group)(params)
+        self._check_partition_group(getattr(opt, names.partition_group)(params[0]))
         grads = [p.grad if communication_data_type == opt.dtype else p.grad.to(communication_data_type) for p in params]
         partitions = self._reduce(params, grads)
-        averaging = opt._gradient_averaging_world_size(params, self.world_size)
+        averaging = getattr(opt, names.averaging_world_size)(params, self.world_size)
         if averaging != self.world_size:
             partitions = [p.mul(self.world_size / float(averaging)) for p in partitions]
         if communication_data_type != opt.gradient_accumulation_dtype:
@@ -275,7 +330,7 @@ class StockReduceObservation:
 
     def __init__(self, optimizer, observer: Callable):
         self._observer = observer
-        self._slot = _Slot(optimizer, REDUCE_METHOD, self._avg_scatter_grads)
+        self._slot = _Slot(optimizer, private_names().reduce, self._avg_scatter_grads)
 
     def _avg_scatter_grads(self, params: List[torch.nn.Parameter],
                            communication_data_type: torch.dtype) -> List[torch.Tensor]:
@@ -294,6 +349,15 @@ def data_parallel_group(optimizer):
     """The ZeRO-3 optimizer's data-parallel process group (``dp_process_group``): the ranks a bucket is reduced
     over."""
     return optimizer.dp_process_group
+
+
+def reduce_scaling_not_applied(optimizer) -> Dict[str, Any]:
+    """The keys of :data:`REDUCE_SCALING_DEFAULTS` that the ZeRO-3 optimizer runs with another value (its
+    ``gradient_predivide_factor``, and ``prescale_gradients`` as ``not postscale_gradients``), by key with that value:
+    the scaling LoCo's reduce would leave out. Empty when DeepSpeed's reduce would not scale either."""
+    running = {"gradient_predivide_factor": optimizer.gradient_predivide_factor,
+               "prescale_gradients": not optimizer.postscale_gradients}
+    return {key: value for key, value in running.items() if value != REDUCE_SCALING_DEFAULTS[key]}
 
 
 def param_names(optimizer) -> Mapping[str, torch.Tensor]:
@@ -347,7 +411,8 @@ def current_device() -> torch.device:
     return torch.device(get_accelerator().current_device_name())
 
 
-__all__ = ["MIN_DEEPSPEED", "TESTED_DEEPSPEED", "REDUCE_METHOD", "check_deepspeed_version", "is_stage3_optimizer",
-           "stock_initialize", "install", "uninstall", "installed", "OptimizerPatch", "StockReduceObservation",
-           "data_parallel_group", "param_names", "param_id", "param_numel", "partition_device", "engine_monitor",
+__all__ = ["PrivateNames", "PRIVATE_NAMES", "MIN_DEEPSPEED", "TESTED_DEEPSPEED", "REDUCE_SCALING_DEFAULTS", "names_for",
+           "private_names", "check_deepspeed_version", "is_stage3_optimizer", "stock_initialize", "install",
+           "uninstall", "installed", "OptimizerPatch", "StockReduceObservation", "data_parallel_group",
+           "reduce_scaling_not_applied", "param_names", "param_id", "param_numel", "partition_device", "engine_monitor",
            "micro_batch_per_rank", "accumulation_steps", "local_device_count", "current_device"]

@@ -25,7 +25,7 @@ def regime_note(plan: HopPlan, error_feedback: bool, params: int,
         return None
     setting = f"{'/'.join(map(str, bits))} bits{' + Hadamard' if plan.hadamard else ''}"
     return (f"deepspeed-loco: {'LoCo error feedback' if error_feedback else 'no LoCo error feedback'} at {setting} "
-            f"for {parameter_count(params)}: in the regime map ({MAP_DOC}) {finding.summary}; {action}")
+            f"for {parameter_count(params)}: in the measurements ({MAP_DOC}) {finding.summary}; {action}")
 
 
 def parameter_count(params: int) -> str:

@@ -1,17 +1,19 @@
 """LoCo attached to one DeepSpeed ZeRO-3 optimizer: topology, hop plan (built once, here), error-feedback state,
 reducer, the step rules (reset every ``reset_T`` optimizer steps, rescale on an fp16 loss-scale change, clear
-on overflow), the live rho (:class:`~deepspeed_loco.runtime.comm.noise_stats.LiveRho`) and the observers of the
-reduce (:meth:`LocoHook.add_reduce_observer`).
+on overflow), the live rho (:class:`~deepspeed_loco.runtime.comm.noise_stats.LiveRho`), the telemetry, the observers
+of the reduce (:meth:`LocoHook.add_reduce_observer`) and the listeners of the optimizer step
+(:meth:`LocoHook.add_step_listener`), all built with the hook.
 
 Every touch of DeepSpeed itself goes through :mod:`deepspeed_loco.runtime.zero.deepspeed_seam`.
 """
 import itertools
+import json
 import logging
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
-from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.config import CONFIG_KEY, LocoConfig, LocoConfigError
 from deepspeed_loco.layout import HopPlan, describe_hop_cost
 from deepspeed_loco.ops import kernels_for
 from deepspeed_loco.runtime.zero import deepspeed_seam
@@ -28,6 +30,8 @@ ENGINE_ATTRIBUTE = "loco_hook"
 HOP_LABELS = {"intra_node": "intra-node", "inter_node": "inter-node"}
 # observer(names, grads, partitions), called after every bucket reduce
 ReduceObserver = Callable[[Sequence[str], Sequence[torch.Tensor], Sequence[torch.Tensor]], None]
+# listener(step, cleared), called after every optimizer step
+StepListener = Callable[[int, bool], None]
 
 
 def resolve_local_size(config: LocoConfig, world_size: int) -> int:
@@ -54,25 +58,50 @@ def describe_wire(plan: HopPlan) -> str:
 
 
 class ObserverHandle:
-    """What :meth:`LocoHook.add_reduce_observer` returns: :meth:`remove` unregisters that observer."""
+    """What :meth:`LocoHook.add_reduce_observer` and :meth:`LocoHook.add_step_listener` return: :meth:`remove`
+    unregisters that callback."""
 
-    def __init__(self, observers: Dict[int, ReduceObserver], key: int):
-        self._observers, self._key = observers, key
+    def __init__(self, callbacks: Dict[int, Callable], key: int):
+        self._callbacks, self._key = callbacks, key
 
     def remove(self) -> None:
-        """The observer is not called again; a second call does nothing."""
-        self._observers.pop(self._key, None)
+        """The callback is not called again; a second call does nothing."""
+        self._callbacks.pop(self._key, None)
+
+
+class Callbacks:
+    """Callbacks of one kind, called in registration order: :meth:`add` registers one, calling the object calls each
+    with the same arguments."""
+
+    def __init__(self):
+        self._callbacks: Dict[int, Callable] = {}  # by registration number
+        self._keys = itertools.count()
+
+    def add(self, callback: Callable) -> ObserverHandle:
+        key = next(self._keys)
+        self._callbacks[key] = callback
+        return ObserverHandle(self._callbacks, key)
+
+    def __call__(self, *args) -> None:
+        for callback in list(self._callbacks.values()):  # one may remove itself or another while called
+            callback(*args)
 
 
 class LocoHook:
     """LoCo attached to one ZeRO-3 optimizer: its topology, hop plan (built once from the config), error-feedback
-    state and reducer (both given that plan), and the observers of its reduce.
+    state and reducer (both given that plan), the live rho, the telemetry, the observers of its reduce and the
+    listeners of its steps, all built here.
 
     ``named_params`` (``{name: parameter}``, default the optimizer's ``param_names``) names the parameters: the
-    state keeps each one's error buffers, and checkpoints save them, under that name.
+    state keeps each one's error buffers, and checkpoints save them, under that name. ``rank_batch`` (samples per
+    rank and micro-step) and ``micro_steps`` (micro-steps per optimizer step) are the live rho's
+    (:class:`~deepspeed_loco.runtime.comm.noise_stats.LiveRho`), which is the first step listener. ``monitor``: the
+    DeepSpeed monitor the telemetry writes to (:class:`~deepspeed_loco.runtime.zero.telemetry.LocoTelemetry`, then
+    the first reduce observer and the second step listener), or None for no telemetry.
     """
 
-    def __init__(self, optimizer, config: LocoConfig, named_params: Optional[Mapping[str, torch.Tensor]] = None):
+    def __init__(self, optimizer, config: LocoConfig, named_params: Optional[Mapping[str, torch.Tensor]] = None, *,
+                 rank_batch: int, micro_steps: int, monitor=None):
         self.optimizer = optimizer
         self.config = config
         group = deepspeed_seam.data_parallel_group(optimizer)
@@ -81,10 +110,16 @@ class LocoHook:
         self.reducer = LocoReducer.for_topology(config, self.topology)
         self.plan: HopPlan = self.reducer.plan
         self.state: ErrorFeedbackState = self.reducer.state
-        self.telemetry: Optional[telemetry.LocoTelemetry] = None  # set by attach() when a DeepSpeed monitor is on
-        self.live_rho: Optional[LiveRho] = None  # set by attach() (it needs the engine's batch sizes)
-        self._observers: Dict[int, ReduceObserver] = {}  # by registration number, called in that order
-        self._observer_keys = itertools.count()
+        self._observers, self._step_listeners = Callbacks(), Callbacks()
+        self.live_rho = LiveRho(self.reducer, self.topology.group, config.rho_every, config.rho_log_every, rank_batch,
+                                micro_steps, deepspeed_seam.current_device(), next_step=self.state.step + 1)
+        self.add_step_listener(self.live_rho.on_step)
+        self.telemetry: Optional[telemetry.LocoTelemetry] = None
+        if monitor is not None:
+            self.telemetry = telemetry.LocoTelemetry(monitor, self.reducer, self.topology.world_size,
+                                                     config.error_feedback, self.live_rho)
+            self.add_reduce_observer(self.telemetry.on_reduce)
+            self.add_step_listener(self.telemetry.on_step)
         named = dict(named_params) if named_params is not None else deepspeed_seam.param_names(optimizer)
         self._names: Dict[torch.Tensor, str] = {param: name for name, param in named.items()}
         self.patch = patch_optimizer(optimizer, self.state, named, self._reduce, self._after_step)
@@ -103,15 +138,19 @@ class LocoHook:
         communication dtype), ``partitions`` this rank's mean partitions the reducer returned (``ceil(N / W)``
         elements each, in the gradients' dtype, before the seam's expert-group and accumulation-dtype corrections).
         The observer must not modify them. ``.remove()`` on the handle stops it."""
-        key = next(self._observer_keys)
-        self._observers[key] = observer
-        return ObserverHandle(self._observers, key)
+        return self._observers.add(observer)
+
+    def add_step_listener(self, listener: StepListener) -> ObserverHandle:
+        """Calls ``listener(step, cleared)`` after every optimizer step, once, in registration order, after LoCo's
+        step rules ran: ``step`` the optimizer step just taken (1-based, the count ``reset_T`` uses), ``cleared``
+        whether it left the error buffers zero (a ``reset_T`` reset or an fp16 overflow). ``.remove()`` on the
+        handle stops it."""
+        return self._step_listeners.add(listener)
 
     def _reduce(self, params, grads):
         names = self._names_of(params)
         partitions = self.reducer.reduce_scatter(names, grads)
-        for observer in list(self._observers.values()):
-            observer(names, grads, partitions)
+        self._observers(names, grads, partitions)
         return partitions
 
     def _after_step(self, overflow: bool, scale_ratio: float) -> None:
@@ -123,9 +162,7 @@ class LocoHook:
         if reset:
             logger.debug(f"LoCo: error buffers reset at optimizer step {self.state.step} "
                          f"(reset_T={self.config.reset_T})")
-        estimate = self.live_rho.on_step(self.state.step) if self.live_rho else None
-        if self.telemetry:
-            self.telemetry.on_step(self.state.step, reset or overflow, estimate)
+        self._step_listeners(self.state.step, reset or overflow)
 
     def detach(self) -> None:
         """Gives the optimizer back its stock reduce, step and checkpoint methods; one that something wrapped again
@@ -166,6 +203,20 @@ def patch_optimizer(optimizer, state: ErrorFeedbackState, names: Mapping[str, to
     return patch
 
 
+def check_reduce_scaling(optimizer) -> None:
+    """LocoConfigError naming the DeepSpeed config key when the optimizer runs with a gradient scaling that lives in
+    the bucket reduce LoCo replaces (``gradient_predivide_factor``, ``prescale_gradients``:
+    :func:`~deepspeed_loco.runtime.zero.deepspeed_seam.reduce_scaling_not_applied`): LoCo's reduce would leave it
+    out silently. DeepSpeed 0.19.8 refuses them itself under qgZ; this is the guard for a release that does not."""
+    skipped = deepspeed_seam.reduce_scaling_not_applied(optimizer)
+    if skipped:
+        found = ", ".join(f"{key} = {value!r}" for key, value in skipped.items())
+        valid = ", ".join(f"\"{key}\": {json.dumps(deepspeed_seam.REDUCE_SCALING_DEFAULTS[key])}" for key in skipped)
+        raise LocoConfigError(f"zero_optimization.{CONFIG_KEY} does not apply DeepSpeed's {' or '.join(skipped)} "
+                              f"(this run has {found}; LoCo's reduce would leave it out): set {valid} (the "
+                              f"default), or remove {CONFIG_KEY}")
+
+
 def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
     """Attaches LoCo to ``engine``'s ZeRO-3 optimizer and logs what it does; the hook is ``engine.loco_hook``."""
     deepspeed_seam.check_deepspeed_version()
@@ -173,7 +224,10 @@ def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
     if not deepspeed_seam.is_stage3_optimizer(optimizer):
         raise RuntimeError(f"zero_optimization.zeropp_loco_param needs the ZeRO stage-3 optimizer, but the engine "
                            f"built {type(optimizer).__name__}")
-    hook = LocoHook(optimizer, config, dict(engine.module.named_parameters()))
+    check_reduce_scaling(optimizer)
+    hook = LocoHook(optimizer, config, dict(engine.module.named_parameters()),
+                    rank_batch=deepspeed_seam.micro_batch_per_rank(engine),
+                    micro_steps=deepspeed_seam.accumulation_steps(engine), monitor=telemetry.rank0_monitor(engine))
     params = [p for p in engine.module.parameters() if p.requires_grad]
     if hook.topology.world_size == 1:
         log_rank0("deepspeed-loco: zeropp_loco_param is set but the data-parallel world has one rank: nothing is "
@@ -183,10 +237,6 @@ def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
         note = regime_note(hook.plan, config.error_feedback, sum(deepspeed_seam.param_numel(p) for p in params))
         if note:
             log_rank0(note)
-    hook.live_rho = LiveRho(hook.reducer, hook.topology.group, config.rho_every, config.rho_log_every,
-                            deepspeed_seam.micro_batch_per_rank(engine), deepspeed_seam.accumulation_steps(engine),
-                            deepspeed_seam.current_device(), next_step=hook.state.step + 1)
-    hook.telemetry = telemetry.for_engine(engine, hook)
     setattr(engine, ENGINE_ATTRIBUTE, hook)
     return hook
 

@@ -16,16 +16,16 @@ rank 0 writes after every optimizer step, with the optimizer step (1-based, the 
   estimate: ``LoCo/rho`` (total), ``LoCo/rho_<hop>`` per hop, ``LoCo/rho_spread`` (standard error; from the
   second measurement) and ``LoCo/noise_scale`` (gradient noise scale in samples, while resolved).
 
-The telemetry object is one of the hook's reduce observers (:meth:`LocoHook.add_reduce_observer`) and is told of
-every optimizer step by the hook. Without an enabled monitor, and on every other rank, no telemetry object exists:
-nothing observes the reduce and the step costs one test.
+The telemetry object is one of the hook's reduce observers (:meth:`LocoHook.add_reduce_observer`) and one of its
+step listeners (:meth:`LocoHook.add_step_listener`), after the live rho, whose fresh estimate it reads. Without an
+enabled monitor, and on every other rank, no telemetry object exists: nothing observes the reduce or the step.
 """
 import math
 from typing import Dict, Optional, Sequence
 
 import torch
 
-from deepspeed_loco.runtime.comm.noise_stats import RhoEstimate
+from deepspeed_loco.runtime.comm.noise_stats import LiveRho, RhoEstimate
 from deepspeed_loco.runtime.zero import deepspeed_seam
 
 PREFIX = "LoCo/"
@@ -38,11 +38,14 @@ def hop_bytes(reducer) -> Dict[str, int]:
 
 
 class LocoTelemetry:
-    """Accumulates one optimizer step's figures from the reduces, and writes them to ``monitor`` at the step."""
+    """Accumulates one optimizer step's figures from the reduces, and writes them to ``monitor`` at the step, with
+    the live rho's estimate when ``live_rho`` (a :class:`~deepspeed_loco.runtime.comm.noise_stats.LiveRho`, told of
+    the step before this object) updated it at that step."""
 
-    def __init__(self, monitor, reducer, world_size: int, error_feedback: bool):
+    def __init__(self, monitor, reducer, world_size: int, error_feedback: bool, live_rho: Optional[LiveRho] = None):
         self.monitor = monitor
         self.reducer = reducer
+        self.live_rho = live_rho
         self.world_size = world_size
         self.error_feedback = error_feedback
         self._sent_before = hop_bytes(reducer)
@@ -63,9 +66,10 @@ class LocoTelemetry:
             self._error_sq += sum(float(b.dequantize().pow(2).sum()) for name in names
                                   for b in self.reducer.state.buffers_of(name).values())
 
-    def on_step(self, step: int, reset: bool, rho: Optional[RhoEstimate] = None) -> None:
-        """Writes the events of optimizer step ``step`` (``rho``: the live rho's estimate when this step updated
-        it) and starts the next step's counts."""
+    def on_step(self, step: int, reset: bool) -> None:
+        """Writes the events of optimizer step ``step`` (``reset``: it cleared the error buffers; a step listener)
+        and starts the next step's counts."""
+        rho = self.live_rho.fresh if self.live_rho is not None else None
         sent_now = hop_bytes(self.reducer)
         sent = {hop: sent_now[hop] - self._sent_before.get(hop, 0) for hop in sent_now}
         events = [(f"{PREFIX}{hop}_bytes", float(count), step) for hop, count in sent.items()]
@@ -91,12 +95,8 @@ def rho_events(rho: RhoEstimate, step: int):
             if value is not None and math.isfinite(value)]
 
 
-def for_engine(engine, hook) -> Optional[LocoTelemetry]:
-    """A :class:`LocoTelemetry` writing to ``engine.monitor`` on global rank 0 when a DeepSpeed monitor is enabled,
-    registered as an observer of ``hook``'s reduce; None otherwise."""
+def rank0_monitor(engine):
+    """The monitor the telemetry writes to: ``engine``'s DeepSpeed monitor on global rank 0 when one is enabled;
+    None otherwise (no telemetry)."""
     monitor = deepspeed_seam.engine_monitor(engine)
-    if monitor is None or torch.distributed.get_rank() != 0:
-        return None
-    telemetry = LocoTelemetry(monitor, hook.reducer, hook.topology.world_size, hook.config.error_feedback)
-    hook.add_reduce_observer(telemetry.on_reduce)
-    return telemetry
+    return monitor if monitor is not None and torch.distributed.get_rank() == 0 else None

@@ -34,3 +34,19 @@ def test_predict_rejects_a_json_that_is_not_kernels_output(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(ARGS + ["--method", "loco4", "--kernels", str(path)])
     assert "--kernels: " in capsys.readouterr().err
+
+
+def test_predict_adds_the_per_parameter_gpu_time_of_this_gpus_partition(tmp_path, capsys):
+    out = tmp_path / "calibration.json"
+    out.write_text(json.dumps({"engine_s": 0.0, "points": 0, "gpu_flops": 300e12, "gpu_points": 3,
+                               "gpu_fixed_s_per_param": 60e-12}))
+    flags = ["predict", "--params", "8e9", "--layers", "32", "--hidden", "4096", "--seq", "2048",
+             "--tokens-per-gpu", "4096", "--gpus-per-node", "1", "--gpu", "h200", "--intra-gbps", "3600",
+             "--inter-gbps", "400", "--method", "zero3", "--calibration", str(out)]
+    for gpus in (1, 4):
+        main(flags + ["--gpus", str(gpus)])
+        predicted = json.loads(capsys.readouterr().out)
+        assert predicted["gpu_fixed_s"] == pytest.approx(60e-12 * 8e9 / gpus)
+        assert predicted["step_s"] >= predicted["compute_s"] + predicted["gpu_fixed_s"]
+    assert predicted["step_s"] == pytest.approx(predicted["compute_s"] + predicted["gpu_fixed_s"]
+                                                + predicted["exposed_s"])

@@ -6,8 +6,9 @@ import math
 import pytest
 
 from deepspeed_loco.simulation.charts import Panel, Series, line_chart
+from tests.extras import needs_extra
 
-image = pytest.importorskip("matplotlib.image", reason="matplotlib is the demo's plotting library (extra 'demo')")
+image = needs_extra("matplotlib.image", "report")
 
 
 def _pixels(png: bytes):

@@ -6,11 +6,11 @@ import pytest
 from deepspeed_loco.simulation import SimulationSpec, TrainingSetup, simulate
 from deepspeed_loco.simulation.arms import parse_arm
 from deepspeed_loco.simulation.loss_chart import UNIFORM_COLORS, arm_color, loss_panels, train_curve
-from deepspeed_loco.simulation.progress_bar import ProgressBar
 from deepspeed_loco.simulation.records import record
 from deepspeed_loco.simulation.report import main, report_text, write_report
 from deepspeed_loco.simulation.results_table import COLUMNS, column_notes, format_table, human_bytes, table_rows
 from deepspeed_loco.simulation.seed_claims import summary_lines
+from tests.extras import needs_extra
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
 
@@ -114,6 +114,7 @@ def test_records_of_simulate_results_carry_what_the_table_reads(tmp_path):
 
 
 def test_write_report_and_the_cli_give_the_table_the_json_and_the_png(tmp_path, capsys):
+    needs_extra("matplotlib", "report")  # loss_curves.png
     records, _ = _simulated(tmp_path)
     paths = write_report(records, str(tmp_path / "a"), title="toy", header="toy run", extra={"note": 1})
     assert [p.rsplit("/", 1)[1] for p in paths] == ["table.md", "results.json", "loss_curves.png"]
@@ -134,18 +135,6 @@ def test_the_cli_names_a_file_without_records(tmp_path, capsys):
     assert main([str(bad), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("deepspeed-loco-report: error: ") and "no result records" in err and "\n" not in err
-
-
-def test_progress_bar_counts_the_steps_and_gives_the_logger_back():
-    from deepspeed_loco.utils.logging import logger
-    handlers = list(logger.handlers)
-    bar = ProgressBar(24)
-    setup = TrainingSetup(toy_model, lambda: toy_batches(16), loss_fn=toy_loss)
-    simulate(SimulationSpec(setup, ["full", "plain4"], 12), on_step=bar)
-    assert bar.bar.n == 24 and bar.bar.desc.startswith("seed 0: qgZ 4-bit")
-    bar.close()
-    assert logger.handlers == handlers
-
 
 
 def test_every_panel_has_a_y_label_and_names_the_held_out_data_only_when_told(tmp_path):

@@ -118,6 +118,31 @@ def test_plain_mean_is_within_the_two_hops_half_steps(intra, inter):
 def test_bad_options_are_clear_errors():
     with pytest.raises(ValueError, match="grad_mode = 'batched'"):
         _run(["full"], grad_mode="batched")
+    with pytest.raises(ValueError, match="compile = 'fastest' is invalid: it must be None or a torch.compile backend"):
+        _run(["full"], grad_mode="loop", compile="fastest")
+    with pytest.raises(ValueError, match="compile = 'inductor' is invalid with grad_mode = 'vmap'"):
+        _run(["full"], grad_mode="vmap", compile="inductor")
+
+
+_COMPILED_GRAPHS = []
+
+
+@torch._dynamo.register_backend
+def _counting_backend(graph, example_inputs):
+    """A torch.compile backend that records each graph it is given and runs it as traced (eager kernels)."""
+    _COMPILED_GRAPHS.append(graph)
+    return graph.forward
+
+
+def test_compile_runs_the_loop_passes_through_the_compiled_model():
+    """With ``compile``, the ranks' passes go through ``torch.compile`` (the backend sees the model's graph) and,
+    with a backend that runs the traced graph on the eager kernels, train exactly as without it."""
+    _COMPILED_GRAPHS.clear()
+    eager, = _run(["loco4"], grad_mode="loop")
+    assert not _COMPILED_GRAPHS
+    compiled, = _run(["loco4"], grad_mode="loop", compile="_counting_backend")
+    assert _COMPILED_GRAPHS, "the compiled model was never called"
+    assert compiled.train_losses == eager.train_losses and compiled.grad_rel_errors == eager.grad_rel_errors
 
 
 def test_fidelity_is_measured_before_clipping():

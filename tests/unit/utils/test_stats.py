@@ -5,6 +5,8 @@ import math
 import pytest
 
 from deepspeed_loco.utils.stats import ema, format_mean_sd, mean_sd, noise_ratio, t_interval, t_quantile_two_sided
+from tests.extras import needs_extra
+
 
 def test_mean_and_sample_sd_of_a_known_list():
     mean, sd, n = mean_sd([2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0])
@@ -44,7 +46,7 @@ def test_t_interval_uses_the_student_t_quantile():
 
 @pytest.mark.parametrize("confidence", [0.5, 0.9, 0.95, 0.99, 0.999])
 def test_t_quantile_agrees_with_scipy_to_1e_12(confidence):
-    student_t = pytest.importorskip("scipy.stats").t
+    student_t = needs_extra("scipy.stats", "test").t
     for df in [*range(1, 41), 100, 1000, 5000]:
         assert t_quantile_two_sided(confidence, df) == pytest.approx(student_t.ppf(0.5 + confidence / 2, df), rel=1e-12)
 

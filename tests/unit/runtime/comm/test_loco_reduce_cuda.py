@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.runtime.comm.error_sample import MeanErrorSample
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
-from deepspeed_loco.runtime.comm.noise_stats import ReduceSums
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from tests.unit.process_pool import ProcessPool
 
@@ -43,16 +41,15 @@ def check_cuda_matches_cpu_reference(local_size, steps=3):
         for step in range(steps):
             grads = [torch.randn(shape, generator=gen).to(dtype) for shape in SHAPES]
             if step == steps - 1:
-                cpu_reducer.noise, gpu_reducer.noise = [
-                    ReduceSums(len(r.plan.hops), MeanErrorSample(step, topo.rank))
-                    for r in (cpu_reducer, gpu_reducer)]
+                cpu_reducer.begin_measured_step(step)
+                gpu_reducer.begin_measured_step(step)
             want = cpu_reducer.reduce_scatter(names, grads)
             got = gpu_reducer.reduce_scatter(names, [g.cuda() for g in grads])
             for shape, w, g in zip(SHAPES, want, got):
                 if not torch.equal(w, g.cpu()):
                     failures.append(f"{dtype} {intra}/{inter} hadamard={hadamard} error_bits={error_bits} step "
                                     f"{step} {shape}: max diff {float((w.float() - g.cpu().float()).abs().max())}")
-        sums = cpu_reducer.noise.take("cpu"), gpu_reducer.noise.take("cuda").cpu()
+        sums = cpu_reducer.end_measured_step("cpu"), gpu_reducer.end_measured_step("cuda").cpu()
         if not torch.allclose(sums[1], sums[0], rtol=1e-5, atol=0):
             failures.append(f"{dtype} {intra}/{inter} hadamard={hadamard}: noise sums {sums[1]} vs {sums[0]}")
     return kernels_for(torch.device("cuda")).name, failures

@@ -15,6 +15,7 @@ from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import plan_hops
 from deepspeed_loco.runtime.zero import checkpoint, stage3_hook
 from deepspeed_loco.runtime.zero.checkpoint import LocoCheckpointError, LocoCheckpointMismatch
+from deepspeed_loco.runtime.zero.deepspeed_seam import private_names
 from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
 from deepspeed_loco.utils.logging import logger
 
@@ -545,8 +546,8 @@ class _StubOptimizer:
     def step(self):
         raise AssertionError("not stepped in these tests")
 
-    def _DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads(self, params, communication_data_type):
-        raise AssertionError("not reduced in these tests")  # the bucket reduce LoCo replaces, name-mangled
+    def _stock_reduce(self, params, communication_data_type):
+        raise AssertionError("not reduced in these tests")  # the bucket reduce LoCo replaces (set below the class)
 
     def state_dict(self):
         return {"ds": 1}
@@ -554,6 +555,9 @@ class _StubOptimizer:
     def load_state_dict(self, state_dict_list, load_optimizer_states=True, load_from_fp32_weights=False,
                         checkpoint_folder=None, load_serial=None, param_shapes=None):
         self.loaded.append((state_dict_list, checkpoint_folder))
+
+
+setattr(_StubOptimizer, private_names().reduce, _StubOptimizer._stock_reduce)  # its name in the seam's table
 
 
 class _StubHook:

@@ -1,11 +1,17 @@
 """The one module that touches DeepSpeed: install() / uninstall() and the per-optimizer patch, in real engines;
 restore() under a wrapper installed after LoCo's, on a stand-in optimizer."""
+import dataclasses
 import logging
 
+import pytest
 import torch
 
-from deepspeed_loco.runtime.zero.deepspeed_seam import REDUCE_METHOD, OptimizerPatch
+from deepspeed_loco.config import LocoConfigError
+from deepspeed_loco.runtime.zero import deepspeed_seam
+from deepspeed_loco.runtime.zero.deepspeed_seam import PRIVATE_NAMES, OptimizerPatch, PrivateNames, private_names
 from tests.unit.runtime.zero.test_stage3_hook import WORLD, _ds_config, _model
+
+NAMES = private_names()  # the installed DeepSpeed's row of the seam's table
 
 
 def _rejected(initialize, cfg) -> str:
@@ -36,14 +42,14 @@ def install_detach_uninstall():
     model = _model()
     engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     hook = deepspeed_loco.loco_hook(engine)
-    facts["hooked"] = hook is not None and getattr(optimizer, deepspeed_seam.REDUCE_METHOD).__wrapped__ == \
+    facts["hooked"] = hook is not None and getattr(optimizer, deepspeed_seam.private_names().reduce).__wrapped__ == \
         hook.patch._avg_scatter_grads
     x = torch.randn(8, 13)
     engine.backward(engine(x).sum())
     engine.step()
     facts["loco_step"] = hook.state.step == 1 and hook.reducer.stats.reduces > 0
     hook.detach()
-    facts["detached"] = deepspeed_seam.REDUCE_METHOD not in vars(optimizer) and all(
+    facts["detached"] = deepspeed_seam.private_names().reduce not in vars(optimizer) and all(
         getattr(optimizer, name).__func__ is getattr(type(optimizer), name)
         for name in ("step", "state_dict", "load_state_dict"))
     deepspeed_loco.uninstall()
@@ -61,19 +67,20 @@ def test_install_uninstall_and_detach_restore_stock_deepspeed(process_pool):
         assert facts["restored"] and "zeropp_loco_param" in facts["stock_rejects_again"]
 
 
-class DeepSpeedZeroOptimizer_Stage3:  # the class name gives __avg_scatter_grads DeepSpeed's mangled name
-    """A stand-in for DeepSpeed's ZeRO-3 optimizer: the methods OptimizerPatch wraps, each recording its call."""
+class StandInStage3:
+    """A stand-in for DeepSpeed's ZeRO-3 optimizer: the methods OptimizerPatch wraps, each recording its call; its
+    bucket reduce stands under the private name of the seam's table (set below the class)."""
 
     def __init__(self):
         self.calls, self.loss_scale, self.overflow = [], 1.0, False
 
-    def __avg_scatter_grads(self, params, communication_data_type):
+    def _stock_reduce(self, params, communication_data_type):
         self.calls.append("stock reduce")
         return params
 
     def reduce_bucket(self, params):
-        """How DeepSpeed calls its reduce: through the instance, by the mangled name."""
-        return self.__avg_scatter_grads(params, torch.float32)
+        """How DeepSpeed calls its reduce: through the instance, by its private name."""
+        return getattr(self, NAMES.reduce)(params, torch.float32)
 
     def step(self):
         self.calls.append("stock step")
@@ -83,6 +90,9 @@ class DeepSpeedZeroOptimizer_Stage3:  # the class name gives __avg_scatter_grads
 
     def load_state_dict(self, state_dict_list, load_optimizer_states=True, checkpoint_folder=None, load_serial=None):
         self.calls.append("stock load")
+
+
+setattr(StandInStage3, NAMES.reduce, StandInStage3._stock_reduce)
 
 
 def _patched(optimizer, steps):
@@ -107,36 +117,121 @@ def _wrap(optimizer, name, seen):
 
 
 def test_restore_gives_back_exactly_what_was_there():
-    optimizer, steps = DeepSpeedZeroOptimizer_Stage3(), []
+    optimizer, steps = StandInStage3(), []
     patch = _patched(optimizer, steps)
     optimizer.step()
     assert optimizer.calls == ["stock step"] and steps == [1.0] and optimizer.state_dict() == {"loco": "loco entry"}
     patch.restore()
-    assert not {REDUCE_METHOD, "step", "state_dict", "load_state_dict"} & set(vars(optimizer))  # the class's again
+    assert not {NAMES.reduce, "step", "state_dict", "load_state_dict"} & set(vars(optimizer))  # the class's again
     optimizer.step()
     assert optimizer.reduce_bucket(["g"]) == ["g"] and optimizer.state_dict() == {} and steps == [1.0]
     patch.restore()  # a second call does nothing
-    assert not {REDUCE_METHOD, "step"} & set(vars(optimizer))
+    assert not {NAMES.reduce, "step"} & set(vars(optimizer))
 
 
 def test_restore_under_a_later_wrapper_keeps_that_wrapper_and_passes_calls_through(caplog):
-    optimizer, steps, seen = DeepSpeedZeroOptimizer_Stage3(), [], []
+    optimizer, steps, seen = StandInStage3(), [], []
     patch = _patched(optimizer, steps)
     lower_step = _wrap(optimizer, "step", seen)
-    _wrap(optimizer, REDUCE_METHOD, seen)
-    outer_step, outer_reduce = optimizer.step, getattr(optimizer, REDUCE_METHOD)
+    _wrap(optimizer, NAMES.reduce, seen)
+    outer_step, outer_reduce = optimizer.step, getattr(optimizer, NAMES.reduce)
     optimizer.step()
     assert seen == ["outer step"] and steps == [1.0]  # the stack: outer, then LoCo, then DeepSpeed's step
     with caplog.at_level(logging.INFO, logger="deepspeed_loco"):
         patch.restore()
     assert "wrapped again after LoCo" in caplog.text and "step" in caplog.text
-    assert optimizer.step is outer_step and getattr(optimizer, REDUCE_METHOD) is outer_reduce  # the later wrappers
+    assert optimizer.step is outer_step and getattr(optimizer, NAMES.reduce) is outer_reduce  # the later wrappers
     assert "state_dict" not in vars(optimizer) and optimizer.state_dict() == {}  # not stacked: restored
     seen.clear()
     optimizer.step()
     assert optimizer.reduce_bucket(["g"]) == ["g"]
-    assert seen == ["outer step", f"outer {REDUCE_METHOD}"] and steps == [1.0]  # LoCo only passed the calls on
+    assert seen == ["outer step", f"outer {NAMES.reduce}"] and steps == [1.0]  # LoCo only passed the calls on
     assert optimizer.calls == ["stock step", "stock step", "stock reduce"]
     optimizer.step = lower_step  # the later tool unwraps: what it finds underneath still reaches DeepSpeed's step
     optimizer.step()
     assert optimizer.calls[-1] == "stock step" and steps == [1.0]
+
+
+def test_the_installed_deepspeed_has_every_private_name_of_its_row():
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    assert private_names().missing_from(DeepSpeedZeroOptimizer_Stage3) == []
+    assert dataclasses.replace(NAMES, reduce="_gone").missing_from(DeepSpeedZeroOptimizer_Stage3) == [
+        "_gone"]
+
+
+def test_a_release_takes_the_row_of_the_newest_tested_release_not_newer_than_it(monkeypatch):
+    later = PrivateNames("_renamed_reduce", "_same", "_group", "_averaging")
+    monkeypatch.setitem(PRIVATE_NAMES, "0.21.0", later)
+    oldest = deepspeed_seam.MIN_DEEPSPEED
+    assert deepspeed_seam.names_for("0.20.9") == PRIVATE_NAMES[oldest] == deepspeed_seam.names_for(oldest)
+    assert deepspeed_seam.names_for("0.21.0") is later and deepspeed_seam.names_for("0.22.1") is later
+    with pytest.raises(RuntimeError, match=f"needs DeepSpeed >= {deepspeed_seam.MIN_DEEPSPEED}, found 0.19.7"):
+        deepspeed_seam.names_for("0.19.7")
+
+
+def test_start_up_names_the_private_methods_a_release_lacks_and_warns_for_an_untested_one(monkeypatch, caplog):
+    import deepspeed
+    monkeypatch.setitem(PRIVATE_NAMES, "0.21.0", dataclasses.replace(NAMES, reduce="_renamed_reduce"))
+    monkeypatch.setattr(deepspeed, "__version__", "0.21.2")
+    with pytest.raises(RuntimeError, match="cannot hook DeepSpeed 0.21.2: its ZeRO-3 optimizer has no _renamed_reduce"):
+        deepspeed_seam.check_deepspeed_version()
+    monkeypatch.setattr(deepspeed, "__version__", "0.20.1")  # the 0.19.8 row, whose names it has
+    with caplog.at_level(logging.WARNING, logger="deepspeed_loco"):
+        deepspeed_seam.check_deepspeed_version()
+    assert "DeepSpeed 0.20.1 is untested" in caplog.text
+
+
+def deepspeeds_own_refusal(top_level):
+    """The error DeepSpeed's own ``deepspeed.initialize`` raises for a qgZ config with the DeepSpeed config keys
+    ``top_level``, or "" if it builds an engine (then: the scaling the seam reads off its optimizer)."""
+    import deepspeed
+    cfg = _ds_config("plain")
+    del cfg["zero_optimization"]["zeropp_loco_param"]
+    cfg.update(top_level)
+    model = _model()
+    try:
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    except AssertionError as err:
+        return str(err)
+    return deepspeed_seam.reduce_scaling_not_applied(engine.optimizer)
+
+
+@pytest.mark.parametrize("top_level,expected", [
+    ({}, {}),
+    ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor != 1.0 is not yet supported"),
+    ({"prescale_gradients": True}, "pre-scale gradients is not yet supported"),
+])
+def test_deepspeed_itself_refuses_the_scaling_loco_skips_under_qgz(process_pool, top_level, expected):
+    """The premise of skipping the scaling: with qgZ, DeepSpeed runs reduce-scatter and asserts both defaults. A
+    release that stops asserting them fails here, and LoCo's own check at attach (below) is then the guard."""
+    results = process_pool(WORLD).run(deepspeeds_own_refusal, top_level)
+    if isinstance(expected, str):  # refused by DeepSpeed's own assertion
+        assert all(isinstance(result, str) and expected in result for result in results), results
+    else:  # built: the seam reads the defaults off the real optimizer
+        assert results == [expected] * WORLD
+
+
+class _Scaled:
+    """An optimizer as far as the seam reads its gradient scaling."""
+
+    def __init__(self, gradient_predivide_factor=1.0, postscale_gradients=True):
+        self.gradient_predivide_factor, self.postscale_gradients = gradient_predivide_factor, postscale_gradients
+
+
+@pytest.mark.parametrize("optimizer,expected", [
+    (_Scaled(), None),
+    (_Scaled(gradient_predivide_factor=2.0), "zero_optimization.zeropp_loco_param does not apply DeepSpeed's "
+     "gradient_predivide_factor (this run has gradient_predivide_factor = 2.0; LoCo's reduce would leave it out): "
+     "set \"gradient_predivide_factor\": 1.0 (the default), or remove zeropp_loco_param"),
+    (_Scaled(4.0, postscale_gradients=False), "does not apply DeepSpeed's gradient_predivide_factor or "
+     "prescale_gradients (this run has gradient_predivide_factor = 4.0, prescale_gradients = True; LoCo's reduce "
+     "would leave it out): set \"gradient_predivide_factor\": 1.0, \"prescale_gradients\": false (the default)"),
+])
+def test_a_gradient_scaling_the_loco_reduce_would_skip_is_refused_at_attach(optimizer, expected):
+    from deepspeed_loco.runtime.zero.stage3_hook import check_reduce_scaling
+    if expected is None:
+        check_reduce_scaling(optimizer)
+    else:
+        with pytest.raises(LocoConfigError) as err:
+            check_reduce_scaling(optimizer)
+        assert expected in str(err.value)

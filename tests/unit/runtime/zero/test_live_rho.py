@@ -80,7 +80,7 @@ def train(out_dir, error_feedback, accum, rho_every, hpz=0):
     first = {}  # name: (gradient, partition) of the parameter's first reduce in the step, fp64
 
     def observe(names, grads, partitions):
-        if hook.reducer.noise is not None:  # a measured step
+        if hook.reducer.measuring:  # a measured step
             direct[0] += sum(float(g.double().pow(2).sum()) for g in grads)
             direct[1] += sum(float(p.double().pow(2).sum()) for p in partitions)
             direct[2] += 1

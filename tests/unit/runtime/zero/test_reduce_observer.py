@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from deepspeed_loco.runtime.zero.deepspeed_seam import REDUCE_METHOD
+from deepspeed_loco.runtime.zero.deepspeed_seam import private_names
 from tests.unit.runtime.zero.test_stage3_hook import WORLD, _batch, _ds_config, _model
 
 
@@ -30,7 +30,7 @@ def observe(arm):
     second.remove()
     hook = deepspeed_loco.loco_hook(engine)
     return {"seen": seen, "counted": counted, "reduces": hook.reducer.stats.reduces if hook else None,
-            "patched": REDUCE_METHOD in vars(engine.optimizer)}
+            "patched": private_names().reduce in vars(engine.optimizer)}
 
 
 @pytest.mark.parametrize("arm", ["loco", "full"])
@@ -58,3 +58,31 @@ def test_an_observer_sees_each_bucket_once_until_removed(process_pool, arm):
         for bucket in zip(*(result["seen"] for result in results)):
             per_rank = [numels for _, _, numels in bucket]
             assert [sum(n) for n in zip(*per_rank)] == [math.prod(shapes[n]) for n in bucket[0][0]]
+
+
+def listen():
+    """3 optimizer steps with ``reset_T: 2`` and the live rho measuring every step: one step listener for all
+    three, another removed after step 2. Each records ``(step, cleared, whether the live rho had its estimate)``."""
+    import deepspeed_loco
+    model = _model()
+    engine, _, _, _ = deepspeed_loco.initialize(model=model, model_parameters=model.parameters(), config=_ds_config(
+        "loco", loco={"reset_T": 2, "rho_every": 1}))
+    hook = deepspeed_loco.loco_hook(engine)
+    early, late = [], []
+    handle = hook.add_step_listener(
+        lambda step, cleared: early.append((step, cleared, hook.live_rho.fresh is not None)))
+    hook.add_step_listener(lambda step, cleared: late.append((step, cleared, hook.state.step)))
+    rank = torch.distributed.get_rank()
+    for step in range(3):
+        if step == 2:
+            handle.remove()
+        x, y = _batch(rank, step, "fp32")
+        engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+        engine.step()
+    return early, late
+
+
+def test_step_listeners_hear_each_step_after_the_live_rho_until_removed(process_pool):
+    for early, late in process_pool(WORLD).run(listen):
+        assert early == [(1, False, True), (2, True, True)]  # the reset_T reset at step 2; the live rho ran first
+        assert late == [(1, False, 1), (2, True, 2), (3, False, 3)]  # after the step rules: the step counted

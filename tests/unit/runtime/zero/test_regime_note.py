@@ -4,11 +4,12 @@ it changed nothing, and silence for what the map did not measure or agrees with.
 import pytest
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.findings import GAIN_MAX_PARAMS, MAP_DOC, read_map
+from deepspeed_loco.findings import LOCO_PAYS, MAP, MAP_DOC, read_map
 from deepspeed_loco.layout import plan_hops
 from deepspeed_loco.runtime.zero.regime_note import ACTIONS, parameter_count, regime_note
 
 SMALL, LARGE = 10_818_432, 116_430_720  # the map's 10.8M and 116M models
+GAIN_MAX_PARAMS = next(row for row in MAP if row.reading == LOCO_PAYS).params[1]  # the 2/2 gain's largest size
 
 
 def _note(world, local, params=SMALL, **keys):
@@ -77,4 +78,4 @@ def test_a_models_size_reads_as_its_count_never_as_zero_millions(params, said):
 
 def test_a_small_models_note_states_its_size():
     note = _note(8, 4, params=3_217, intra_node_bits=2, inter_node_bits=2, error_feedback=False)
-    assert "at 2/2 bits for 3,217 parameters: in the regime map" in note and "0.0M" not in note
+    assert "at 2/2 bits for 3,217 parameters: in the measurements" in note and "0.0M" not in note

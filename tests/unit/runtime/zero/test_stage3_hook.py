@@ -251,6 +251,6 @@ def test_unmodified_script_runs_with_loco_through_the_module_runner(tmp_path):
     assert "deepspeed-loco active: LoCo error feedback; W=4 (M=2 nodes x L=2 ranks)" in startup[0]
     assert "hadamard off; wire per element: intra-node 0.625 B (4-bit + fp32 scale/32), inter-node 0.625 B" \
         in startup[0]
-    notes = [line for line in (proc.stdout + proc.stderr).splitlines() if "in the regime map" in line]
+    notes = [line for line in (proc.stdout + proc.stderr).splitlines() if "in the measurements (" in line]
     assert len(notes) == 1 and "LoCo error feedback at 4/4 bits" in notes[0]  # rank 0's note after the line
     assert "final loss" in proc.stdout

@@ -1,6 +1,6 @@
-"""A tqdm progress bar over simulated steps, with the ``deepspeed_loco`` logger's lines printed above it while it is
-open (its console handler swapped for one that writes through the bar, given back on close). Needs tqdm (the
-``report`` extra)."""
+"""The demo's tqdm progress bar over simulated steps, with the ``deepspeed_loco`` logger's lines printed above it while
+it is open (its console handler swapped for one that writes through the bar, given back on close). Needs tqdm (the
+``demo`` extra)."""
 import logging
 import sys
 

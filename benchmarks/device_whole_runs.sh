@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Whole runs at large batch (benchmarks/results/whole_runs/README.md) on one GPU, across several device calls of one
+# lease: `start` copies the tree to /tmp/wr (so that later calls, which re-send the working tree, cannot change the
+# code the runs use), installs the carried wheelhouse and builds the LoCo kernels there, times the simulator's
+# yardstick (one model's plain step on the same global batch) compiled and eager, then launches the runs in a
+# process session of their own (setsid: they outlive the call while the machine is held) and watches them;
+# `watch SECONDS` only watches. Both copy what has finished to $OUT: runs.jsonl, the launcher's log, the runs'
+# logs as one archive, the yardsticks.
+# Usage (repository root on the GPU machine; carry .whl and .corpus_large.tar.xz):
+#   bash benchmarks/device_whole_runs.sh start 560      # the first call: set-up, yardsticks, launch, watch
+#   bash benchmarks/device_whole_runs.sh watch 590      # each later call of the same lease
+# TAG, SEEDS, ARMS_FIRST, ARMS_LATER, STEPS, BATCH: the study's matrices (defaults below); COMPILE=0 forces eager;
+# PAR: the most runs side by side (default 6), fewer where RUN_SECONDS (the lease's seconds left after the launch)
+# would not let them finish.
+set -uo pipefail
+mode=${1:?start or watch}
+seconds=${2:-560}
+OUT=${OUT:-device_out}
+W=/tmp/wr_out
+mkdir -p "$OUT" "$W"
+began=$(date +%s)
+
+collect() {  # what has finished, into $OUT (a call brings back at most 8 files)
+    cp -f "$W"/runs.jsonl "$W"/launch.log "$W"/baseline.jsonl "$OUT"/ 2>/dev/null
+    [ -d "$W/logs" ] && tar czf "$OUT/logs.tar.gz" -C "$W" logs
+    echo "runs finished: $(cat "$W/runs.jsonl" 2>/dev/null | wc -l)"
+}
+
+watch() {  # every 60 s: the furthest step each running run reached; stops after $1 seconds of this call
+    while [ $(( $(date +%s) - began )) -lt "$1" ]; do
+        sleep 60
+        echo "--- $(( $(date +%s) - began )) s: $(cat "$W/runs.jsonl" 2>/dev/null | wc -l) finished"
+        for log in "$W"/logs/*.log; do
+            [ -e "$log" ] && echo "$(basename "$log" .log): $(grep -o 'step [0-9]*/[0-9]* val [0-9.]*' "$log" | tail -1)"
+        done
+        grep -q "^launch:" "$W/launch.log" 2>/dev/null && break
+    done
+    nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
+    collect
+}
+
+if [ "$mode" = start ]; then
+    rm -rf /tmp/wr && mkdir -p /tmp/wr && cp -a . /tmp/wr/ && cd /tmp/wr || exit 1
+    # shellcheck source=benchmarks/device_setup.sh
+    source benchmarks/device_setup.sh "$OUT/setup_logs"
+    export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TORCHINDUCTOR_COMPILE_THREADS=4
+    mkdir -p .corpus_large && tar xJf .corpus_large.tar.xz -C .corpus_large || exit 1
+    BATCH=${BATCH:-1024}
+    micro=$(( BATCH / 16 ))
+    lr=$(python3 -c "print(f'{2e-3 / (1 + 64 / $BATCH):.5g}')")  # the batch axis's rule: McCandlish et al. 2018
+    common="--size medium --text .corpus_large --nodes 2 --local 8 --micro-batch $micro --lr $lr"
+    compile=inductor
+    # the compiled yardstick first: it also fills the inductor cache with the graph every run compiles
+    if [ "${COMPILE:-1}" = 0 ] || ! timeout 300 python3 benchmarks/convergence_sim.py baseline $common --compile inductor \
+            --out "$W/baseline.jsonl"; then
+        compile=""
+    fi
+    timeout 120 python3 benchmarks/convergence_sim.py baseline $common --out "$W/baseline.jsonl"
+    if [ -n "$compile" ]; then  # compiled only where it is faster than eager
+        compile=$(python3 -c "
+import json; b = [json.loads(l) for l in open('$W/baseline.jsonl')]
+c = [r['ms_per_step'] for r in b if r['compile']]; e = [r['ms_per_step'] for r in b if not r['compile']]
+print('inductor' if c and e and c[-1] < e[-1] else '')")
+    fi
+    echo "runs compile: '${compile:-eager}'"
+    steps=${STEPS:-1000}
+    # side by side: as many as can finish in RUN_SECONDS (the lease's time left after the launch), from the chosen
+    # yardstick at 1.15x (the simulator's measured overhead), an even number (plain and LoCo of a seed), 2 to PAR
+    par=$(python3 -c "
+import json, math; b = [json.loads(l) for l in open('$W/baseline.jsonl')]
+ms = min(r['ms_per_step'] for r in b if bool(r['compile']) == bool('$compile'))
+n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(${PAR:-6}, n - n % 2)))")
+    echo "side by side: $par"
+    S="size=medium,text=.corpus_large,nodes=2,local=8,micro_batch=$micro,lr=$lr,warmup=$(( steps / 10 )),eval_every=50"
+    S="$S,eval_windows=1024,quant_grid=auto,stream_nodes=1,grad_mode=loop${compile:+,compile=$compile}"
+    tag=${TAG:-wr16_b$BATCH}
+    seeds=${SEEDS:-0,1,2,3,4}
+    setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "$par" --budget 100000 \
+        --out "$W/runs.jsonl" --logs "$W/logs" --matrix "$tag:$steps:$seeds:${ARMS_FIRST:-plain4,loco4}:$S" \
+        --matrix "$tag:$steps:$seeds:${ARMS_LATER:-full}:$S" >"$W/launch.log" 2>&1 </dev/null &
+    echo "launched at $(( $(date +%s) - began )) s"
+fi
+watch "$seconds"

@@ -1,0 +1,256 @@
+"""The analysis of the whole-runs study (``benchmarks/results/whole_runs/README.md``), as its plan fixed it before
+the runs: paired differences of held-out loss within seed, at the end (family P: LoCo - plain; family E: plain - full
+and LoCo - full, Holm), along the run (family T: LoCo - plain and plain - full at every evaluation,
+Benjamini-Hochberg), the slope over the last half (family S, Holm), equivalence within the fixed margin (two
+one-sided t-tests) and the gap between training and held-out loss at the end.
+
+    python3 benchmarks/whole_runs.py --runs benchmarks/results/whole_runs/runs/*.jsonl \\
+        --out benchmarks/results/whole_runs/analysis [--tag wr16_b1024] [--bits 4]
+
+Writes ``analysis.md`` (tables), ``analysis.json`` (every number) and ``trajectory.png`` (the two differences
+against step, each with its 95% interval; needs matplotlib).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+from map_statistics import benjamini_hochberg, equivalence_label, paired_t_test, tost  # noqa: E402
+
+from deepspeed_loco.utils.stats import t_interval  # noqa: E402
+
+MARGIN = 0.003  # nats: the equivalence margin the plan fixed
+LAST_HALF_FROM = 550  # the slope's evaluations: steps 550..end
+RATE = 0.05
+
+
+def load(paths, tag):
+    """``{arm key: {seed: run}}`` of the runs of ``tag`` in the JSONL files ``paths``; a repeated (arm, seed) is an
+    error naming both files."""
+    arms, seen = {}, {}
+    for path in paths:
+        for line in open(path):
+            if not line.strip():
+                continue
+            run = json.loads(line)
+            if run["tag"] != tag:
+                continue
+            key = (run["key"], run["seed"])
+            if key in seen:
+                raise SystemExit(f"{run['key']} seed {run['seed']} of {tag} is in {seen[key]} and in {path}: "
+                                 "keep one")
+            seen[key] = path
+            arms.setdefault(run["key"], {})[run["seed"]] = run
+    return arms
+
+
+def paired(arms, first, second, step=None):
+    """``{seed: loss(first) - loss(second)}`` at evaluation ``step`` (None: the final one) over the seeds both ran."""
+    def at(run):
+        return run["final_val_loss"] if step is None else dict(map(tuple, run["validation"])).get(step)
+
+    seeds = sorted(set(arms.get(first, {})) & set(arms.get(second, {})))
+    values = {s: (at(arms[first][s]), at(arms[second][s])) for s in seeds}
+    return {s: a - b for s, (a, b) in values.items() if a is not None and b is not None}
+
+
+def interval(values):
+    """mean, 95% t interval, p (against 0), n of a list of paired differences (interval None below 2)."""
+    values = list(values)
+    if len(values) < 2:
+        return {"n": len(values), "mean": values[0] if values else None, "low": None, "high": None, "p": None}
+    mean, low, high = t_interval(values)
+    return {"n": len(values), "mean": mean, "low": low, "high": high, "p": paired_t_test(values)[2]}
+
+
+def holm(pvalues, rate: float = RATE):
+    """Holm's step-down adjusted p-values and rejections at ``rate``."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * len(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted, [a <= rate for a in adjusted]
+
+
+def slope(points):
+    """Least-squares slope of ``[(step, value), ...]`` (value per step)."""
+    xs, ys = zip(*points)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+
+
+def last_half_slopes(arms, first, second, steps):
+    """Each seed's slope of ``first - second`` over the evaluations at ``steps`` (seeds with all of them)."""
+    out = {}
+    for seed in sorted(set(arms.get(first, {})) & set(arms.get(second, {}))):
+        points = []
+        for step in steps:
+            d = paired({first: {seed: arms[first][seed]}, second: {seed: arms[second][seed]}}, first, second, step)
+            if seed in d:
+                points.append((step, d[seed]))
+        if len(points) == len(steps) and len(points) >= 2:
+            out[seed] = slope(points)
+    return out
+
+
+def reading(cell, half_mean):
+    """The slope's reading: shrinking, growing, or flat within resolution (see the plan)."""
+    if cell["low"] is None or half_mean is None or (cell["low"] <= 0 <= cell["high"]):
+        return "flat within resolution"
+    return "growing" if (cell["mean"] > 0) == (half_mean > 0) else "shrinking"
+
+
+def analyse(arms, bits="4", tokens_per_step=None):
+    """Every number of the study's fixed analysis, as a dict."""
+    plain, loco = f"plain{bits}", f"loco{bits}"
+    result = {"margin": MARGIN, "seeds": {k: sorted(v) for k, v in arms.items()}}
+    p = interval(paired(arms, loco, plain).values())
+    if p["n"] >= 2:
+        diffs = list(paired(arms, loco, plain).values())
+        p["tost_p"], p["low90"], p["high90"] = tost(diffs, MARGIN)
+        p["reading"] = equivalence_label(p["p"], p["tost_p"], MARGIN)
+    result["P"] = {"LoCo - plain": p}
+    ends = {name: interval(paired(arms, a, b).values()) for name, (a, b) in
+            (("plain - full", (plain, "full")), ("LoCo - full", (loco, "full")))}
+    tested = [name for name, c in ends.items() if c["p"] is not None]
+    for name, q, keep in zip(tested, *holm([ends[n]["p"] for n in tested])):
+        ends[name].update(p_holm=q, survives=keep)
+    result["E"] = ends
+    steps = sorted({s for runs in arms.values() for r in runs.values() for s, _ in r["validation"]})
+    trajectory = []
+    for name, (a, b) in (("LoCo - plain", (loco, plain)), ("plain - full", (plain, "full"))):
+        for step in steps:
+            cell = interval(paired(arms, a, b, step).values())
+            cell.update(difference=name, step=step, tokens=step * tokens_per_step if tokens_per_step else None)
+            trajectory.append(cell)
+    tested = [c for c in trajectory if c["p"] is not None]
+    if tested:
+        for cell, q, keep in zip(tested, *benjamini_hochberg([c["p"] for c in tested])):
+            cell.update(p_bh=q, survives=keep)
+    result["T"] = trajectory
+    half = [s for s in steps if s >= LAST_HALF_FROM]
+    slopes = {}
+    for name, (a, b) in (("LoCo - plain", (loco, plain)), ("plain - full", (plain, "full"))):
+        per_seed = last_half_slopes(arms, a, b, half)
+        cell = interval(per_seed.values())
+        half_means = [c["mean"] for c in trajectory if c["difference"] == name and c["step"] in half
+                      and c["mean"] is not None]
+        cell.update(per_seed=per_seed, reading=reading(cell, statistics.fmean(half_means) if half_means else None))
+        slopes[name] = cell
+    tested = [n for n, c in slopes.items() if c["p"] is not None]
+    for name, q, keep in zip(tested, *holm([slopes[n]["p"] for n in tested])):
+        slopes[name].update(p_holm=q, survives=keep)
+    result["S"] = slopes
+    result["generalization"] = {
+        key: statistics.fmean(r["final_val_loss"] - statistics.fmean(r["train_losses"][-10:]) for r in runs.values())
+        for key, runs in arms.items()}
+    full = arms.get("full", {})
+    gains = [dict(map(tuple, r["validation"]))[half[0]] - r["final_val_loss"] for r in full.values()
+             if half and half[0] in dict(map(tuple, r["validation"]))]
+    result["second_half_gain_full"] = statistics.fmean(gains) if gains else None
+    return result
+
+
+def _fmt(cell, extra=""):
+    if cell.get("mean") is None:
+        return "-"
+    if cell["low"] is None:
+        return f"{cell['mean']:+.4f} (1 seed)"
+    bold = "**" if cell.get("survives") else ""
+    return f"{bold}{cell['mean']:+.4f} [{cell['low']:+.4f}, {cell['high']:+.4f}]{bold} n={cell['n']}{extra}"
+
+
+def markdown(result) -> str:
+    """The analysis as text (bold: surviving the correction of its family)."""
+    p = result["P"]["LoCo - plain"]
+    lines = ["# Whole runs: analysis", "", f"Seeds finished per arm: {result['seeds']}.", "",
+             "## At the end (step of the last evaluation)", "",
+             "| family | difference | mean [95% interval] | correction |", "|---|---|---|---|"]
+    extra = (f"; two one-sided tests at +-{result['margin']}: p = {p['tost_p']:.2g} (90% [{p['low90']:+.4f}, "
+             f"{p['high90']:+.4f}]): {p['reading']}" if "tost_p" in p else "")
+    lines.append(f"| P | LoCo - plain | {_fmt(dict(p, survives=p.get('p') is not None and p['p'] < RATE))} | "
+                 f"none (one interval){extra} |")
+    for name, cell in result["E"].items():
+        lines.append(f"| E | {name} | {_fmt(cell)} | Holm over 2: adjusted p "
+                     f"{cell.get('p_holm', float('nan')):.2g} |")
+    lines += ["", "## Along the run (family T: Benjamini-Hochberg over every interval below)", "",
+              "| step | tokens | LoCo - plain | plain - full |", "|---|---|---|---|"]
+    by_step = {}
+    for cell in result["T"]:
+        by_step.setdefault((cell["step"], cell["tokens"]), {})[cell["difference"]] = cell
+    for (step, tokens), cells in sorted(by_step.items()):
+        lines.append(f"| {step} | {tokens / 1e6:.1f}M | {_fmt(cells.get('LoCo - plain', {}))} | "
+                     f"{_fmt(cells.get('plain - full', {}))} |" if tokens else
+                     f"| {step} | - | {_fmt(cells.get('LoCo - plain', {}))} | {_fmt(cells.get('plain - full', {}))} |")
+    lines += ["", f"## Slope over the last half (evaluations from step {LAST_HALF_FROM}; family S: Holm over 2)", "",
+              "| difference | slope per 100 steps, mean [95% interval] | reading |", "|---|---|---|"]
+    for name, cell in result["S"].items():
+        scaled = {k: (v * 100 if isinstance(v, float) and k in ("mean", "low", "high") else v) for k, v in cell.items()}
+        lines.append(f"| {name} | {_fmt(scaled)} | {cell['reading']} |")
+    gain = result["second_half_gain_full"]
+    lines += ["", "Held-out minus training loss (mean of the last 10 steps) at the end, per arm: "
+              + ", ".join(f"{k} {v:+.4f}" for k, v in sorted(result["generalization"].items()))
+              + (f". Full precision's held-out loss fell {gain:.4f} nats over the last half (the margin is "
+                 f"{result['margin'] / gain:.1%} of it)." if gain else "."), ""]
+    return "\n".join(lines)
+
+
+def plot(result, path) -> bool:
+    """``trajectory.png``: LoCo - plain and plain - full against step with 95% intervals; False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("trajectory.png not written: matplotlib is missing (pip install \"deepspeed-loco[report]\")")
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    for name, color in (("LoCo - plain", "tab:green"), ("plain - full", "tab:orange")):
+        cells = [c for c in result["T"] if c["difference"] == name and c["low"] is not None]
+        if not cells:
+            continue
+        steps = [c["step"] for c in cells]
+        ax.plot(steps, [c["mean"] for c in cells], color=color, label=name)
+        ax.fill_between(steps, [c["low"] for c in cells], [c["high"] for c in cells], color=color, alpha=0.2)
+    ax.axhline(0, color="grey", linewidth=0.8)
+    for bound in (-result["margin"], result["margin"]):
+        ax.axhline(bound, color="grey", linewidth=0.6, linestyle="--")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("held-out loss difference (nats)")
+    ax.set_title("paired over seeds, 95% intervals; dashed: the equivalence margin")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", nargs="+", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tag", default="wr16_b1024")
+    ap.add_argument("--bits", default="4", help="the arms compared: plain<bits>, loco<bits>, full")
+    args = ap.parse_args(argv)
+    arms = load(args.runs, args.tag)
+    if not arms:
+        raise SystemExit(f"no runs of tag {args.tag} in {args.runs}")
+    setup = next(iter(next(iter(arms.values())).values()))["setup"]
+    tokens = setup["micro_batch"] * setup["nodes"] * setup["local"] * setup["model"]["seq_len"]
+    result = analyse(arms, args.bits, tokens)
+    os.makedirs(args.out, exist_ok=True)
+    text = markdown(result)
+    with open(os.path.join(args.out, "analysis.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "analysis.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    plot(result, os.path.join(args.out, "trajectory.png"))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""benchmarks/whole_runs.py: the whole-runs study's fixed analysis on made-up runs whose differences are known."""
+import math
+
+import pytest
+
+from deepspeed_loco.utils.stats import t_interval
+from tests.extras import needs_extra
+
+SEEDS, STEPS = (0, 1, 2, 3, 4), list(range(50, 1001, 50))
+
+
+@pytest.fixture(scope="module")
+def wr(benchmark_module):
+    """benchmarks/whole_runs.py, whose statistics (map_statistics) import numpy and scipy."""
+    needs_extra("numpy", "demo")
+    needs_extra("scipy.stats", "demo")
+    return benchmark_module("whole_runs")
+
+
+def _gap(step):
+    """LoCo - plain by step: grows to -0.004 at step 400, then shrinks to -0.001 at step 1000."""
+    return -0.004 * step / 400 if step <= 400 else -0.004 + 0.003 * (step - 400) / 600
+
+
+def _runs():
+    """Full: a falling curve with a seed offset; plain: full + 0.002; LoCo: plain + the gap above, with a per-seed
+    wobble so that intervals are finite."""
+    arms = {}
+    for seed in SEEDS:
+        wobble = 0.0002 * (seed - 2)
+        curves = {"full": {s: 1.2 + 1 / math.sqrt(s) + 0.01 * seed for s in STEPS}}
+        curves["plain4"] = {s: v + 0.002 + wobble for s, v in curves["full"].items()}
+        curves["loco4"] = {s: v + _gap(s) - wobble / 2 for s, v in curves["plain4"].items()}
+        for key, curve in curves.items():
+            arms.setdefault(key, {})[seed] = {
+                "key": key, "seed": seed, "validation": sorted(curve.items()), "final_val_loss": curve[1000],
+                "train_losses": [curve[1000] - 0.01] * 10}
+    return arms
+
+
+def test_the_fixed_families_on_runs_with_known_differences(wr):
+    result = wr.analyse(_runs(), "4", tokens_per_step=262144)
+    p = result["P"]["LoCo - plain"]
+    expected = [_gap(1000) - 0.0001 * (s - 2) for s in SEEDS]
+    assert (p["mean"], p["low"], p["high"]) == pytest.approx(t_interval(expected), rel=1e-9)
+    assert p["n"] == 5 and p["reading"] == "resolved, inside +-0.003"  # -0.001 on every seed: real, small
+    assert result["E"]["plain - full"]["mean"] == pytest.approx(0.002, abs=1e-12)
+    assert set(result["E"]) == {"plain - full", "LoCo - full"} and all("p_holm" in c for c in result["E"].values())
+    trajectory = [c for c in result["T"] if c["difference"] == "LoCo - plain"]
+    assert [c["step"] for c in trajectory] == STEPS and trajectory[7]["mean"] == pytest.approx(-0.004, abs=1e-4)
+    assert trajectory[-1]["tokens"] == 1000 * 262144
+    assert len(result["T"]) == 40 and all("p_bh" in c for c in result["T"])
+    assert result["S"]["LoCo - plain"]["reading"] == "shrinking"  # the gap closes from step 550 on
+    assert result["S"]["LoCo - plain"]["mean"] == pytest.approx(0.003 / 600, rel=1e-6)
+    assert result["generalization"]["full"] == pytest.approx(0.01)
+    assert result["second_half_gain_full"] == pytest.approx(1 / math.sqrt(550) - 1 / math.sqrt(1000))
+
+
+def test_holm_matches_a_hand_computed_example(wr):
+    """p = (0.01, 0.04, 0.03): sorted 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> kept monotone 0.06."""
+    adjusted, rejected = wr.holm([0.01, 0.04, 0.03])
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06]) and rejected == [True, False, False]
+
+
+def test_a_run_recorded_twice_is_refused(wr, tmp_path):
+    line = '{"tag": "t", "key": "full", "seed": 0, "validation": [], "final_val_loss": 1.0}\n'
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text(line)
+    second.write_text(line)
+    with pytest.raises(SystemExit, match="full seed 0 of t is in .*a.jsonl and in .*b.jsonl"):
+        wr.load([str(first), str(second)], "t")
