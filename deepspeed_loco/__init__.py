@@ -7,12 +7,19 @@ Two ways in:
 * ``deepspeed_loco.install()``: afterwards plain ``deepspeed.initialize`` (and ``deepspeed.zero.Init``) accept the
   key, so unmodified scripts and frameworks calling DeepSpeed run LoCo. ``python -m deepspeed_loco.run script.py``
   does this for a script without touching it.
+
+Importing the package alone changes nothing in DeepSpeed (a plain ``deepspeed.initialize`` still rejects the key);
+it only adds a line after the traceback of a process that ends on that rejection, saying how to turn LoCo on
+(:mod:`deepspeed_loco.utils.turn_on_hint`).
 """
 import copy
 import inspect
 from typing import Any, Optional
 
+from deepspeed_loco.utils import turn_on_hint
+
 __version__ = "0.1.0"
+turn_on_hint.register()
 
 
 def initialize(*args, **kwargs):

@@ -4,17 +4,18 @@ advise.json, advise.png and table.md under --out (the console script's own code 
 deepspeed_loco.simulation.advise_cli)."""
 import argparse
 import os
-
+import sys
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from deepspeed_loco.simulation.advise_cli import PlainHelp, add_advise_arguments
+    from deepspeed_loco.simulation.advise_cli import PlainHelp, add_advise_arguments, positive_int, positive_number
     from loco_lab.model import SIZES
     p = sub.add_parser("advise", help="recommend a zeropp_loco_param for a cluster shape by short simulations",
                        description=__doc__, formatter_class=PlainHelp)
     p.add_argument("--model-size", choices=sorted(SIZES), default="medium", help="the bundled model's size")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per rank per step")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (after a 10-step linear warm-up)")
+    p.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per rank per step")
+    p.add_argument("--lr", type=positive_number, default=1e-3,
+                   help="AdamW learning rate (after a 10-step linear warm-up)")
     p.add_argument("--text", help="your own text (a file, or a folder of .txt files) instead of the bundled plays")
     p.add_argument("--parallel", type=_parallel_arg, default="auto",
                    help="runs side by side on the device (auto: as many as its memory holds; 1 on the CPU)")
@@ -30,20 +31,34 @@ def _parallel_arg(text: str):
     return int(text)
 
 
-def run(args) -> int:
+def run(args, prog: str) -> int:
+    """Runs advise on the bundled task; a bad flag or text is one line, ``<prog>: error: ...``, and exit code 2."""
+    from deepspeed_loco.simulation.advise_cli import run_advise
+    from loco_lab.model import SIZES
+
+    try:
+        setup, task = _setup(args)
+    except (TypeError, ValueError, FileNotFoundError) as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
+    return run_advise(setup, args, prog=prog, tokens_per_step=SIZES[args.model_size].seq_len * task.global_batch)
+
+
+def _setup(args):
+    """The ``TrainingSetup`` of the bundled task for the flags (``args.parallel`` resolved), and the task; raises
+    TypeError or ValueError naming a bad flag, FileNotFoundError for a missing ``--text``."""
     from deepspeed_loco.simulation import TrainingSetup
-    from deepspeed_loco.simulation.advise_cli import resolve_device, run_advise
+    from deepspeed_loco.simulation.advise_cli import resolve_device
     from loco_lab.model import SIZES
 
     device = resolve_device(args.device)
     task = BundledTask(args.text, args.model_size, args.micro_batch * args.nodes * args.local, args.lr, device)
-    task.corpus()  # a bad --text fails here, before any run
-    args.parallel = _parallel(args, SIZES[args.model_size], device)
     setup = TrainingSetup(task.model, task.batches, nodes=args.nodes, local=args.local, optimizer_fn=task.optimizer,
                           scheduler_fn=task.schedule, loss_fn=task.loss, eval_fn=task.evaluate, device=device,
                           grad_clip=1.0, autocast_dtype=task.autocast)
-    return run_advise(setup, args, prog="python -m loco_lab.cli advise",
-                      tokens_per_step=SIZES[args.model_size].seq_len * task.global_batch)
+    task.corpus()  # a bad --text fails here, before any run
+    args.parallel = _parallel(args, SIZES[args.model_size], device)
+    return setup, task
 
 
 class BundledTask:

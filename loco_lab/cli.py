@@ -15,7 +15,7 @@ import sys
 from typing import List, Optional
 
 from deepspeed_loco.config import QUANT_GRIDS
-from deepspeed_loco.simulation.advise_cli import PlainHelp
+from deepspeed_loco.simulation.advise_cli import OneLineErrors, PlainHelp
 from loco_lab import advise_cli
 
 DEFAULT_STEPS = 60  # x 3 arms x 3 seeds: under 10 minutes on 2 CPU cores
@@ -162,7 +162,7 @@ def check_flags(args) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs a command; a bad flag prints one line, ``<prog> demo: error: <what is wrong>``, and returns 2."""
-    parser = argparse.ArgumentParser(prog="python3 -m loco_lab.cli", description="the deepspeed-loco demo app")
+    parser = OneLineErrors(prog="python3 -m loco_lab.cli", description="the deepspeed-loco demo app")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _demo_parser(sub)
     advise_cli.add_parser(sub)
@@ -171,7 +171,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return 2
     if args.command == "advise":
-        return advise_cli.run(args)
+        return advise_cli.run(args, prog=f"{parser.prog} advise")
     if args.command == "demo":
         from loco_lab.launcher import LaunchError
         from loco_lab.run import run_demo

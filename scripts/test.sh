@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The test command: sets up the environment if needed, then runs the whole CPU suite.
+# The test command: installs what is missing (scripts/ensure_env.sh test,demo,hf: never deepspeed-loco itself), then
+# runs the CPU suite on the checkout's code: the whole of it (pytest.ini's testpaths), or the pytest arguments given.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$root/scripts/ensure_env.sh"
+"$root/scripts/ensure_env.sh" test,demo,hf
 cd "$root"
-exec python3 -m pytest -q -m "" tests "$@"  # -m "": every tier (pytest.ini's default is the fast one)
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+exec python3 -m pytest -q -m "" "$@"  # -m "": every tier (pytest.ini's default is the fast one)

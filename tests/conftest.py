@@ -45,7 +45,8 @@ SLOW_TESTS = (
     "tests/unit/simulation/test_train.py::test_same_seed_same_run_and_eval_is_recorded",
     "tests/unit/simulation/test_train.py::test_vmap_and_loop_agree_within_rounding",
     "tests/unit/test_frameworks.py::test_accelerate_example_trains_with_loco_and_its_loss_falls",
-    "tests/unit/test_frameworks.py::test_accelerate_launch_runs_the_example_with_loco",
+    "tests/unit/test_examples.py::test_train_loco_runs_as_the_examples_readme_says",
+    "tests/unit/test_frameworks.py::test_accelerate_launch_runs_the_example_with_loco_and_the_documented_figures",
     "tests/unit/test_frameworks.py::test_hugging_face_trainer_runs_loco_after_install",
     "tests/unit/test_megatron_example.py::test_compression_stand_in_and_the_next_sitecustomize",
     "tests/unit/test_packaging.py::test_sdist_has_every_kernel_source",
@@ -56,6 +57,9 @@ SLOW_TESTS = (
     "tests/unit/utils/test_clean_exit.py::test_short_gloo_jobs_all_end_with_return_code_zero",
     "tests/unit/utils/test_logging.py::test_caplog_captures_log_rank0_whatever_was_imported_first",
     "tests/unit/utils/test_logging.py::test_each_record_is_printed_once_with_or_without_a_root_handler",
+    "tests/unit/utils/test_turn_on_hint.py::"
+    "test_imported_but_not_installed_deepspeeds_rejection_is_followed_by_how_to_turn_loco_on",
+    "tests/unit/utils/test_turn_on_hint.py::test_installed_the_same_script_trains_with_loco_and_no_hint",
 )
 
 

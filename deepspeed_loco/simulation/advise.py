@@ -24,7 +24,7 @@ from deepspeed_loco.simulation.burst import update_burst, window_means
 from deepspeed_loco.simulation.differences import Difference
 from deepspeed_loco.simulation.side_by_side import Finished, Job, SideBySide, Task
 from deepspeed_loco.simulation.spec import TrainingSetup
-from deepspeed_loco.simulation.train import gradient_noise_scale
+from deepspeed_loco.simulation.train import check_loss_call, gradient_noise_scale
 from deepspeed_loco.utils.logging import logger
 from deepspeed_loco.utils.stats import noise_ratio, t_interval
 
@@ -36,7 +36,12 @@ CALIBRATION_STEPS = 2  # the timing run that sizes the probe before the budget i
 MIN_SEEDS = 3  # a 95% interval needs at least 2; 3 is the least that resolved anything in the map
 
 
-class BudgetTooSmall(ValueError):
+class AdviseInputError(ValueError):
+    """An input of :func:`advise` is invalid (a number out of range, a setup whose loss cannot be computed on one
+    micro-batch): raised before the probe, with one line naming the input and what would be valid."""
+
+
+class BudgetTooSmall(AdviseInputError):
     """The budget cannot pay for the probe; ``needed_minutes``: the smallest budget that can answer."""
 
     def __init__(self, message: str, needed_minutes: float):
@@ -200,31 +205,21 @@ def advise(setup: TrainingSetup, budget_minutes: float, candidates: Sequence[str
     token sequences (None: unknown); the map's prior then also depends on it (LoCo's 2/2 gain was measured at up to
     64K tokens a step).
 
-    Raises ValueError for a bad candidate, ``seeds < 2``, a non-positive budget, ``probe_steps < 2``, a bad
-    ``parallel`` or, with ``parallel > 1``, a setup that does not pickle; :class:`BudgetTooSmall` as above.
+    Before anything runs it checks every number, then builds the model and computes the loss of one micro-batch as
+    training will (:func:`~deepspeed_loco.simulation.train.check_loss_call`). Raises :class:`AdviseInputError` (a
+    ValueError) for a bad candidate, ``seeds < 2``, ``max_seeds < seeds``, a budget that is not a finite positive
+    number, ``probe_steps < 2``, ``steps`` or ``max_steps`` below 1, a ``parallel`` that is not a positive integer,
+    a bad ``tokens_per_step``, a setup whose model, data or loss fail on that micro-batch (or whose loss is not a
+    scalar), or, with ``parallel > 1``, a setup that does not pickle; :class:`BudgetTooSmall` as above.
     """
-    arms = [parse_arm(c) for c in candidates]
-    if any(a.kind != "plain" for a in arms) or not arms:
-        raise ValueError(f"advise: candidates {list(candidates)!r} must be plain qgZ arms such as 'plain2', "
-                         f"'plain8-2h', 'plain4' (LoCo is weighed for each)")
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 2:
-        raise ValueError(f"advise: seeds = {seeds!r}; a paired 95% interval needs at least 2 (3 recommended)")
-    if not budget_minutes > 0:
-        raise ValueError(f"advise: budget_minutes = {budget_minutes!r}, it must be positive")
-    if probe_steps < 2:
-        raise ValueError(f"advise: probe_steps = {probe_steps!r}, it must be at least 2")
-    if tokens_per_step is not None and (isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, int)
-                                        or tokens_per_step < 1):
-        raise ValueError(f"advise: tokens_per_step = {tokens_per_step!r}; it must be a positive integer (the global "
-                         f"batch in tokens) or None")
+    arms = _check_arguments(candidates, budget_minutes, seeds, max_seeds, steps, max_steps, probe_steps, parallel,
+                            tokens_per_step)
     max_seeds = seeds if max_seeds is None else max_seeds
-    if isinstance(max_seeds, bool) or not isinstance(max_seeds, int) or max_seeds < seeds:
-        raise ValueError(f"advise: max_seeds = {max_seeds!r}; it must be an integer >= seeds ({seeds})")
+    params = _parameters_after_one_loss(setup)  # the map's prior depends on the model's size
     budget_s, started = budget_minutes * 60.0, time.monotonic()
     quant_grid = setup.loco.get("quant_grid", "auto")
-    params = sum(p.numel() for p in setup.model_fn().parameters())  # the map's prior depends on the model's size
     probe_seeds = max(1, parallel // len(arms))
-    with SideBySide(Task(setup), parallel) as runner:
+    with _side_by_side(setup, parallel) as runner:
         _check_budget(runner, arms[0].key, probe_steps, len(arms) * probe_seeds, parallel, budget_s, started)
         probes, noise = _probe(runner, [a.key for a in arms], probe_steps, probe_seeds, on_progress)
         comparisons, reasons, unresolved = [], [], []
@@ -236,7 +231,7 @@ def advise(setup: TrainingSetup, budget_minutes: float, candidates: Sequence[str
 
         fallback = parse_arm("plain4")
         if on_update:
-            on_update(advice(_answer(fallback, False, setup.loco, setup.local), fallback.label, False))
+            on_update(advice(_answer(fallback, False, setup.loco), fallback.label, False))
         for probe in probes:  # fewest inter-node bits first: the first acceptable candidate is the answer
             left = budget_s - (time.monotonic() - started)
             affordable = _affordable_steps(probe, left, seeds, max_steps, parallel) if steps is None else steps
@@ -258,11 +253,11 @@ def advise(setup: TrainingSetup, budget_minutes: float, candidates: Sequence[str
             if verdict.accepted:
                 arm = parse_arm(probe.candidate)
                 label = arm.label + (" + LoCo" if verdict.error_feedback else "")
-                return advice(_answer(arm, verdict.error_feedback, setup.loco, setup.local), label)
+                return advice(_answer(arm, verdict.error_feedback, setup.loco), label)
             if on_update and comparison is not None:
-                on_update(advice(_answer(fallback, False, setup.loco, setup.local), fallback.label, False))
+                on_update(advice(_answer(fallback, False, setup.loco), fallback.label, False))
         reasons.append("No candidate was shown safe within the budget: DeepSpeed's qgZ default, 4/4 without LoCo.")
-        return advice(_answer(fallback, False, setup.loco, setup.local), fallback.label)
+        return advice(_answer(fallback, False, setup.loco), fallback.label)
 
 
 @dataclass
@@ -345,6 +340,59 @@ def arm_map_finding(arm, quant_grid: str, params: int, tokens_per_step: Optional
     holds where the reading is ``LOCO_PAYS``), or None where the map has no row."""
     bits = (arm.intra_bits, arm.inter_bits)
     return read_map(bits, arm.hadamard, resolve_grid(quant_grid, bits), params, tokens_per_step)
+
+
+def _check_arguments(candidates: Sequence[str], budget_minutes: float, seeds: int, max_seeds: Optional[int],
+                     steps: Optional[int], max_steps: int, probe_steps: int, parallel: int,
+                     tokens_per_step: Optional[int]) -> list:
+    """:func:`advise`'s numbers and candidates checked; returns the candidates parsed. Raises
+    :class:`AdviseInputError` naming the first bad one and what would be valid."""
+    try:
+        arms = [parse_arm(c) for c in candidates]
+    except ValueError as err:
+        raise AdviseInputError(f"advise: candidates: {err}") from None
+    if any(a.kind != "plain" for a in arms) or not arms:
+        raise AdviseInputError(f"advise: candidates {list(candidates)!r} must be plain qgZ arms such as 'plain2', "
+                               f"'plain8-2h', 'plain4' (LoCo is weighed for each)")
+    if not (isinstance(budget_minutes, (int, float)) and math.isfinite(budget_minutes) and budget_minutes > 0):
+        raise AdviseInputError(f"advise: budget_minutes = {budget_minutes!r} is invalid: it must be a finite number "
+                               f"> 0 (device minutes, the probe included)")
+    _at_least("seeds", seeds, 2, "a paired 95% interval needs 2; 3 recommended")
+    _at_least("max_seeds", seeds if max_seeds is None else max_seeds, seeds, f"at least seeds ({seeds})")
+    if steps is not None:
+        _at_least("steps", steps, 1, "steps per comparison run, or None for what the budget allows")
+    _at_least("max_steps", max_steps, 1, "the cap on the steps the budget may buy")
+    _at_least("probe_steps", probe_steps, 2, "steps of each probe run")
+    _at_least("parallel", parallel, 1, "runs side by side on the device")
+    if tokens_per_step is not None:
+        _at_least("tokens_per_step", tokens_per_step, 1, "the global batch in tokens, or None")
+    return arms
+
+
+def _at_least(name: str, value: Any, minimum: int, meaning: str) -> None:
+    """AdviseInputError unless ``value`` is an integer (not a bool) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise AdviseInputError(f"advise: {name} = {value!r} is invalid: it must be an integer >= {minimum} ({meaning})")
+
+
+def _parameters_after_one_loss(setup: TrainingSetup) -> int:
+    """The model's parameter count, once the model, its optimizer and the loss of one micro-batch were computed as
+    training will (:func:`~deepspeed_loco.simulation.train.check_loss_call`); AdviseInputError, in one line, where
+    they fail (the error it came from chained)."""
+    try:
+        model = check_loss_call(setup)
+    except Exception as err:  # the caller's model, data and loss: whatever they raise is an input error here
+        raise AdviseInputError(f"advise: one micro-batch before the probe: {' '.join(str(err).split())}") from err
+    return sum(p.numel() for p in model.parameters())
+
+
+def _side_by_side(setup: TrainingSetup, parallel: int) -> SideBySide:
+    """The runner of ``setup``'s jobs, ``parallel`` at a time; AdviseInputError where the setup must pickle (parallel
+    > 1) and does not."""
+    try:
+        return SideBySide(Task(setup), parallel)
+    except ValueError as err:
+        raise AdviseInputError(f"advise: {err}") from err
 
 
 def _check_budget(runner: SideBySide, candidate: str, probe_steps: int, probe_runs: int, parallel: int,
@@ -464,11 +512,12 @@ def _final_loss(result) -> float:
     return statistics.fmean(tail)
 
 
-def _answer(arm, error_feedback: bool, loco: Dict[str, Any], local: int) -> Dict[str, Any]:
+def _answer(arm, error_feedback: bool, loco: Dict[str, Any]) -> Dict[str, Any]:
+    """The recommended block: ``arm``'s bits, ``error_feedback`` and the setup's other keys. No ``local_world_size``:
+    a real job takes its ranks per node from the launcher, so the block pastes into any layout."""
     block = zeropp_loco_param(arm, **loco)
     block["error_feedback"] = error_feedback
     block.setdefault("quant_grid", "auto")
-    block.setdefault("local_world_size", local)
     return block
 
 

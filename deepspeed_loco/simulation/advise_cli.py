@@ -11,19 +11,31 @@ tensors whose first dimension splits into nodes x gpus-per-node equal micro-batc
 call; --loss and --eval name the loss and the held-out loss (without --eval the comparison uses the training
 loss). The demo on the bundled model runs from a checkout of the repository: python -m loco_lab.cli advise.
 
-Before the probe a two-step run times the device and the smallest budget that can answer is printed; a smaller
-budget stops there (exit code 2). advise.json, table.md and advise.png are written under --out after the probe and
-after each training comparison, so what finished is kept if the run is stopped.
+Before anything trains every number is checked and the model's loss is computed on one micro-batch, as training
+will compute it; then a two-step run times the device and the smallest budget that can answer is printed. A bad
+flag, a loss that cannot be computed (for example a model whose forward returns logits, without --loss) or a smaller
+budget stops there with one line and exit code 2. advise.json, table.md and advise.png (advise.png needs
+matplotlib, the report extra: without it the output says so and the other two are written) are written under --out
+after the probe and after each training comparison, so what finished is kept if the run is stopped.
 """
 import argparse
 import importlib
 import json
+import math
 import os
 import sys
-from typing import Callable, Optional
+from typing import Callable, List, Optional, Tuple
 
 PROG = "deepspeed-loco-advise"
 DEFAULT_OUT = "loco_advise_out"
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr, ``<prog>: error: <what is wrong>``, and exit code 2
+    (argparse's own prints its usage first); ``--help`` says the rest. Sub-command parsers are of the same kind."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 class PlainHelp(argparse.RawDescriptionHelpFormatter):
@@ -57,7 +69,7 @@ def add_advise_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=PlainHelp)
+    parser = OneLineErrors(prog=PROG, description=__doc__, formatter_class=PlainHelp)
     parser.add_argument("--model", required=True, help="module:function returning a fresh torch.nn.Module")
     data = parser.add_mutually_exclusive_group(required=True)
     data.add_argument("--data", help="module:function returning an iterable of global batches")
@@ -65,10 +77,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--loss", help="module:function(model, micro_batch) returning the scalar loss (default: "
                                        "model(*batch) for a tuple batch, else model(batch))")
     parser.add_argument("--eval", help="module:function(model) returning a held-out loss (with --data)")
-    parser.add_argument("--seq-len", type=int, default=128, help="bytes per window (with --text)")
-    parser.add_argument("--micro-batch", type=int, default=1, help="windows per rank per step (with --text)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
-    parser.add_argument("--parallel", type=_positive_int, default=1,
+    parser.add_argument("--seq-len", type=positive_int, default=128, help="bytes per window (with --text)")
+    parser.add_argument("--micro-batch", type=positive_int, default=1, help="windows per rank per step (with --text)")
+    parser.add_argument("--lr", type=positive_number, default=1e-3, help="AdamW learning rate")
+    parser.add_argument("--parallel", type=positive_int, default=1,
                         help="runs side by side on the device, in spawned processes")
     add_advise_arguments(parser)
     args = parser.parse_args(argv)
@@ -123,9 +135,9 @@ def resolve_device(choice: str):
 
 def run_advise(setup, args: argparse.Namespace, prog: str = PROG, tokens_per_step: Optional[int] = None) -> int:
     """Runs advise on ``setup`` with the parsed options (``tokens_per_step``: the global batch in tokens, where the
-    data are token windows), writing what finished under ``args.out`` as it comes; returns the exit code (2: the
-    budget cannot pay for the probe, said on stderr)."""
-    from deepspeed_loco.simulation.advise import BudgetTooSmall, advise
+    data are token windows), writing what finished under ``args.out`` as it comes; returns the exit code (2: an input
+    advise refused before the probe, the budget included, said in one line on stderr)."""
+    from deepspeed_loco.simulation.advise import AdviseInputError, advise
 
     bar = _Progress(enabled=not args.no_progress)
     try:
@@ -133,20 +145,20 @@ def run_advise(setup, args: argparse.Namespace, prog: str = PROG, tokens_per_ste
                         steps=args.steps, max_steps=args.max_steps, probe_steps=args.probe_steps, on_progress=bar,
                         parallel=args.parallel, on_update=lambda partial: write_advice(partial, args.out),
                         tokens_per_step=tokens_per_step)
-    except BudgetTooSmall as err:
+    except AdviseInputError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
     finally:
         bar.close()
-    written = write_advice(advice, args.out)
+    written, skipped = write_advice(advice, args.out)
     print(advice.table() + "\n\n" + advice.summary())
-    print(f"\nwrote {', '.join(written)}", file=sys.stderr)
+    print(f"\nwrote {', '.join(written)}" + "".join(f"; {why}" for why in skipped), file=sys.stderr)
     return 0
 
 
-def write_advice(advice, out: str) -> list:
-    """``table.md``, ``advise.json`` and (with matplotlib) ``advise.png`` of ``advice`` under ``out``; returns the
-    paths written."""
+def write_advice(advice, out: str) -> Tuple[List[str], List[str]]:
+    """Writes ``table.md``, ``advise.json`` and ``advise.png`` of ``advice`` under ``out``; returns the paths written
+    and, for a file not written, why (advise.png without matplotlib, the report extra, naming it)."""
     os.makedirs(out, exist_ok=True)
     paths = [os.path.join(out, name) for name in ("table.md", "advise.json", "advise.png")]
     with open(paths[0], "w") as f:
@@ -155,9 +167,10 @@ def write_advice(advice, out: str) -> list:
         json.dump(advice.to_dict(), f, indent=1)
     try:
         advice.plot(paths[2])
-    except ImportError:  # matplotlib is the [report] extra; the table and the JSON say everything the PNG shows
-        return paths[:2]
-    return paths
+    except ImportError as err:  # the table and the JSON say everything the PNG shows
+        return paths[:2], [f"no advise.png: {(err.name or 'matplotlib').partition('.')[0]} is not installed "
+                           f'(pip install "deepspeed-loco[report]")']
+    return paths, []
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -172,10 +185,22 @@ def main(argv: Optional[list] = None) -> int:
     return run_advise(setup, args, tokens_per_step=tokens)
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: an integer >= 1")
     return int(text)
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: a number > 0")
+    return value
 
 
 class _Progress:

@@ -1,6 +1,6 @@
 """The loss-curve PNG of result records: per arm, train loss, validation loss (and its second half zoomed) and the
-running-sum gradient error; an arm's colour tells its kind, bits and Hadamard. Needs matplotlib (the ``report``
-extra)."""
+running-sum gradient error, two panels a row; an arm's colour tells its kind, bits and Hadamard, and full precision,
+the curve the others are read against, is dashed on top of them. Needs matplotlib (the ``report`` extra)."""
 import statistics
 from typing import List, Optional, Sequence
 
@@ -43,8 +43,8 @@ def arm_color(arm: Arm) -> Color:
 
 
 def plot(results: Sequence[dict], title: str = "", held_out: Optional[str] = None) -> bytes:
-    """PNG bytes of :func:`loss_panels`."""
-    return line_chart(loss_panels(results, held_out), title=title)
+    """PNG bytes of :func:`loss_panels`, two panels a row."""
+    return line_chart(loss_panels(results, held_out), title=title, columns=2)
 
 
 def loss_panels(results: Sequence[dict], held_out: Optional[str] = None) -> List[Panel]:
@@ -55,16 +55,18 @@ def loss_panels(results: Sequence[dict], held_out: Optional[str] = None) -> List
     skip = 0
     for key, runs in by_arm(results).items():
         seeds = f" ({len(runs)} seeds)" if len(runs) > 1 else ""
-        color, label = arm_color(record_arm(runs[0])), runs[0]["label"] + seeds
+        arm = record_arm(runs[0])
+        color, label, full = arm_color(arm), runs[0]["label"] + seeds, arm.kind == "full"
         losses = [statistics.fmean(step) for step in zip(*(r["train_losses"] for r in runs))]
         skip = max(skip, len(losses) // 10)
-        train.append(Series(label, list(enumerate(train_curve(losses), start=1)), color))
+        train.append(Series(label, list(enumerate(train_curve(losses), start=1)), color, reference=full))
         points = [(column[0][0], statistics.fmean(v for _, v in column))
                   for column in zip(*(r["validation"] for r in runs))]
-        val.append(Series(label, points, color, markers=True))
+        val.append(Series(label, points, color, markers=True, reference=full))
         sums = [(r.get("fidelity") or {}).get("sum_rel_errors") for r in runs]
         if all(sums):
-            err.append(Series(label, list(enumerate((statistics.fmean(s) for s in zip(*sums)), start=1)), color))
+            err.append(Series(label, list(enumerate((statistics.fmean(s) for s in zip(*sums)), start=1)), color,
+                              reference=full))
     tail = [y for s in train for x, y in s.points if x > skip]
     ylim = (min(tail), max(tail)) if tail else None
     early = [y for s in train for x, y in s.points if x == max(1, (len(s.points) * 3) // 10)]

@@ -8,7 +8,9 @@ library's own two-hop quantized reduce (:class:`SimulatedCluster`) otherwise. On
 replica, as every rank of a data-parallel job applies the same update.
 """
 import math
+import os
 import time
+import traceback
 import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from deepspeed_loco.simulation.arm_result import ArmResult
 from deepspeed_loco.simulation.arms import Arm
 from deepspeed_loco.simulation.cluster import SimulatedCluster
 from deepspeed_loco.simulation.observer import ReducedStep, StepObserver
-from deepspeed_loco.simulation.spec import Batch, SimulationSpec, TrainingSetup
+from deepspeed_loco.simulation.spec import Batch, SimulationSpec, TrainingSetup, default_loss
 
 # PyTorch's warning that vmap runs an operator without a batching rule as a loop over the batch (the same values,
 # slower; scaled-dot-product attention's backward among them): repeated by every process that simulates, and
@@ -61,6 +63,75 @@ def simulate(spec: SimulationSpec, observer: Optional[StepObserver] = None,
     return results
 
 
+class LossCallError(TypeError):
+    """``setup.loss_fn`` failed on a micro-batch, or returned something other than the scalar loss
+    (:func:`check_loss_call`)."""
+
+
+LOSS_CONTRACT = ("it must return the micro-batch's scalar loss (a model whose forward returns logits, or takes other "
+                 "arguments, needs a loss_fn that calls it and computes the loss: --loss module:function for "
+                 "deepspeed-loco-advise)")
+
+
+def check_loss_call(setup: TrainingSetup) -> torch.nn.Module:
+    """What a run does before its first step, once: builds the model, its optimizer and scheduler as a run does,
+    splits the first global batch of a fresh ``data_fn()`` into the ranks' micro-batches and computes
+    ``loss_fn(model, micro_batch)`` on the first, on the setup's device under its autocast. Returns the model.
+
+    Raises what a run would raise for the model, optimizer or data (TypeError, ValueError naming them), and
+    :class:`LossCallError` where ``loss_fn`` raises (its message, and where in the caller's code it arose, else how
+    the loss is called) or returns anything but a 0-dim floating-point tensor that depends on the parameters."""
+    model, _, _, _ = _build(setup)
+    micro = _split(next(_batches(setup.data_fn, 1)), setup.world_size, setup.device)
+    call = (f"model({'*' * isinstance(micro[0], tuple)}micro_batch), the default loss_fn,"
+            if setup.loss_fn is default_loss else "loss_fn(model, micro_batch)")
+    dtype = setup.autocast_dtype
+    try:
+        with torch.autocast(device_type=setup.device.type, dtype=dtype, enabled=dtype is not None):
+            loss = setup.loss_fn(model, micro[0])
+    except Exception as err:  # the caller's code: its error in one line, with where in its code it arose, if it did
+        where = _raised_at(err)
+        raise LossCallError(f"{call} raised {type(err).__name__}: {' '.join(str(err).split())}"
+                            + (f" ({where})" if where else f"; {LOSS_CONTRACT}")) from err
+    if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point() and loss.requires_grad):
+        raise LossCallError(f"{call} returned {_describe_loss(loss)}; {LOSS_CONTRACT}")
+    return model
+
+
+def _build(setup: TrainingSetup):
+    """A run's model (``model_fn()`` on the setup's device), its trainable ``(name, parameter)`` pairs, optimizer and
+    scheduler (None without ``scheduler_fn``)."""
+    model = setup.model_fn()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"simulate: model_fn() returned {type(model).__name__}: it must return a torch.nn.Module")
+    model = model.to(setup.device)
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    optimizer = setup.optimizer_fn([p for _, p in named])
+    scheduler = setup.scheduler_fn(optimizer) if setup.scheduler_fn else None
+    return model, named, optimizer, scheduler
+
+
+def _raised_at(err: BaseException) -> str:
+    """``at file.py:12, in forward``: the innermost frame of ``err``'s traceback outside torch and this package
+    (the caller's own code), or "" where there is none (the call itself failed, as a wrong number of arguments
+    does)."""
+    inside = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(inside)]
+    return f"at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}, in {frames[-1].name}" if frames else ""
+
+
+def _describe_loss(value: Any) -> str:
+    """What a loss function returned, in words: ``a tensor of shape (4, 1)``, ``a dict``, ``a tensor that does not
+    depend on the parameters``."""
+    if not isinstance(value, torch.Tensor):
+        return f"a {type(value).__name__}"
+    if value.dim() != 0:
+        return f"a tensor of shape {tuple(value.shape)}"
+    if not value.is_floating_point():
+        return f"a {value.dtype} tensor"
+    return "a tensor that does not depend on the model's parameters (no gradient)"
+
+
 class _LossOf(torch.nn.Module):
     """``forward(batch) = loss_fn(model, batch)``, so that ``functional_call`` can swap the model's parameters."""
 
@@ -87,15 +158,9 @@ class _ArmRun:
     def train(self, spec: SimulationSpec, observer: StepObserver, on_step) -> ArmResult:
         setup, steps = self.setup, spec.steps
         torch.manual_seed(spec.seed)
-        model = setup.model_fn()
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"simulate: model_fn() returned {type(model).__name__}: it must return a torch.nn.Module")
-        model = model.to(self.device)
+        model, named, optimizer, scheduler = _build(setup)
         self.forward_model = torch.compile(model, backend=setup.compile) if setup.compile else model
-        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
-        optimizer = setup.optimizer_fn(params)
-        scheduler = setup.scheduler_fn(optimizer) if setup.scheduler_fn else None
         result = ArmResult(self.arm.key, self.arm.label, spec.seed, self.block, world_size=self.world)
         numel = sum(p.numel() for p in params)
         result.full_precision_bytes_per_step = (self.world - 1) / self.world * numel * 4

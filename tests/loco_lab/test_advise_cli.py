@@ -17,7 +17,7 @@ def test_advise_writes_its_evidence_and_a_valid_block(tmp_path, capsys):
     assert code == 0
     advice = json.loads((out / "advise.json").read_text())
     LocoConfig.from_dict(advice["config"])
-    assert advice["config"]["local_world_size"] == 2
+    assert "local_world_size" not in advice["config"]  # the launcher's ranks per node, whatever the job
     assert [p["candidate"] for p in advice["probes"]] == ["plain2", "plain8-2h", "plain4"]
     assert advice["comparisons"] == [] and advice["unresolved"]  # 40 < 50 steps buy no comparison, and it says so
     assert advice["recommended"] in capsys.readouterr().out
@@ -48,3 +48,14 @@ def test_parallel_must_be_auto_or_a_positive_integer(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["advise", "--parallel", "0"])
     assert exit_.value.code == 2 and "'auto' or an integer >= 1" in capsys.readouterr().err
+
+
+def test_a_bad_number_or_text_is_one_line_and_exit_code_2(tmp_path, capsys):
+    for flags, said in ((["--budget-minutes", "-1"], "budget_minutes = -1.0 is invalid"),
+                        (["--text", str(tmp_path / "missing.txt")], "missing.txt"),
+                        (["--seeds", "1"], "seeds = 1 is invalid")):
+        code = cli.main(["advise", "--nodes", "2", "--gpus-per-node", "2", "--model-size", "tiny", "--device", "cpu",
+                         "--no-progress", "--out", str(tmp_path / "out"), *flags])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("python3 -m loco_lab.cli advise: error: ") and said in err, err
+        assert err.count("\n") == 1 and not (tmp_path / "out").exists()

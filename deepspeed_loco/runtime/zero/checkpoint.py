@@ -45,6 +45,7 @@ RESET_KEYS = ("world_size", "local_size", "group_size", "error_bits", "hadamard"
 # does not depend on the wire's bit width
 INFO_KEYS = ("intra_node_bits", "inter_node_bits")
 SIGNATURE_KEYS = RESET_KEYS + INFO_KEYS
+PREFIX = "deepspeed-loco: "  # what starts every error and warning of this module, once
 
 
 class LocoCheckpointError(RuntimeError):
@@ -122,7 +123,7 @@ def parse_state_dict(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -
     except (LocoCheckpointError, LocoCheckpointMismatch):
         raise
     except Exception as exc:  # whatever else a damaged entry trips over is reported as corruption, not a crash
-        raise LocoCheckpointError(f"deepspeed-loco: checkpoint key {STATE_KEY!r} could not be read "
+        raise LocoCheckpointError(f"{PREFIX}checkpoint key {STATE_KEY!r} could not be read "
                                   f"({type(exc).__name__}: {exc})") from exc
 
 
@@ -249,7 +250,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _corrupt(message: str):
-    raise LocoCheckpointError(f"deepspeed-loco: {message}")
+    raise LocoCheckpointError(f"{PREFIX}{message}")
 
 
 # ------------------------------------------------------------------------------------------- what a load does
@@ -280,8 +281,9 @@ def decide_load(state, entry: Any, named_params: Mapping[str, torch.Tensor], uni
     except LocoCheckpointMismatch as mismatch:
         return LoadDecision("reset", str(mismatch), step=mismatch.step)
     except LocoCheckpointError as err:
-        if state.config.on_corrupt_checkpoint == "reset":
-            return LoadDecision("reset", f"{err} (zeropp_loco_param.on_corrupt_checkpoint is 'reset')")
+        if state.config.on_corrupt_checkpoint == "reset":  # the warning says "deepspeed-loco: rank N:" itself
+            return LoadDecision("reset", f"{str(err).removeprefix(PREFIX)} (zeropp_loco_param.on_corrupt_checkpoint "
+                                f"is 'reset')")
         return LoadDecision("error", f"{err}; the ZeRO-3 optimizer state and LoCo state were not loaded. Set "
                             f"zeropp_loco_param.on_corrupt_checkpoint to 'reset' to start the error buffers from "
                             f"zero instead")
@@ -302,7 +304,7 @@ def apply_decision(state, decision: LoadDecision, rank: int) -> None:
     state.reset()
     if decision.step is not None:
         state.step = decision.step
-    logger.warning(f"deepspeed-loco: rank {rank}: error-feedback buffers start from zero: {decision.why}")
+    logger.warning(f"{PREFIX}rank {rank}: error-feedback buffers start from zero: {decision.why}")
 
 
 MISSING = object()  # a checkpoint file without a LoCo entry

@@ -1,10 +1,13 @@
 """Takes ``zero_optimization.zeropp_loco_param`` out of a DeepSpeed config before DeepSpeed sees it.
 
-DeepSpeed >= 0.19.8 rejects the key; deepspeed-loco validates it, removes it, and hands DeepSpeed the rest.
+DeepSpeed >= 0.19.8 rejects the key; deepspeed-loco validates it, removes it, and hands DeepSpeed the rest. The
+block anywhere else in the config (at the top level, under a misspelled ``zero_optimisation``, inside another
+block) is an error naming where it belongs: DeepSpeed itself would ignore it there, and the job would train without
+LoCo and say nothing.
 """
 import copy
 import json
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Iterator, Mapping, Optional, Tuple
 
 from deepspeed_loco.config import CONFIG_KEY, LocoConfig, LocoConfigError
 
@@ -30,7 +33,15 @@ def split_loco_config(ds_config: dict) -> Tuple[dict, Optional[LocoConfig]]:
     """Returns (the config without ``zeropp_loco_param``, the validated LoCo config or None if absent).
 
     LoCo needs ZeRO stage 3 with ``zero_quantized_gradients: true``; anything else is an error saying what to set.
+    A ``zeropp_loco_param`` anywhere but under ``zero_optimization`` is an error naming where it belongs
+    (:func:`misplaced_blocks`).
     """
+    misplaced = list(misplaced_blocks(ds_config))
+    if misplaced:
+        found = ", ".join("the top level of the config" if where == CONFIG_KEY else where for where in misplaced)
+        raise LocoConfigError(f"{CONFIG_KEY} is at {found}, where nothing reads it (LoCo would be off): it belongs at "
+                              f"zero_optimization.{CONFIG_KEY}, inside the \"zero_optimization\" block beside "
+                              f"\"stage\": 3; move it there")
     zero = ds_config.get("zero_optimization")
     if not isinstance(zero, Mapping) or CONFIG_KEY not in zero:
         return ds_config, None
@@ -47,3 +58,18 @@ def split_loco_config(ds_config: dict) -> Tuple[dict, Optional[LocoConfig]]:
                               f"zero_optimization.zero_quantized_gradients {found}: "
                               f"set \"zero_quantized_gradients\": true (or remove {CONFIG_KEY})")
     return stripped, loco
+
+
+def misplaced_blocks(node: Any, path: str = "") -> Iterator[str]:
+    """The path (``zero_optimisation.zeropp_loco_param``, ``a.b[0].zeropp_loco_param``) of every ``zeropp_loco_param``
+    key in the config ``node`` other than ``zero_optimization.zeropp_loco_param``, in the config's order."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key == CONFIG_KEY and where != f"zero_optimization.{CONFIG_KEY}":
+                yield where
+            else:
+                yield from misplaced_blocks(value, where)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from misplaced_blocks(value, f"{path}[{index}]")

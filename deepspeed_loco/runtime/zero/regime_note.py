@@ -25,4 +25,14 @@ def regime_note(plan: HopPlan, error_feedback: bool, params: int,
         return None
     setting = f"{'/'.join(map(str, bits))} bits{' + Hadamard' if plan.hadamard else ''}"
     return (f"deepspeed-loco: {'LoCo error feedback' if error_feedback else 'no LoCo error feedback'} at {setting} "
-            f"for {params / 1e6:.1f}M parameters: in the measurements ({MAP_DOC}) {finding.summary}; {action}")
+            f"for {parameter_count(params)}: in the measurements ({MAP_DOC}) {finding.summary}; {action}")
+
+
+def parameter_count(params: int) -> str:
+    """A model's size in words, three significant digits where rounded: ``3,217 parameters`` (below 100,000),
+    ``0.87M parameters``, ``10.8M parameters``, ``116M parameters``, ``7B parameters``."""
+    if params < 100_000:
+        return f"{params:,} parameters"
+    if params < 1_000_000_000:
+        return f"{params / 1e6:.3g}M parameters"
+    return f"{params / 1e9:.3g}B parameters"

@@ -1,12 +1,17 @@
-"""advise(): the decision rule on hand-made evidence, and one end-to-end run on a toy problem."""
+"""advise(): the decision rule on hand-made evidence, one end-to-end run on a toy problem, and the inputs refused
+before anything runs."""
+import dataclasses
 import json
 
 import pytest
+import torch
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.simulation import TrainingSetup
-from deepspeed_loco.simulation.advise import BudgetTooSmall, Comparison, Probe, _burst_warning, advise, judge
+from deepspeed_loco.simulation.advise import (AdviseInputError, BudgetTooSmall, Comparison, Probe, _burst_warning,
+                                             advise, judge)
 from deepspeed_loco.simulation.differences import ABOVE, BELOW, INCLUDES, Difference
+from deepspeed_loco.simulation.train import LossCallError
 from tests.extras import needs_extra
 from tests.unit.simulation.toy import toy_batches, toy_loss, toy_model
 
@@ -68,7 +73,7 @@ def test_above_the_largest_batch_the_map_measured_2_2_at_an_open_question_keeps_
     assert large.accepted and not large.error_feedback and large.basis == "measured"
     assert "at 1M tokens a step plain qgZ lost loss" in large.unresolved[0]
     assert "(this model: 10.8M parameters, 1048576 tokens a step)" in large.unresolved[0]
-    with pytest.raises(ValueError, match="tokens_per_step = 0; it must be a positive integer"):
+    with pytest.raises(ValueError, match="tokens_per_step = 0 is invalid: it must be an integer >= 1"):
         advise(TrainingSetup(toy_model, toy_batches), 1.0, tokens_per_step=0)
 
 
@@ -118,7 +123,8 @@ def test_advise_end_to_end_gives_a_valid_block_with_its_evidence(tmp_path):
                     on_progress=lambda stage, done, total: stages.append(stage),
                     on_update=lambda partial: updates.append((partial.finished, len(partial.comparisons))))
     LocoConfig.from_dict(advice.config)  # a valid zeropp_loco_param block
-    assert advice.config["group_size"] == 32 and advice.config["local_world_size"] == 2
+    assert advice.config["group_size"] == 32
+    assert "local_world_size" not in advice.config  # the block pastes into a multi-node job: the launcher's count
     assert [p.candidate for p in advice.probes] == ["plain2", "plain4"] and stages[0] == "probe"
     # the 2-bit candidate was trained three ways over both seeds (steps given, so the budget does not decide)
     first = advice.comparisons[0]
@@ -141,14 +147,65 @@ def test_advise_end_to_end_gives_a_valid_block_with_its_evidence(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [({"candidates": ("loco2", )}, "must be plain qgZ arms"),
+                                           ({"candidates": ("plain5", )}, "candidates: "),
                                            ({"seeds": 1}, "seeds = 1"), ({"budget_minutes": 0}, "budget_minutes = 0"),
-                                           ({"probe_steps": 1}, "probe_steps = 1"),
-                                           ({"seeds": 3, "max_seeds": 2}, "max_seeds = 2")])
-def test_bad_arguments_are_clear_errors(kwargs, match):
+                                           ({"budget_minutes": -1}, "budget_minutes = -1"),
+                                           ({"budget_minutes": float("inf")}, "budget_minutes = inf"),
+                                           ({"probe_steps": 1}, "probe_steps = 1"), ({"steps": 0}, "steps = 0"),
+                                           ({"max_steps": 0}, "max_steps = 0"),
+                                           ({"seeds": 3, "max_seeds": 2}, "max_seeds = 2"),
+                                           ({"parallel": 0}, "parallel = 0"), ({"parallel": 1.5}, "parallel = 1.5"),
+                                           ({"tokens_per_step": 0}, "tokens_per_step = 0")])
+def test_bad_arguments_are_one_line_input_errors_before_anything_runs(kwargs, match, monkeypatch):
+    def never(*args):
+        raise AssertionError("the model was built before the numbers were checked")
+
     args = dict(budget_minutes=1)
     args.update(kwargs)
-    with pytest.raises(ValueError, match=match):
-        advise(SETUP, **args)
+    with pytest.raises(AdviseInputError, match=match) as err:
+        advise(dataclasses.replace(SETUP, model_fn=never), **args)
+    assert "\n" not in str(err.value)
+
+
+def _logits(batch_as_tuple: bool):
+    """A model whose forward returns logits: (x) -> (n, 1), with batches (x, y) or x alone."""
+    def model_fn():
+        return torch.nn.Linear(3, 1)
+
+    def data_fn():
+        while True:
+            x = torch.randn(8, 3)
+            yield (x, x.sum(1)) if batch_as_tuple else x
+
+    return TrainingSetup(model_fn, data_fn)
+
+
+@pytest.mark.parametrize("setup, said", [
+    (_logits(batch_as_tuple=True), "model(*micro_batch), the default loss_fn, raised TypeError: Linear.forward() "),
+    (_logits(batch_as_tuple=False), "model(micro_batch), the default loss_fn, returned a tensor of shape (2, 1)"),
+    (dataclasses.replace(SETUP, loss_fn=lambda model, batch: model(batch[0]).sum().item()),
+     "loss_fn(model, micro_batch) returned a float"),
+    (dataclasses.replace(SETUP, loss_fn=lambda model, batch: torch.tensor(1.0)),
+     "returned a tensor that does not depend on the model's parameters"),
+])
+def test_a_loss_that_is_not_computed_as_training_needs_it_is_refused_before_the_probe(setup, said, monkeypatch):
+    import deepspeed_loco.simulation.advise as advise_module
+    monkeypatch.setattr(advise_module, "_side_by_side", lambda *args: pytest.fail("the probe started"))
+    with pytest.raises(AdviseInputError) as err:
+        advise(setup, 1)
+    message = str(err.value)
+    assert message.startswith("advise: one micro-batch before the probe: ") and said in message and "\n" not in message
+    assert "it must return the micro-batch's scalar loss" in message and "--loss module:function" in message
+    assert isinstance(err.value.__cause__, LossCallError)  # what the caller's code raised stays chained
+
+
+def test_an_error_inside_the_callers_model_is_said_with_where_it_arose():
+    def loss_fn(model, batch):
+        return model(batch[0].t()).sum()  # the wrong shape, in the caller's own code
+
+    with pytest.raises(AdviseInputError, match=r"raised RuntimeError: mat1 and mat2 shapes cannot be multiplied .* "
+                                               r"\(at test_advise.py:\d+, in loss_fn\)$"):
+        advise(dataclasses.replace(SETUP, loss_fn=loss_fn), 1)
 
 
 def test_runs_side_by_side_give_the_same_evidence_as_runs_one_at_a_time():

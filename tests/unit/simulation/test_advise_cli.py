@@ -1,6 +1,7 @@
 """deepspeed-loco-advise: a user's module:function model and data end to end on the CPU, --text, the budget
 refusal, and the arguments it refuses."""
 import json
+import sys
 import textwrap
 
 import pytest
@@ -35,6 +36,9 @@ USER_MODULE = textwrap.dedent('''
 
     def byte_model():
         return ByteModel()
+
+    def logits_model():  # forward(x) returns the logits: the default loss, model(x, y), cannot call it
+        return torch.nn.Linear(8, 1)
 ''')
 SHAPE = ["--nodes", "2", "--gpus-per-node", "2", "--device", "cpu", "--no-progress"]
 
@@ -56,7 +60,7 @@ def test_a_users_model_and_data_give_a_valid_block_and_the_files(user_module, tm
     assert code == 0
     advice = json.loads((out / "advise.json").read_text())
     LocoConfig.from_dict(advice["config"])
-    assert advice["finished"] and advice["config"]["local_world_size"] == 2
+    assert advice["finished"] and "local_world_size" not in advice["config"]  # safe to paste into any layout
     assert [p["candidate"] for p in advice["probes"]] == ["plain2", "plain8-2h", "plain4"]
     assert advice["comparisons"] and advice["comparisons"][0]["steps"] == 50
     assert advice["noise_scale"]["runs"] == 3  # one estimate from the three candidates' probe runs
@@ -85,6 +89,58 @@ def test_a_budget_that_cannot_pay_for_the_probe_stops_before_it_and_says_what_wo
     assert code == 2 and "deepspeed-loco-advise: error: advise: budget_minutes = 0.0001 is too small" in err
     needed = float(err.split("needs about ")[1].split(" minutes")[0])
     assert needed > 0.0001 and not out.exists()  # nothing ran past the timing run, nothing written
+
+
+def _exit_code(argv) -> int:
+    """main's exit code, whether it returns it or argparse exits with it."""
+    try:
+        return main(argv)
+    except SystemExit as stop:
+        return stop.code
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--budget-minutes", "-1"], "advise: budget_minutes = -1.0 is invalid: it must be a finite number > 0"),
+    (["--budget-minutes", "nan"], "advise: budget_minutes = nan is invalid"),
+    (["--seeds", "1"], "advise: seeds = 1 is invalid: it must be an integer >= 2"),
+    (["--seeds", "two"], "argument --seeds: invalid int value: 'two'"),
+    (["--steps", "0"], "advise: steps = 0 is invalid: it must be an integer >= 1"),
+    (["--probe-steps", "1"], "advise: probe_steps = 1 is invalid"),
+    (["--parallel", "0"], "argument --parallel: '0': an integer >= 1"),
+    (["--lr", "0"], "argument --lr: '0': a number > 0"),
+    (["--micro-batch", "0"], "argument --micro-batch: '0': an integer >= 1"),
+    (["--nodes", "0"], "TrainingSetup: nodes = 0 is invalid: it must be an integer >= 1"),
+], ids=["budget", "budget_nan", "seeds", "seeds_word", "steps", "probe_steps", "parallel", "lr", "micro_batch",
+        "nodes"])
+def test_a_bad_number_is_one_line_and_exit_code_2_before_anything_runs(user_module, tmp_path, capsys, flags, said):
+    out = tmp_path / "out"
+    code = _exit_code(["--model", f"{user_module}:make_model", "--data", f"{user_module}:batches", "--loss",
+                       f"{user_module}:loss", "--out", str(out), *SHAPE, *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("deepspeed-loco-advise: error: ") and said in err
+    assert err.count("\n") == 1 and not out.exists()  # one line; nothing ran, nothing written
+
+
+def test_a_model_whose_forward_returns_logits_is_one_line_naming_the_loss_flag(user_module, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["--model", f"{user_module}:logits_model", "--data", f"{user_module}:batches", "--out", str(out),
+                 *SHAPE])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and not out.exists()
+    assert err.startswith("deepspeed-loco-advise: error: advise: one micro-batch before the probe: model(*micro_batch), "
+                          "the default loss_fn, raised TypeError: Linear.forward() takes 2 positional arguments")
+    assert "--loss module:function" in err
+
+
+def test_without_matplotlib_the_output_names_the_extra_and_the_other_files_are_written(user_module, tmp_path, capsys,
+                                                                                      monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # every import of it fails, as when it is not installed
+    out = tmp_path / "out"
+    code = main(["--model", f"{user_module}:make_model", "--data", f"{user_module}:batches", "--loss",
+                 f"{user_module}:loss", "--budget-minutes", "1", "--probe-steps", "3", "--max-steps", "40", "--out",
+                 str(out), *SHAPE])
+    assert code == 0 and sorted(p.name for p in out.iterdir()) == ["advise.json", "table.md"]
+    assert 'no advise.png: matplotlib is not installed (pip install "deepspeed-loco[report]")' in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,4 +1,5 @@
-"""The matplotlib line charts: a valid PNG of the requested size, each curve drawn in its colour."""
+"""The matplotlib line charts: a valid PNG of the requested size, panels in rows, each curve drawn in its colour, the
+reference curve visible where another lies on it."""
 import io
 import math
 
@@ -51,3 +52,22 @@ def test_xlim_starts_the_x_axis_where_asked():
     cut = _count(line_chart([Panel("v", "step", "loss", [early, late], xlim=(50, 100))]), green)
     whole = _count(line_chart([Panel("v", "step", "loss", [early, late])]), green)
     assert whole > 3 * cut  # only the legend's swatch is left of the early curve
+
+
+@pytest.mark.parametrize("count, columns, grid", [(4, 2, (2, 2)), (3, 2, (2, 2)), (2, None, (1, 2)), (1, 3, (1, 1))])
+def test_panels_go_in_rows_of_the_columns_asked(count, columns, grid):
+    panels = [Panel(f"p{i}", "step", "loss", [Series("A", [(0, 1.0), (1, 0.5)], (200, 0, 0))]) for i in range(count)]
+    shape, _ = _colours(line_chart(panels, panel_size=(300, 200), columns=columns))
+    assert shape[:2] == (200 * grid[0], 300 * grid[1])
+
+
+def test_a_reference_curve_stays_visible_where_another_lies_on_it():
+    """Full precision comes first and the others often lie on it: as a reference it is drawn on top, dashed."""
+    points = [(i, math.exp(-i / 20)) for i in range(100)]
+    green = (0, 160, 0)  # not black: the axes' text is black
+
+    def green_pixels(reference: bool) -> int:
+        series = [Series("full", points, green, reference=reference), Series("plain", points, (200, 0, 0))]
+        return _count(line_chart([Panel("loss", "step", "loss", series)]), green)
+
+    assert green_pixels(True) > 3 * green_pixels(False)  # not a reference: hidden but for its legend swatch

@@ -623,6 +623,8 @@ def test_reset_policy_turns_a_corrupt_entry_into_a_warning():
     with loco_warnings() as warned:
         hook.optimizer.load_state_dict([sd])
     assert len(warned) == 1 and "step is 'seven'" in warned[0] and "on_corrupt_checkpoint is 'reset'" in warned[0]
+    assert warned[0].startswith("deepspeed-loco: rank 0: error-feedback buffers start from zero: ")
+    assert warned[0].count("deepspeed-loco:") == 1  # the reason is not prefixed a second time
     assert not any(bool(b.dequantize().any()) for b in hook.state.buffers()) and hook.state.step == 7
     assert len(hook.optimizer.loaded) == 1
 

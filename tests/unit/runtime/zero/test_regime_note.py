@@ -6,7 +6,7 @@ import pytest
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.findings import LOCO_PAYS, MAP, MAP_DOC, read_map
 from deepspeed_loco.layout import plan_hops
-from deepspeed_loco.runtime.zero.regime_note import ACTIONS, regime_note
+from deepspeed_loco.runtime.zero.regime_note import ACTIONS, parameter_count, regime_note
 
 SMALL, LARGE = 10_818_432, 116_430_720  # the map's 10.8M and 116M models
 GAIN_MAX_PARAMS = next(row for row in MAP if row.reading == LOCO_PAYS).params[1]  # the 2/2 gain's largest size
@@ -21,7 +21,7 @@ def _expected(bits, error_feedback, params, hadamard=False, grid="midrise"):
     """The note's parts: the setting it names, the row's summary and the action for (reading, error feedback)."""
     row = read_map(bits, hadamard, grid, params)
     setting = f"{'LoCo error feedback' if error_feedback else 'no LoCo error feedback'} at " \
-              f"{'/'.join(map(str, bits))} bits{' + Hadamard' if hadamard else ''} for {params / 1e6:.1f}M parameters"
+              f"{'/'.join(map(str, bits))} bits{' + Hadamard' if hadamard else ''} for {parameter_count(params)}"
     return setting, row.summary, ACTIONS[row.reading, error_feedback]
 
 
@@ -67,3 +67,15 @@ def test_error_feedback_where_the_map_found_no_effect_says_what_it_costs(keys, b
 ])
 def test_no_note_where_the_map_agrees_or_did_not_measure(world, local, params, keys):
     assert _note(world, local, params=params, **keys) is None
+
+
+@pytest.mark.parametrize("params, said", [(3_217, "3,217 parameters"), (99_999, "99,999 parameters"),
+                                          (870_000, "0.87M parameters"), (10_818_432, "10.8M parameters"),
+                                          (116_430_720, "116M parameters"), (7_000_000_000, "7B parameters")])
+def test_a_models_size_reads_as_its_count_never_as_zero_millions(params, said):
+    assert parameter_count(params) == said
+
+
+def test_a_small_models_note_states_its_size():
+    note = _note(8, 4, params=3_217, intra_node_bits=2, inter_node_bits=2, error_feedback=False)
+    assert "at 2/2 bits for 3,217 parameters: in the measurements" in note and "0.0M" not in note
