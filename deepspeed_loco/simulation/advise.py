@@ -26,6 +26,7 @@ from deepspeed_loco.simulation.side_by_side import Finished, Job, SideBySide, Ta
 from deepspeed_loco.simulation.spec import TrainingSetup
 from deepspeed_loco.simulation.train import check_loss_call, gradient_noise_scale
 from deepspeed_loco.utils.logging import logger
+from deepspeed_loco.utils.sizes import parameter_count
 from deepspeed_loco.utils.stats import noise_ratio, t_interval
 
 CANDIDATES = ("plain2", "plain8-2h", "plain4")  # fewest inter-node bits first
@@ -324,7 +325,7 @@ def judge(probe: Probe, comparison: Optional[Comparison], params: int, quant_gri
                            [unresolved + "LoCo is recommended by the regime map, not by a gain measured here."
                             + short], basis="map")
         against = " Its mean lies above 0, against the map's prior." if prior and leans_against else ""
-        unproven = (f" In the regime map {finding.summary} (this model: {params / 1e6:.1f}M parameters"
+        unproven = (f" In the regime map {finding.summary} (this model: {parameter_count(params)}"
                     f"{f', {tokens_per_step} tokens a step' if tokens_per_step else ''})."
                     if reading == LOCO_UNPROVEN else "")
         return Verdict(True, False, reason + ".", [unresolved + "plain qgZ is recommended (no error buffers)."

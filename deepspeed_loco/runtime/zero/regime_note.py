@@ -5,6 +5,7 @@ from typing import Optional
 
 from deepspeed_loco.findings import LOCO_IDLE, LOCO_PAYS, LOCO_UNPROVEN, MAP_DOC, read_map
 from deepspeed_loco.layout import HopPlan
+from deepspeed_loco.utils.sizes import parameter_count
 
 ACTIONS = {  # (reading, error feedback on) -> what the note asks for; other pairs: the map agrees, no note
     (LOCO_PAYS, False): "consider zeropp_loco_param.error_feedback: true",
@@ -27,12 +28,3 @@ def regime_note(plan: HopPlan, error_feedback: bool, params: int,
     return (f"deepspeed-loco: {'LoCo error feedback' if error_feedback else 'no LoCo error feedback'} at {setting} "
             f"for {parameter_count(params)}: in the measurements ({MAP_DOC}) {finding.summary}; {action}")
 
-
-def parameter_count(params: int) -> str:
-    """A model's size in words, three significant digits where rounded: ``3,217 parameters`` (below 100,000),
-    ``0.87M parameters``, ``10.8M parameters``, ``116M parameters``, ``7B parameters``."""
-    if params < 100_000:
-        return f"{params:,} parameters"
-    if params < 1_000_000_000:
-        return f"{params / 1e6:.3g}M parameters"
-    return f"{params / 1e9:.3g}B parameters"

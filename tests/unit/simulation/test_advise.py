@@ -57,7 +57,7 @@ def test_an_open_loco_question_above_the_map_s_resolved_sizes_keeps_plain_qgz_an
     assert verdict.accepted and not verdict.error_feedback and verdict.basis == "measured"
     assert len(verdict.unresolved) == 1 and "plain qgZ is recommended" in verdict.unresolved[0]
     assert "resolved only up to 10.8M parameters" in verdict.unresolved[0]
-    assert "(this model: 116.4M parameters)" in verdict.unresolved[0]
+    assert "(this model: 116M parameters)" in verdict.unresolved[0]
     small = judge(Probe("plain2", 2.9, 1.0, 0.1), evidence, SMALL)
     assert small.error_feedback and "this model" not in small.unresolved[0]
     assert "up to 10.8M parameters over whole runs of 1000 steps or more at global batches of up to 64K tokens" in small.reason

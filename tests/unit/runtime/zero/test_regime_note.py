@@ -6,7 +6,8 @@ import pytest
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.findings import LOCO_PAYS, MAP, MAP_DOC, read_map
 from deepspeed_loco.layout import plan_hops
-from deepspeed_loco.runtime.zero.regime_note import ACTIONS, parameter_count, regime_note
+from deepspeed_loco.runtime.zero.regime_note import ACTIONS, regime_note
+from deepspeed_loco.utils.sizes import parameter_count
 
 SMALL, LARGE = 10_818_432, 116_430_720  # the map's 10.8M and 116M models
 GAIN_MAX_PARAMS = next(row for row in MAP if row.reading == LOCO_PAYS).params[1]  # the 2/2 gain's largest size
