@@ -1,9 +1,9 @@
 """Minimal training script with LoCo: ``deepspeed_loco.initialize`` in place of ``deepspeed.initialize``.
 
 Trains the demo's small byte-level Llama-style model on the bundled plays (both from ``loco_lab``, the demo app
-of this repository: run it from a checkout) with the config in
-``ds_config_loco.json`` (ZeRO-3, 4-bit qgZ gradients with LoCo error feedback). Launch it like any DeepSpeed
-script; for example 4 ranks on one CPU-only machine, pretending to be 2 nodes of 2 (``local_world_size: 2``
+of this repository: run it from a checkout) with the config in ``ds_config_loco.json`` (ZeRO-3, 2-bit qgZ
+gradients with LoCo error feedback, where the measurements say it pays for a model this small). Launch it like
+any DeepSpeed script; for example 4 ranks on one CPU-only machine, pretending to be 2 nodes of 2 (``local_world_size: 2``
 in the config):
 
     DS_ACCELERATOR=cpu LOCAL_SIZE=4 OMP_NUM_THREADS=1 \

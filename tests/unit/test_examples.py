@@ -24,8 +24,9 @@ def test_train_loco_runs_as_the_examples_readme_says():
     with open(os.path.join(EXAMPLES, "README.md")) as f:
         readme = f.read()
     active = next(line for line in output.splitlines() if "deepspeed-loco active" in line)
-    assert "W=4 (M=2 nodes x L=2 ranks); bits intra/inter 4/4, group 256" in active
-    assert "W=4 (M=2 nodes x L=2 ranks); bits intra/inter 4/4, group 256" in readme
+    assert "W=4 (M=2 nodes x L=2 ranks); bits intra/inter 2/2, group 256, grid midrise" in active
+    assert "W=4 (M=2 nodes x L=2 ranks); bits intra/inter 2/2, group 256, grid midrise" in readme
+    assert not any("in the measurements (" in line for line in output.splitlines())  # the findings agree: no note
     first = next(line for line in done.stdout.splitlines() if line.startswith("step    0"))
     loss, sent = first.split("loss ")[1].split()[0], first.split("so far ")[1]
     assert round(float(loss), 1) == 5.6 and "step    0  loss 5.6" in readme  # near ln 256, as the README says
