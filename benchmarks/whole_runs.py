@@ -47,13 +47,15 @@ def load(paths, tag):
     return arms
 
 
+def loss_at(run, step=None):
+    """A run's held-out loss at evaluation ``step`` (None: the final one); None where it did not evaluate there."""
+    return run["final_val_loss"] if step is None else dict(map(tuple, run["validation"])).get(step)
+
+
 def paired(arms, first, second, step=None):
     """``{seed: loss(first) - loss(second)}`` at evaluation ``step`` (None: the final one) over the seeds both ran."""
-    def at(run):
-        return run["final_val_loss"] if step is None else dict(map(tuple, run["validation"])).get(step)
-
     seeds = sorted(set(arms.get(first, {})) & set(arms.get(second, {})))
-    values = {s: (at(arms[first][s]), at(arms[second][s])) for s in seeds}
+    values = {s: (loss_at(arms[first][s], step), loss_at(arms[second][s], step)) for s in seeds}
     return {s: a - b for s, (a, b) in values.items() if a is not None and b is not None}
 
 
@@ -85,16 +87,10 @@ def slope(points):
 
 def last_half_slopes(arms, first, second, steps):
     """Each seed's slope of ``first - second`` over the evaluations at ``steps`` (seeds with all of them)."""
-    out = {}
-    for seed in sorted(set(arms.get(first, {})) & set(arms.get(second, {}))):
-        points = []
-        for step in steps:
-            d = paired({first: {seed: arms[first][seed]}, second: {seed: arms[second][seed]}}, first, second, step)
-            if seed in d:
-                points.append((step, d[seed]))
-        if len(points) == len(steps) and len(points) >= 2:
-            out[seed] = slope(points)
-    return out
+    by_step = {step: paired(arms, first, second, step) for step in steps}
+    seeds = set.intersection(*(set(d) for d in by_step.values())) if steps else set()
+    return {seed: slope([(step, by_step[step][seed]) for step in steps]) for seed in sorted(seeds)
+            if len(steps) >= 2}
 
 
 def reading(cell, half_mean):
@@ -149,8 +145,8 @@ def analyse(arms, bits="4", tokens_per_step=None):
         key: statistics.fmean(r["final_val_loss"] - statistics.fmean(r["train_losses"][-10:]) for r in runs.values())
         for key, runs in arms.items()}
     full = arms.get("full", {})
-    gains = [dict(map(tuple, r["validation"]))[half[0]] - r["final_val_loss"] for r in full.values()
-             if half and half[0] in dict(map(tuple, r["validation"]))]
+    gains = [loss_at(r, half[0]) - r["final_val_loss"] for r in full.values()
+             if half and loss_at(r, half[0]) is not None]
     result["second_half_gain_full"] = statistics.fmean(gains) if gains else None
     return result
 
