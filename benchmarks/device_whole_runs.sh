@@ -42,7 +42,7 @@ watch() {  # every 60 s: the furthest step each running run reached; stops after
 if [ "$mode" = start ]; then
     rm -rf /tmp/wr && mkdir -p /tmp/wr && cp -a . /tmp/wr/ && cd /tmp/wr || exit 1
     # shellcheck source=benchmarks/device_setup.sh
-    source benchmarks/device_setup.sh "$OUT/setup_logs"
+    SETUP_BUILD=background source benchmarks/device_setup.sh "$OUT/setup_logs"  # the build overlaps the yardsticks
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TORCHINDUCTOR_COMPILE_THREADS=4
     mkdir -p .corpus_large && tar xJf .corpus_large.tar.xz -C .corpus_large || exit 1
     BATCH=${BATCH:-1024}
@@ -63,6 +63,7 @@ c = [r['ms_per_step'] for r in b if r['compile']]; e = [r['ms_per_step'] for r i
 print('inductor' if c and e and c[-1] < e[-1] else '')")
     fi
     echo "runs compile: '${compile:-eager}'"
+    kernels_ready
     steps=${STEPS:-1000}
     # side by side: as many as can finish in RUN_SECONDS (the lease's time left after the launch), from the chosen
     # yardstick at 1.15x (the simulator's measured overhead), an even number (plain and LoCo of a seed), 2 to PAR
