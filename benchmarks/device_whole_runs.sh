@@ -9,7 +9,8 @@
 # Usage (repository root on the GPU machine; carry .whl and .corpus_large.tar.xz):
 #   bash benchmarks/device_whole_runs.sh start 560      # the first call: set-up, yardsticks, launch, watch
 #   bash benchmarks/device_whole_runs.sh watch 590      # each later call of the same lease
-# TAG, SEEDS, ARMS_FIRST, ARMS_LATER, STEPS, BATCH: the study's matrices (defaults below); COMPILE=0 forces eager;
+# TAG, SEEDS (or SEEDS_FIRST and SEEDS_LATER), ARMS_FIRST, ARMS_LATER, STEPS, BATCH: the study's two matrices
+# (defaults below; an empty ARMS_LATER leaves the second out); COMPILE=0 forces eager;
 # PAR: the most runs side by side (default 6), fewer where RUN_SECONDS (the lease's seconds left after the launch)
 # would not let them finish.
 set -uo pipefail
@@ -26,9 +27,11 @@ collect() {  # what has finished, into $OUT (a call brings back at most 8 files)
     echo "runs finished: $(cat "$W/runs.jsonl" 2>/dev/null | wc -l)"
 }
 
-watch() {  # every 60 s: the furthest step each running run reached; stops after $1 seconds of this call
-    while [ $(( $(date +%s) - began )) -lt "$1" ]; do
-        sleep 60
+watch() {  # every 60 s: the furthest step each running run reached; stops after $1 seconds of this call (never later:
+    # a call that runs past its limit brings nothing back)
+    local left
+    while left=$(( $1 - ($(date +%s) - began) )); [ "$left" -gt 0 ]; do
+        sleep $(( left < 60 ? left : 60 ))
         echo "--- $(( $(date +%s) - began )) s: $(cat "$W/runs.jsonl" 2>/dev/null | wc -l) finished"
         for log in "$W"/logs/*.log; do
             [ -e "$log" ] && echo "$(basename "$log" .log): $(grep -o 'step [0-9]*/[0-9]* val [0-9.]*' "$log" | tail -1)"
@@ -76,9 +79,11 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
     S="$S,eval_windows=1024,quant_grid=auto,stream_nodes=1,grad_mode=loop${compile:+,compile=$compile}"
     tag=${TAG:-wr16_b$BATCH}
     seeds=${SEEDS:-0,1,2,3,4}
+    matrices=(--matrix "$tag:$steps:${SEEDS_FIRST:-$seeds}:${ARMS_FIRST:-plain4,loco4}:$S")
+    later=${ARMS_LATER-full}
+    [ -n "$later" ] && matrices+=(--matrix "$tag:$steps:${SEEDS_LATER:-$seeds}:$later:$S")
     setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "$par" --budget 100000 \
-        --out "$W/runs.jsonl" --logs "$W/logs" --matrix "$tag:$steps:$seeds:${ARMS_FIRST:-plain4,loco4}:$S" \
-        --matrix "$tag:$steps:$seeds:${ARMS_LATER:-full}:$S" >"$W/launch.log" 2>&1 </dev/null &
+        --out "$W/runs.jsonl" --logs "$W/logs" "${matrices[@]}" >"$W/launch.log" 2>&1 </dev/null &
     echo "launched at $(( $(date +%s) - began )) s"
 fi
 watch "$seconds"
