@@ -8,9 +8,10 @@
 # logs as one archive, the yardsticks.
 # Usage (repository root on the GPU machine; carry .whl and .corpus_large.tar.xz):
 #   bash benchmarks/device_whole_runs.sh start 560      # the first call: set-up, yardsticks, launch, watch
-#   bash benchmarks/device_whole_runs.sh watch 590      # each later call of the same lease
+#   bash benchmarks/device_whole_runs.sh watch 580      # each later call of the same lease
 # TAG, SEEDS (or SEEDS_FIRST and SEEDS_LATER), ARMS_FIRST, ARMS_LATER, STEPS, BATCH: the study's two matrices
-# (defaults below; an empty ARMS_LATER leaves the second out); COMPILE=0 forces eager;
+# (defaults below; an empty ARMS_LATER leaves the second out); EXTRA_MATRIX: one more matrix, whole, run after them
+# (convergence_sim.py's TAG:STEPS:SEEDS:ARMS:SETTINGS, with text=.corpus_large); COMPILE=0 forces eager;
 # PAR: the most runs side by side (default 6), fewer where RUN_SECONDS (the lease's seconds left after the launch)
 # would not let them finish.
 set -uo pipefail
@@ -82,6 +83,7 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
     matrices=(--matrix "$tag:$steps:${SEEDS_FIRST:-$seeds}:${ARMS_FIRST:-plain4,loco4}:$S")
     later=${ARMS_LATER-full}
     [ -n "$later" ] && matrices+=(--matrix "$tag:$steps:${SEEDS_LATER:-$seeds}:$later:$S")
+    [ -n "${EXTRA_MATRIX:-}" ] && matrices+=(--matrix "$EXTRA_MATRIX")  # another stage's runs, after these
     setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "$par" --budget 100000 \
         --out "$W/runs.jsonl" --logs "$W/logs" "${matrices[@]}" >"$W/launch.log" 2>&1 </dev/null &
     echo "launched at $(( $(date +%s) - began )) s"
