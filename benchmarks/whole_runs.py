@@ -93,9 +93,15 @@ def last_half_slopes(arms, first, second, steps):
             if len(steps) >= 2}
 
 
+NOT_RUN = "not run yet"  # where a difference has fewer than two seeds with both arms
+
+
 def reading(cell, half_mean):
-    """The slope's reading: shrinking, growing, or flat within resolution (see the plan)."""
-    if cell["low"] is None or half_mean is None or (cell["low"] <= 0 <= cell["high"]):
+    """The slope's reading: shrinking, growing, or flat within resolution (see the plan); ``NOT_RUN`` without an
+    interval."""
+    if cell["low"] is None:
+        return NOT_RUN
+    if half_mean is None or (cell["low"] <= 0 <= cell["high"]):
         return "flat within resolution"
     return "growing" if (cell["mean"] > 0) == (half_mean > 0) else "shrinking"
 
@@ -171,8 +177,8 @@ def markdown(result) -> str:
     lines.append(f"| P | LoCo - plain | {_fmt(dict(p, survives=p.get('p') is not None and p['p'] < RATE))} | "
                  f"none (one interval){extra} |")
     for name, cell in result["E"].items():
-        lines.append(f"| E | {name} | {_fmt(cell)} | Holm over 2: adjusted p "
-                     f"{cell.get('p_holm', float('nan')):.2g} |")
+        lines.append(f"| E | {name} | {_fmt(cell)} | "
+                     + (f"Holm over 2: adjusted p {cell['p_holm']:.2g} |" if "p_holm" in cell else f"{NOT_RUN} |"))
     lines += ["", "## Along the run (family T: Benjamini-Hochberg over every interval below)", "",
               "| step | tokens | LoCo - plain | plain - full |", "|---|---|---|---|"]
     by_step = {}

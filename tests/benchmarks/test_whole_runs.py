@@ -56,6 +56,18 @@ def test_the_fixed_families_on_runs_with_known_differences(wr):
     assert result["second_half_gain_full"] == pytest.approx(1 / math.sqrt(550) - 1 / math.sqrt(1000))
 
 
+def test_an_arm_not_yet_run_reads_as_such_and_leaves_the_others_whole(wr):
+    """Stage A's first lease: plain and LoCo of 4 seeds, no full precision."""
+    arms = {key: {seed: run for seed, run in runs.items() if seed < 4}
+            for key, runs in _runs().items() if key != "full"}
+    result = wr.analyse(arms, "4")
+    assert result["P"]["LoCo - plain"]["n"] == 4 and result["S"]["LoCo - plain"]["reading"] == "shrinking"
+    assert result["S"]["plain - full"]["reading"] == "not run yet"
+    assert all("p_holm" not in c and c["n"] == 0 for c in result["E"].values())
+    text = wr.markdown(result)
+    assert "| E | plain - full | - | not run yet |" in text and "nan" not in text
+
+
 def test_holm_matches_a_hand_computed_example(wr):
     """p = (0.01, 0.04, 0.03): sorted 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> kept monotone 0.06."""
     adjusted, rejected = wr.holm([0.01, 0.04, 0.03])
