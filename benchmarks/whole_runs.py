@@ -110,10 +110,10 @@ def analyse(arms, bits="4", tokens_per_step=None):
     """Every number of the study's fixed analysis, as a dict."""
     plain, loco = f"plain{bits}", f"loco{bits}"
     result = {"margin": MARGIN, "seeds": {k: sorted(v) for k, v in arms.items()}}
-    p = interval(paired(arms, loco, plain).values())
+    per_seed = paired(arms, loco, plain)
+    p = dict(interval(per_seed.values()), per_seed=per_seed)
     if p["n"] >= 2:
-        diffs = list(paired(arms, loco, plain).values())
-        p["tost_p"], p["low90"], p["high90"] = tost(diffs, MARGIN)
+        p["tost_p"], p["low90"], p["high90"] = tost(list(per_seed.values()), MARGIN)
         p["reading"] = equivalence_label(p["p"], p["tost_p"], MARGIN)
     result["P"] = {"LoCo - plain": p}
     ends = {name: interval(paired(arms, a, b).values()) for name, (a, b) in
@@ -176,10 +176,12 @@ def markdown(result) -> str:
              f"{p['high90']:+.4f}]): {p['reading']}" if "tost_p" in p else "")
     lines.append(f"| P | LoCo - plain | {_fmt(dict(p, survives=p.get('p') is not None and p['p'] < RATE))} | "
                  f"none (one interval){extra} |")
+    per_seed = ", ".join(f"seed {seed} {value:+.4f}" for seed, value in sorted(p["per_seed"].items()))
     for name, cell in result["E"].items():
         lines.append(f"| E | {name} | {_fmt(cell)} | "
                      + (f"Holm over 2: adjusted p {cell['p_holm']:.2g} |" if "p_holm" in cell else f"{NOT_RUN} |"))
-    lines += ["", "## Along the run (family T: Benjamini-Hochberg over every interval below)", "",
+    lines += ["", f"LoCo - plain at the end, per seed: {per_seed or '-'}.",
+              "", "## Along the run (family T: Benjamini-Hochberg over every interval below)", "",
               "| step | tokens | LoCo - plain | plain - full |", "|---|---|---|---|"]
     by_step = {}
     for cell in result["T"]:

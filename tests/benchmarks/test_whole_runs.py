@@ -44,6 +44,7 @@ def test_the_fixed_families_on_runs_with_known_differences(wr):
     expected = [_gap(1000) - 0.0001 * (s - 2) for s in SEEDS]
     assert (p["mean"], p["low"], p["high"]) == pytest.approx(t_interval(expected), rel=1e-9)
     assert p["n"] == 5 and p["reading"] == "resolved, inside +-0.003"  # -0.001 on every seed: real, small
+    assert list(p["per_seed"].values()) == pytest.approx(expected, abs=1e-12)
     assert result["E"]["plain - full"]["mean"] == pytest.approx(0.002, abs=1e-12)
     assert set(result["E"]) == {"plain - full", "LoCo - full"} and all("p_holm" in c for c in result["E"].values())
     trajectory = [c for c in result["T"] if c["difference"] == "LoCo - plain"]
