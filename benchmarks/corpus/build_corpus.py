@@ -9,6 +9,10 @@ choice across all packages. See benchmarks/corpus/README.md for the sources, lic
 
     python3 benchmarks/corpus/build_corpus.py --out .corpus_large --archive .corpus_large.tar.xz
     python3 benchmarks/corpus/build_corpus.py --unpack .corpus_large.tar.xz --out .corpus_large
+
+``--set xl`` builds the opt-in larger corpus instead (the default packages and those of ``XL_SOURCES``):
+
+    python3 benchmarks/corpus/build_corpus.py --set xl --out .corpus_xl --archive .corpus_xl.tar.xz
 """
 
 import argparse
@@ -26,13 +30,11 @@ from typing import Dict, Iterable, List, NamedTuple, Tuple
 
 
 class Source(NamedTuple):
-    """A Debian package, the folder inside it of the HTML pages taken, (if not all) the subfolders taken, and the
-    names of folders skipped wherever they occur, besides ``SKIPPED_DIRS``."""
+    """A Debian package, the folder inside it of the HTML pages taken, and (if not all) the subfolders taken."""
     package: str
     html_root: str
     licence: str
     folders: Tuple[str, ...] = ()
-    skipped: Tuple[str, ...] = ()
 
 
 SOURCES = (
@@ -205,31 +207,30 @@ def held_out(names: Iterable[str], validation_share: float = 0.1) -> List[str]:
     return names[len(names) - max(1, round(validation_share * len(names))):]
 
 
-def pages(root: str, folders: Tuple[str, ...] = (), skipped: Tuple[str, ...] = ()) -> List[str]:
-    """The HTML pages under ``root`` (only under its subfolders ``folders`` if given, never in a folder named in
-    ``SKIPPED_DIRS`` or ``skipped``) taken as documents (paths relative to ``root``, sorted)."""
+def pages(root: str, folders: Tuple[str, ...] = ()) -> List[str]:
+    """The HTML pages under ``root`` (only under its subfolders ``folders`` if given) taken as documents (paths
+    relative to ``root``, sorted)."""
     found = []
     for top in [os.path.join(root, f) for f in folders] or [root]:
-        found += _pages_under(top, root, skipped)
+        found += _pages_under(top, root)
     return sorted(found)
 
 
-def _pages_under(top: str, root: str, skipped: Tuple[str, ...]) -> List[str]:
+def _pages_under(top: str, root: str) -> List[str]:
     found = []
     for folder, dirs, files in os.walk(top):
-        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and d not in skipped)
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
         for name in files:
             if name.endswith(".html") and not name.startswith(SKIPPED_PAGES):
                 found.append(os.path.relpath(os.path.join(folder, name), root))
     return found
 
 
-def documents(package: str, root: str, folders: Tuple[str, ...] = (), skipped: Tuple[str, ...] = ()
-              ) -> Dict[str, str]:
+def documents(package: str, root: str, folders: Tuple[str, ...] = ()) -> Dict[str, str]:
     """``{file name: text}`` for the pages of ``package`` extracted under ``root`` (:func:`pages`) with enough
     prose."""
     out = {}
-    for page in pages(root, folders, skipped):
+    for page in pages(root, folders):
         with open(os.path.join(root, page), encoding="utf-8", errors="replace") as f:
             text = html_to_text(f.read())
         if len(text.encode()) >= MIN_DOCUMENT_BYTES:
@@ -295,7 +296,7 @@ def build(out: str, workdir: str, sources: Tuple[Source, ...] = SOURCES) -> Dict
     docs, versions = {}, {}
     for source in sources:
         root, versions[source.package] = fetch(source, workdir)
-        docs.update(documents(source.package, root, source.folders, source.skipped))
+        docs.update(documents(source.package, root, source.folders))
     docs = deduplicate(docs)
     write(docs, out)
     summary = {}

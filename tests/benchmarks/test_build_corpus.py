@@ -108,7 +108,6 @@ DEFAULT_SET = (
 
 def test_default_set_is_unchanged_and_xl_extends_it(corpus):
     assert tuple((s.package, s.html_root, s.folders) for s in corpus.SOURCES) == DEFAULT_SET
-    assert all(s.skipped == () for s in corpus.SOURCES)
     assert corpus.SETS == {"default": corpus.SOURCES, "xl": corpus.XL_SOURCES}
     assert corpus.OUT_FOLDERS == {"default": ".corpus_large", "xl": ".corpus_xl"}
     assert corpus.XL_SOURCES[:len(corpus.SOURCES)] == corpus.SOURCES and len(corpus.XL_SOURCES) > len(corpus.SOURCES)
@@ -143,14 +142,3 @@ def test_set_option_refuses_an_unknown_set_naming_the_valid_ones(corpus, capsys)
         corpus.main(["--help"])
     assert "--set {default,xl}" in capsys.readouterr().out
 
-
-def test_documents_skip_the_folders_a_source_names(corpus, tmp_path):
-    page = PAGE.replace("built in.", "built in. " + "More prose. " * 100)
-    for rel in ("libraries/base/Data-List.html", "libraries/base/src/Data.List.html", "libraries/ghc/GHC.html",
-                "users_guide/intro.html"):
-        os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
-        (tmp_path / rel).write_text(page.replace("More prose.", rel))
-    docs = corpus.documents("ghc-doc", str(tmp_path), ("users_guide", "libraries/base"), ("src", ))
-    assert sorted(docs) == sorted(corpus.document_name("ghc-doc", p)
-                                  for p in ("users_guide/intro.html", "libraries/base/Data-List.html"))
-    assert len(corpus.documents("ghc-doc", str(tmp_path))) == 4
