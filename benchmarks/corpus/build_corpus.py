@@ -103,7 +103,8 @@ XL_SOURCES = SOURCES + (
     Source("manila-doc", "usr/share/doc/manila-doc/html", "Apache-2.0"),
     Source("swift-doc", "usr/share/doc/swift-doc", "Apache-2.0"),
     Source("python-openstacksdk-doc", "usr/share/doc/python-openstacksdk-doc/html", "Apache-2.0"),
-    Source("twisted-doc", "usr/share/doc/twisted-doc/html", "Expat"),
+    Source("twisted-doc", "usr/share/doc/twisted-doc/html", "Expat",
+           ("core", "web", "conch", "mail", "names", "pair", "words", "historic", "installation")),
     Source("opencv-doc", "usr/share/doc/opencv-doc/opencv4/html", "Apache-2.0 AND BSD-3-Clause"),
 )
 # The corpus sets by --set name, and the folder each is written to unless --out says otherwise.
@@ -121,11 +122,11 @@ BLOCK_TAGS = {"p", "div", "section", "article", "main", "li", "ul", "ol", "dl", 
               "h1", "h2", "h3", "h4", "h5", "h6", "blockquote", "title", "caption", "figcaption", "hr", "td", "th"}
 # Subtrees never kept: scripts, navigation, and code listings (prose over code).
 DROPPED_TAGS = {"script", "style", "head", "nav", "header", "footer", "pre", "button", "form", "noscript", "svg"}
-# Class or id words marking navigation or decoration in Sphinx, pydata and DocBook pages.
+# Class or id words marking navigation or decoration in Sphinx, pydata, DocBook and (xl set) Doxygen pages.
 DROPPED_MARKS = {"headerlink", "sphinxsidebar", "related", "footer", "navheader", "navfooter", "highlight",
                  "prev-next-area", "prev-next-info", "toc", "bd-toc", "sidebar", "nav", "breadcrumb",
                  "docs-navigation-links", "searchbox", "version_switcher_placeholder", "toc-backref",
-                 "language_switcher_placeholder", "line-block"}
+                 "language_switcher_placeholder", "line-block", "titlearea"}
 # Where a page's content lives, in the order tried; a page with none of them keeps its whole <body>.
 CONTENT_MARKS = (("role", "main"), ("id", "docs-body"), ("id", "yui-main"))
 SLUG_CHARS = 50

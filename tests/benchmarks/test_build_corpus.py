@@ -142,3 +142,10 @@ def test_set_option_refuses_an_unknown_set_naming_the_valid_ones(corpus, capsys)
         corpus.main(["--help"])
     assert "--set {default,xl}" in capsys.readouterr().out
 
+
+
+def test_html_to_text_drops_doxygens_title_area(corpus):
+    doxygen = ('<body><div id="top"><div id="titlearea"><table><tr><td><div id="projectname">OpenCV</div>'
+               '<div id="projectbrief">Open Source Computer Vision</div></td></tr></table></div></div>'
+               '<div class="contents"><p>n-dimensional dense array class</p></div></body>')
+    assert corpus.html_to_text(doxygen) == "n-dimensional dense array class\n"
