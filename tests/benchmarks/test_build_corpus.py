@@ -81,3 +81,71 @@ def test_archive_is_reproducible_and_unpacks_to_the_same_files(corpus, tmp_path)
     assert (tmp_path / "one.tar.xz").read_bytes() == (tmp_path / "two.tar.xz").read_bytes()
     corpus.unpack(str(tmp_path / "one.tar.xz"), str(tmp_path / "back"))
     assert {n: (tmp_path / "back" / n).read_text() for n in os.listdir(tmp_path / "back")} == docs
+
+
+# The default set as the running study built it (benchmarks/corpus/README.md): package, HTML folder, subfolders.
+DEFAULT_SET = (
+    ("python3.11-doc", "usr/share/doc/python3.11/html", ()),
+    ("python-django-doc", "usr/share/doc/python-django-doc/html", ()),
+    ("python-sqlalchemy-doc", "usr/share/doc/python-sqlalchemy-doc/html", ()),
+    ("python-scipy-doc", "usr/share/doc/python-scipy-doc/html", ()),
+    ("postgresql-doc-15", "usr/share/doc/postgresql-doc-15/html", ()),
+    ("python-pandas-doc", "usr/share/doc/python-pandas-doc/html", ()),
+    ("python-sklearn-doc", "usr/share/doc/python-sklearn-doc/html", ()),
+    ("python-sympy-doc", "usr/share/doc/python-sympy-doc/html", ()),
+    ("python-astropy-doc", "usr/share/doc/python-astropy-doc/html", ()),
+    ("sqlite3-doc", "usr/share/doc/sqlite3", ()),
+    ("erlang-doc", "usr/share/doc/erlang-doc", ()),
+    ("nodejs-doc", "usr/share/doc/nodejs/api", ()),
+    ("rust-doc", "usr/share/doc/rust-doc/html", ("book", "reference", "nomicon", "rust-by-example", "edition-guide",
+                                                 "embedded-book", "rustc", "rustdoc", "unstable-book")),
+    ("python-statsmodels-doc", "usr/share/doc/python-statsmodels-doc/html", ()),
+    ("python-dask-doc", "usr/share/doc/python-dask-doc/html", ()),
+    ("cmake-doc", "usr/share/doc/cmake-data/html", ()),
+    ("python-celery-doc", "usr/share/doc/python-celery-doc/html", ()),
+)
+
+
+def test_default_set_is_unchanged_and_xl_extends_it(corpus):
+    assert tuple((s.package, s.html_root, s.folders) for s in corpus.SOURCES) == DEFAULT_SET
+    assert corpus.SETS == {"default": corpus.SOURCES, "xl": corpus.XL_SOURCES}
+    assert corpus.OUT_FOLDERS == {"default": ".corpus_large", "xl": ".corpus_xl"}
+    assert corpus.XL_SOURCES[:len(corpus.SOURCES)] == corpus.SOURCES and len(corpus.XL_SOURCES) > len(corpus.SOURCES)
+    packages = [s.package for s in corpus.XL_SOURCES]
+    assert len(set(packages)) == len(packages)  # build's summary is by package
+    assert all(s.licence and not s.html_root.startswith("/") for s in corpus.XL_SOURCES)
+
+
+def test_set_option_picks_the_packages_and_the_folder(corpus, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_build(out, workdir, sources):
+        calls.append((out, sources))
+        corpus.write({corpus.document_name("pkg", "p.html"): "text\n"}, out)
+        return {"pkg": ("1.0", 1, 5)}
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(corpus, "build", fake_build)
+    corpus.main([])
+    corpus.main(["--set", "xl"])
+    corpus.main(["--set", "xl", "--out", "elsewhere"])
+    assert calls == [(".corpus_large", corpus.SOURCES), (".corpus_xl", corpus.XL_SOURCES),
+                     ("elsewhere", corpus.XL_SOURCES)]
+
+
+def test_set_option_refuses_an_unknown_set_naming_the_valid_ones(corpus, capsys):
+    with pytest.raises(SystemExit):
+        corpus.main(["--set", "huge"])
+    error = capsys.readouterr().err
+    assert "--set" in error and "'huge'" in error and "'default'" in error and "'xl'" in error
+    with pytest.raises(SystemExit):
+        corpus.main(["--help"])
+    assert "--set {default,xl}" in capsys.readouterr().out
+
+
+
+def test_html_to_text_drops_doxygens_title_area(corpus):
+    doxygen = ('<body><div id="top"><div id="titlearea"><table><tr><td><div id="projectname">OpenCV</div>'
+               '<div id="projectbrief">Open Source Computer Vision</div></td></tr></table></div></div>'
+               '<div class="contents"><p>n-dimensional dense array class</p></div></body>')
+    assert corpus.html_to_text(doxygen) == "n-dimensional dense array class\n"
