@@ -44,15 +44,15 @@ watch() {  # every 60 s: the furthest step each running run reached; stops after
 }
 
 if [ "$mode" = start ]; then
+    # stage A's runs pool over leases only on the same text: the archive its first runs read, unless CORPUS_SHA256
+    # names another (the study's README); checked before the set-up starts a build
+    want=${CORPUS_SHA256:-8574aa051dbae1500cc490d4ef140b5fb7277b78b33d909665e16b711d17cc5b}
+    have=$(sha256sum .corpus_large.tar.xz | cut -d' ' -f1)
+    [ "$have" = "$want" ] || { echo ".corpus_large.tar.xz is $have, not the study's $want: not launched"; exit 1; }
     rm -rf /tmp/wr && mkdir -p /tmp/wr && cp -a . /tmp/wr/ && cd /tmp/wr || exit 1
     # shellcheck source=benchmarks/device_setup.sh
     SETUP_BUILD=background source benchmarks/device_setup.sh "$OUT/setup_logs"  # the build overlaps the yardsticks
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TORCHINDUCTOR_COMPILE_THREADS=4
-    # stage A's runs pool over leases only on the same text: the archive its first runs read, unless CORPUS_SHA256
-    # names another (the study's README)
-    want=${CORPUS_SHA256:-8574aa051dbae1500cc490d4ef140b5fb7277b78b33d909665e16b711d17cc5b}
-    have=$(sha256sum .corpus_large.tar.xz | cut -d' ' -f1)
-    [ "$have" = "$want" ] || { echo ".corpus_large.tar.xz is $have, not the study's $want: not launched"; exit 1; }
     mkdir -p .corpus_large && tar xJf .corpus_large.tar.xz -C .corpus_large || exit 1
     BATCH=${BATCH:-1024}
     micro=$(( BATCH / 16 ))
