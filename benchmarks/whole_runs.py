@@ -5,7 +5,10 @@ Benjamini-Hochberg), the slope over the last half (family S, Holm), equivalence 
 one-sided t-tests) and the gap between training and held-out loss at the end.
 
     python3 benchmarks/whole_runs.py --runs benchmarks/results/whole_runs/runs/*.jsonl \\
-        --out benchmarks/results/whole_runs/analysis [--tag wr16_b1024] [--bits 4]
+        --out benchmarks/results/whole_runs/analysis [--tag wr16_b1024] [--bits 4] [--end-family split]
+
+Stage C (``--tag m125_s1000 --end-family joint``) planned its end as one family: LoCo - plain, plain - full and
+LoCo - full at the last step, Holm over the 3.
 
 Writes ``analysis.md`` (tables), ``analysis.json`` (every number) and ``trajectory.png`` (the two differences
 against step, each with its 95% interval; needs matplotlib).
@@ -106,8 +109,14 @@ def reading(cell, half_mean):
     return "growing" if (cell["mean"] > 0) == (half_mean > 0) else "shrinking"
 
 
-def analyse(arms, bits="4", tokens_per_step=None):
-    """Every number of the study's fixed analysis, as a dict."""
+END_FAMILIES = ("split", "joint")  # stage A: P alone and E (Holm over 2); stage C: the three together (Holm over 3)
+
+
+def analyse(arms, bits="4", tokens_per_step=None, end_family="split"):
+    """Every number of the study's fixed analysis, as a dict; ``end_family`` is how the plan grouped the differences
+    at the end (``END_FAMILIES``)."""
+    if end_family not in END_FAMILIES:
+        raise ValueError(f"end_family = {end_family!r}: it must be one of {END_FAMILIES}")
     plain, loco = f"plain{bits}", f"loco{bits}"
     result = {"margin": MARGIN, "seeds": {k: sorted(v) for k, v in arms.items()}}
     per_seed = paired(arms, loco, plain)
@@ -118,9 +127,11 @@ def analyse(arms, bits="4", tokens_per_step=None):
     result["P"] = {"LoCo - plain": p}
     ends = {name: interval(paired(arms, a, b).values()) for name, (a, b) in
             (("plain - full", (plain, "full")), ("LoCo - full", (loco, "full")))}
-    tested = [name for name, c in ends.items() if c["p"] is not None]
-    for name, q, keep in zip(tested, *holm([ends[n]["p"] for n in tested])):
-        ends[name].update(p_holm=q, survives=keep)
+    family = dict(ends, **({"LoCo - plain": p} if end_family == "joint" else {}))
+    tested = [name for name, c in family.items() if c["p"] is not None]
+    for name, q, keep in zip(tested, *holm([family[n]["p"] for n in tested])):
+        family[name].update(p_holm=q, survives=keep)
+    result["end_family"] = end_family
     result["E"] = ends
     steps = sorted({s for runs in arms.values() for r in runs.values() for s, _ in r["validation"]})
     trajectory = []
@@ -174,12 +185,20 @@ def markdown(result) -> str:
              "| family | difference | mean [95% interval] | correction |", "|---|---|---|---|"]
     extra = (f"; two one-sided tests at +-{result['margin']}: p = {p['tost_p']:.2g} (90% [{p['low90']:+.4f}, "
              f"{p['high90']:+.4f}]): {p['reading']}" if "tost_p" in p else "")
-    lines.append(f"| P | LoCo - plain | {_fmt(dict(p, survives=p.get('p') is not None and p['p'] < RATE))} | "
-                 f"none (one interval){extra} |")
+    joint = result["end_family"] == "joint"
+    over = 3 if joint else 2
+
+    def holm_text(cell):
+        return f"Holm over {over}: adjusted p {cell['p_holm']:.2g}" if "p_holm" in cell else NOT_RUN
+
+    if joint:
+        lines.append(f"| end | LoCo - plain | {_fmt(p)} | {holm_text(p)}{extra} |")
+    else:
+        lines.append(f"| P | LoCo - plain | {_fmt(dict(p, survives=p.get('p') is not None and p['p'] < RATE))} | "
+                     f"none (one interval){extra} |")
     per_seed = ", ".join(f"seed {seed} {value:+.4f}" for seed, value in sorted(p["per_seed"].items()))
     for name, cell in result["E"].items():
-        lines.append(f"| E | {name} | {_fmt(cell)} | "
-                     + (f"Holm over 2: adjusted p {cell['p_holm']:.2g} |" if "p_holm" in cell else f"{NOT_RUN} |"))
+        lines.append(f"| {'end' if joint else 'E'} | {name} | {_fmt(cell)} | {holm_text(cell)} |")
     lines += ["", f"LoCo - plain at the end, per seed: {per_seed or '-'}.",
               "", "## Along the run (family T: Benjamini-Hochberg over every interval below)", "",
               "| step | tokens | LoCo - plain | plain - full |", "|---|---|---|---|"]
@@ -239,13 +258,16 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--tag", default="wr16_b1024")
     ap.add_argument("--bits", default="4", help="the arms compared: plain<bits>, loco<bits>, full")
+    ap.add_argument("--end-family", dest="end_family", choices=END_FAMILIES, default="split",
+                    help="the differences at the end as the stage's plan grouped them: split (stage A: LoCo - plain "
+                         "alone, then the two against full, Holm over 2) or joint (stage C: Holm over the 3)")
     args = ap.parse_args(argv)
     arms = load(args.runs, args.tag)
     if not arms:
         raise SystemExit(f"no runs of tag {args.tag} in {args.runs}")
     setup = next(iter(next(iter(arms.values())).values()))["setup"]
     tokens = setup["micro_batch"] * setup["nodes"] * setup["local"] * setup["model"]["seq_len"]
-    result = analyse(arms, args.bits, tokens)
+    result = analyse(arms, args.bits, tokens, args.end_family)
     os.makedirs(args.out, exist_ok=True)
     text = markdown(result)
     with open(os.path.join(args.out, "analysis.md"), "w") as f:

@@ -57,6 +57,19 @@ def test_the_fixed_families_on_runs_with_known_differences(wr):
     assert result["second_half_gain_full"] == pytest.approx(1 / math.sqrt(550) - 1 / math.sqrt(1000))
 
 
+def test_stage_c_corrects_its_three_end_differences_together(wr):
+    """Stage C's plan: LoCo - plain, plain - full and LoCo - full at the end, one family, Holm over the 3."""
+    split, joint = wr.analyse(_runs(), "4"), wr.analyse(_runs(), "4", end_family="joint")
+    cells = [joint["P"]["LoCo - plain"], joint["E"]["plain - full"], joint["E"]["LoCo - full"]]
+    adjusted, _ = wr.holm([c["p"] for c in cells])
+    assert [c["p_holm"] for c in cells] == pytest.approx(adjusted, rel=1e-12)
+    assert "p_holm" not in split["P"]["LoCo - plain"]  # stage A's primary difference stands alone
+    assert split["E"]["plain - full"]["p_holm"] != joint["E"]["plain - full"]["p_holm"]
+    assert "| end | LoCo - plain |" in wr.markdown(joint) and "Holm over 3" in wr.markdown(joint)
+    with pytest.raises(ValueError, match="end_family = 'both'"):
+        wr.analyse(_runs(), "4", end_family="both")
+
+
 def test_an_arm_not_yet_run_reads_as_such_and_leaves_the_others_whole(wr):
     """Stage A's first lease: plain and LoCo of 4 seeds, no full precision."""
     arms = {key: {seed: run for seed, run in runs.items() if seed < 4}
