@@ -9,9 +9,10 @@
 # Usage (repository root on the GPU machine; carry .whl and .corpus_large.tar.xz):
 #   bash benchmarks/device_whole_runs.sh start 560      # the first call: set-up, yardsticks, launch, watch
 #   bash benchmarks/device_whole_runs.sh watch 580      # each later call of the same lease
-# TAG, SEEDS (or SEEDS_FIRST and SEEDS_LATER), ARMS_FIRST, ARMS_LATER, STEPS, BATCH: the study's two matrices
-# (defaults below; an empty ARMS_LATER leaves the second out); EXTRA_MATRIX: one more matrix, whole, run after them
-# (convergence_sim.py's TAG:STEPS:SEEDS:ARMS:SETTINGS, with text=.corpus_large); COMPILE=0 forces eager;
+# TAG, SEEDS (or SEEDS_FIRST and SEEDS_LATER), ARMS_FIRST, ARMS_LATER, STEPS, BATCH: stage A's two matrices
+# (defaults below; an empty ARMS_FIRST or ARMS_LATER leaves that one out, both empty also the yardsticks);
+# EXTRA_MATRIX: one more matrix, whole, run after them (convergence_sim.py's TAG:STEPS:SEEDS:ARMS:SETTINGS, with
+# text=.corpus_large), e.g. stage C's alone: ARMS_FIRST= ARMS_LATER= EXTRA_MATRIX=... PAR=3; COMPILE=0 forces eager;
 # PAR: the most runs side by side (default 6), fewer where RUN_SECONDS (the lease's seconds left after the launch)
 # would not let them finish.
 set -uo pipefail
@@ -58,35 +59,41 @@ if [ "$mode" = start ]; then
     micro=$(( BATCH / 16 ))
     lr=$(python3 -c "print(f'{2e-3 / (1 + 64 / $BATCH):.5g}')")  # the batch axis's rule: McCandlish et al. 2018
     common="--size medium --text .corpus_large --nodes 2 --local 8 --micro-batch $micro --lr $lr"
-    compile=inductor
-    # the compiled yardstick first: it also fills the inductor cache with the graph every run compiles
-    if [ "${COMPILE:-1}" = 0 ] || ! timeout 300 python3 benchmarks/convergence_sim.py baseline $common --compile inductor \
-            --out "$W/baseline.jsonl"; then
-        compile=""
-    fi
-    timeout 120 python3 benchmarks/convergence_sim.py baseline $common --out "$W/baseline.jsonl"
-    if [ -n "$compile" ]; then  # compiled only where it is faster than eager
-        compile=$(python3 -c "
+    first=${ARMS_FIRST-plain4,loco4}
+    later=${ARMS_LATER-full}
+    steps=${STEPS:-1000}
+    compile=""
+    par=${PAR:-6}
+    if [ -n "$first$later" ]; then  # the yardsticks are stage A's (the 10.8M model); another stage alone skips them
+        compile=inductor
+        # the compiled yardstick first: it also fills the inductor cache with the graph every run compiles
+        if [ "${COMPILE:-1}" = 0 ] || ! timeout 300 python3 benchmarks/convergence_sim.py baseline $common \
+                --compile inductor --out "$W/baseline.jsonl"; then
+            compile=""
+        fi
+        timeout 120 python3 benchmarks/convergence_sim.py baseline $common --out "$W/baseline.jsonl"
+        if [ -n "$compile" ]; then  # compiled only where it is faster than eager
+            compile=$(python3 -c "
 import json; b = [json.loads(l) for l in open('$W/baseline.jsonl')]
 c = [r['ms_per_step'] for r in b if r['compile']]; e = [r['ms_per_step'] for r in b if not r['compile']]
 print('inductor' if c and e and c[-1] < e[-1] else '')")
-    fi
-    echo "runs compile: '${compile:-eager}'"
-    kernels_ready
-    steps=${STEPS:-1000}
-    # side by side: as many as can finish in RUN_SECONDS (the lease's time left after the launch), from the chosen
-    # yardstick at 1.15x (the simulator's measured overhead), an even number (plain and LoCo of a seed), 2 to PAR
-    par=$(python3 -c "
+        fi
+        echo "runs compile: '${compile:-eager}'"
+        # side by side: as many as can finish in RUN_SECONDS (the lease's time left after the launch), from the chosen
+        # yardstick at 1.15x (the simulator's measured overhead), an even number (plain and LoCo of a seed), 2 to PAR
+        par=$(python3 -c "
 import json, math; b = [json.loads(l) for l in open('$W/baseline.jsonl')]
 ms = min(r['ms_per_step'] for r in b if bool(r['compile']) == bool('$compile'))
 n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(${PAR:-6}, n - n % 2)))")
+    fi
+    kernels_ready
     echo "side by side: $par"
     S="size=medium,text=.corpus_large,nodes=2,local=8,micro_batch=$micro,lr=$lr,warmup=$(( steps / 10 )),eval_every=50"
     S="$S,eval_windows=1024,quant_grid=auto,stream_nodes=1,grad_mode=loop${compile:+,compile=$compile}"
     tag=${TAG:-wr16_b$BATCH}
     seeds=${SEEDS:-0,1,2,3,4}
-    matrices=(--matrix "$tag:$steps:${SEEDS_FIRST:-$seeds}:${ARMS_FIRST:-plain4,loco4}:$S")
-    later=${ARMS_LATER-full}
+    matrices=()
+    [ -n "$first" ] && matrices+=(--matrix "$tag:$steps:${SEEDS_FIRST:-$seeds}:$first:$S")
     [ -n "$later" ] && matrices+=(--matrix "$tag:$steps:${SEEDS_LATER:-$seeds}:$later:$S")
     [ -n "${EXTRA_MATRIX:-}" ] && matrices+=(--matrix "$EXTRA_MATRIX")  # another stage's runs, after these
     setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "$par" --budget 100000 \
