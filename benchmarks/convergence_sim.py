@@ -428,7 +428,8 @@ def parse_matrix(text: str):
 
 
 def launch(args) -> None:
-    """Runs every matrix's (arm, seed) as its own process, ``--parallel`` at a time, in matrix then seed order;
+    """Runs every matrix's (arm, seed) as its own process, ``--parallel`` at a time, in matrix then seed order; a run
+    that resumes a state another run of the launch saves (a branch and its trunk) waits until the state is written;
     stops the runs still going after ``--budget`` seconds (what finished is in ``--out``)."""
     logs = args.logs or os.path.join(os.path.dirname(os.path.abspath(args.out)), "logs")
     os.makedirs(logs, exist_ok=True)
@@ -440,15 +441,22 @@ def launch(args) -> None:
                 flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
                 jobs.append((f"{tag}_{key}_s{seed}", [sys.executable, os.path.abspath(__file__), "run", "--arm", key,
                                                       "--seed", str(seed), "--steps", str(steps), "--tag", tag,
-                                                      "--device", args.device, "--out", args.out, *flags]))
+                                                      "--device", args.device, "--out", args.out, *flags],
+                             _branch_states(tag, seed, settings)))
     started, running, failed, done = time.monotonic(), {}, [], 0
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     while jobs or running:
-        while jobs and len(running) < args.parallel:
-            name, cmd = jobs.pop(0)
+        while len(running) < args.parallel and (job := _next_ready(jobs, running)):
+            name, cmd, states = job
+            if states[1] and not os.path.exists(states[1]):  # nothing running or waiting saves its trunk's state
+                failed.append(name)
+                done += 1
+                print(f"FAILED {name}: the state it resumes, {states[1]}, does not exist and no run of this launch "
+                      "saves it (run the trunk first, with --save-at)", flush=True)
+                continue
             log = open(os.path.join(logs, name + ".log"), "w")
-            running[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log)
-        for name, (proc, log) in list(running.items()):
+            running[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log, states[0])
+        for name, (proc, log, _) in list(running.items()):
             if proc.poll() is not None:
                 log.close()
                 del running[name]
@@ -461,7 +469,7 @@ def launch(args) -> None:
                     print(f"{time.monotonic() - started:6.0f} s  " + _tail(os.path.join(logs, name + ".log"), 1),
                           flush=True)
         if time.monotonic() - started > args.budget:
-            for name, (proc, log) in running.items():
+            for name, (proc, log, _) in running.items():
                 proc.terminate()
                 proc.wait()
                 log.close()
@@ -472,6 +480,28 @@ def launch(args) -> None:
         time.sleep(1)
     print(f"launch: {done - len(failed)} runs finished, {len(failed)} failed, in {time.monotonic() - started:.0f} s",
           flush=True)
+
+
+def _branch_states(tag: str, seed: int, settings: dict):
+    """``(saves, resumes)``: the state file a run of ``tag``/``seed`` with matrix ``settings`` writes (``save_at``)
+    and the one it starts from (``resume_from``, of ``trunk_tag`` or ``tag``); None where it has no such part."""
+    from branch_state import state_path
+
+    folder = settings.get("state_dir", ".branch_states")
+    saves = state_path(folder, tag, seed, settings["save_at"]) if settings.get("save_at") else None
+    resumes = (state_path(folder, settings.get("trunk_tag") or tag, seed, settings["resume_from"])
+               if settings.get("resume_from") else None)
+    return saves, resumes
+
+
+def _next_ready(jobs: list, running: dict):
+    """Takes from ``jobs`` the first that can start now: one that resumes no state, or whose state exists, or whose
+    state no running or waiting run will save (it then fails at once, naming the state). None: all wait."""
+    pending = {job[2][0] for job in jobs} | {entry[2] for entry in running.values()}
+    for i, (_, _, (_, resumes)) in enumerate(jobs):
+        if not resumes or os.path.exists(resumes) or resumes not in pending:
+            return jobs.pop(i)
+    return None
 
 
 def _tail(path: str, lines: int = 20) -> str:

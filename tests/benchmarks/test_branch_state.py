@@ -104,3 +104,22 @@ def test_a_branch_with_other_settings_or_no_trunk_is_refused(sim, runs):
     with pytest.raises(SystemExit, match=r"--save-at 6: it must be a step in \[1, 6\)"):
         sim.run_one(sim.parse_args(["run", "--arm", "full", "--tag", "t", "--out", "/dev/null", "--state-dir",
                                     states, *FLAGS, "--save-at", "6"]))
+
+
+def test_a_launch_holds_each_branch_until_its_trunk_has_saved_and_fails_an_orphan_at_once(sim, tmp_path, capsys):
+    """Trunk and branch in one launch, side by side: the branch starts only once the trunk's state exists (else it
+    would fail with "run the trunk"); a branch whose state no run of the launch saves fails without starting."""
+    settings = ",".join(f"{k}={v}" for k, v in (("size", "tiny"), ("nodes", 2), ("local", 2), ("micro_batch", 2),
+                                                 ("warmup", 2), ("eval_every", 3), ("eval_windows", 4),
+                                                 ("group_size", 32), ("state_dir", tmp_path / "states")))
+    out = tmp_path / "runs.jsonl"
+    sim.launch(sim.parse_args(["launch", "--parallel", "3", "--device", "cpu", "--out", str(out), "--budget", "600",
+                               "--matrix", f"tr:6:3:full:{settings},save_at=3",
+                               "--matrix", f"tr:6:3:plain4:{settings},resume_from=3",
+                               "--matrix", f"tr:6:3:loco4:{settings},resume_from=2"]))
+    printed = capsys.readouterr().out
+    assert "FAILED tr_loco4_s3: the state it resumes" in printed and "tr_s3_step2.pt" in printed
+    assert "launch: 2 runs finished, 1 failed" in printed
+    trunk, branch = sorted((json.loads(line) for line in open(out)), key=lambda r: r["setup"]["resumed_from"])
+    assert branch["key"] == "plain4" and branch["setup"]["resumed_from"] == 3
+    assert branch["train_losses"][0] == trunk["train_losses"][3]  # the trunk's weights after step 3, before any update
