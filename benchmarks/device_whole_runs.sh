@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# Whole runs at large batch (benchmarks/results/whole_runs/README.md) on one GPU, across several device calls of one
-# lease: `start` copies the tree to /tmp/wr (so that later calls, which re-send the working tree, cannot change the
-# code the runs use), installs the carried wheelhouse and builds the LoCo kernels there, times the simulator's
-# yardstick (one model's plain step on the same global batch) compiled and eager, then launches the runs in a
-# process session of their own (setsid: they outlive the call while the machine is held) and watches them;
-# `watch SECONDS` only watches. Both copy what has finished to $OUT: runs.jsonl, the launcher's log, the runs'
-# logs as one archive, the yardsticks.
-# Usage (repository root on the GPU machine; carry .whl and .corpus_large.tar.xz):
-#   bash benchmarks/device_whole_runs.sh start 560      # the first call: set-up, yardsticks, launch, watch
-#   bash benchmarks/device_whole_runs.sh watch 580      # each later call of the same lease
-# TAG, SEEDS (or SEEDS_FIRST and SEEDS_LATER), ARMS_FIRST, ARMS_LATER, STEPS, BATCH: stage A's two matrices
-# (defaults below; an empty ARMS_FIRST or ARMS_LATER leaves that one out, both empty also the yardsticks);
-# EXTRA_MATRIX: one more matrix, whole, run after them (convergence_sim.py's TAG:STEPS:SEEDS:ARMS:SETTINGS, with
-# text=.corpus_large), e.g. stage C's alone: ARMS_FIRST= ARMS_LATER= EXTRA_MATRIX=... PAR=3; COMPILE=0 forces eager;
-# PAR: the most runs side by side (default 6), fewer where RUN_SECONDS (the lease's seconds left after the launch)
-# would not let them finish.
+# Whole runs (benchmarks/results/whole_runs/README.md) on one GPU, across several device calls of one lease: `start`
+# checks the corpus archive, copies the tree to /tmp/wr (so that later calls, which re-send the working tree, cannot
+# change the code the runs use), installs the carried wheelhouse and builds the LoCo kernels there, times the
+# simulator's yardstick (one 10.8M model's plain step on the same global batch) compiled and eager, then launches
+# the stage's runs in a process session of their own (setsid: they outlive the call while the machine is held) and
+# watches them; `watch SECONDS` only watches. Both copy what has finished to $OUT: runs.jsonl, the launcher's log,
+# the runs' logs as one archive, the yardsticks.
+# Usage (repository root on the GPU machine; carry .whl and the stage's corpus archive):
+#   [STAGE=A|B|C] bash benchmarks/device_whole_runs.sh start 560   # the first call: set-up, yardsticks, launch, watch
+#   bash benchmarks/device_whole_runs.sh watch 580                   # each later call of the same lease
+# STAGE (default A), as the study's plan fixes each:
+#   A: the 10.8M model at 1024 sequences, full, plain 4/4 and LoCo 4/4 from step 1 (.corpus_large.tar.xz). TAG,
+#      SEEDS (or SEEDS_FIRST and SEEDS_LATER), ARMS_FIRST, ARMS_LATER, STEPS, BATCH: its two matrices (defaults
+#      below; an empty one is left out); EXTRA_MATRIX: one more matrix (TAG:STEPS:SEEDS:ARMS:SETTINGS), after them.
+#   B: 4096 sequences, per seed (SEEDS, default 0,1,2) a full and a LoCo 4/4 trunk saved after step 100 and their
+#      branches over steps 101-400 (.corpus_xl.tar.xz); a branch starts once its trunk's state is written.
+#   C: the 116M model at 64 sequences, full, plain 4/4 and LoCo 4/4 (SEEDS, default 0,1,2) from step 1, eager
+#      (.corpus_large.tar.xz); no yardsticks.
+# COMPILE=0 forces eager; PAR: the most runs side by side (default 6; stage A: fewer where RUN_SECONDS, the lease's
+# seconds left after the launch, would not let them finish).
 set -uo pipefail
 mode=${1:?start or watch}
 seconds=${2:-560}
@@ -45,26 +49,31 @@ watch() {  # every 60 s: the furthest step each running run reached; stops after
 }
 
 if [ "$mode" = start ]; then
-    # stage A's runs pool over leases only on the same text: the archive its first runs read, unless CORPUS_SHA256
+    stage=${STAGE:-A}
+    # a stage's runs pool over leases only on the same text: the archive its first runs read, unless CORPUS_SHA256
     # names another (the study's README); checked before the set-up starts a build
-    want=${CORPUS_SHA256:-8574aa051dbae1500cc490d4ef140b5fb7277b78b33d909665e16b711d17cc5b}
-    have=$(sha256sum .corpus_large.tar.xz | cut -d' ' -f1)
-    [ "$have" = "$want" ] || { echo ".corpus_large.tar.xz is $have, not the study's $want: not launched"; exit 1; }
+    case $stage in
+        A|C) corpus=.corpus_large want=8574aa051dbae1500cc490d4ef140b5fb7277b78b33d909665e16b711d17cc5b ;;
+        B) corpus=.corpus_xl want=863d311bb60313cdc9f320831272a3b7540e4afed02f6f4eb51b4323695d3a16 ;;
+        *) echo "STAGE=$stage: it must be A, B or C"; exit 1 ;;
+    esac
+    want=${CORPUS_SHA256:-$want}
+    have=$(sha256sum "$corpus.tar.xz" | cut -d' ' -f1)
+    [ "$have" = "$want" ] || { echo "$corpus.tar.xz is $have, not the study's $want: not launched"; exit 1; }
     rm -rf /tmp/wr && mkdir -p /tmp/wr && cp -a . /tmp/wr/ && cd /tmp/wr || exit 1
     # shellcheck source=benchmarks/device_setup.sh
     SETUP_BUILD=background source benchmarks/device_setup.sh "$OUT/setup_logs"  # the build overlaps the yardsticks
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TORCHINDUCTOR_COMPILE_THREADS=4
-    mkdir -p .corpus_large && tar xJf .corpus_large.tar.xz -C .corpus_large || exit 1
+    mkdir -p "$corpus" && tar xJf "$corpus.tar.xz" -C "$corpus" || exit 1
+    [ "$stage" = B ] && BATCH=4096
     BATCH=${BATCH:-1024}
     micro=$(( BATCH / 16 ))
     lr=$(python3 -c "print(f'{2e-3 / (1 + 64 / $BATCH):.5g}')")  # the batch axis's rule: McCandlish et al. 2018
-    common="--size medium --text .corpus_large --nodes 2 --local 8 --micro-batch $micro --lr $lr"
-    first=${ARMS_FIRST-plain4,loco4}
-    later=${ARMS_LATER-full}
     steps=${STEPS:-1000}
     compile=""
     par=${PAR:-6}
-    if [ -n "$first$later" ]; then  # the yardsticks are stage A's (the 10.8M model); another stage alone skips them
+    if [ "$stage" != C ]; then
+        common="--size medium --text $corpus --nodes 2 --local 8 --micro-batch $micro --lr $lr"
         compile=inductor
         # the compiled yardstick first: it also fills the inductor cache with the graph every run compiles
         if [ "${COMPILE:-1}" = 0 ] || ! timeout 300 python3 benchmarks/convergence_sim.py baseline $common \
@@ -79,6 +88,8 @@ c = [r['ms_per_step'] for r in b if r['compile']]; e = [r['ms_per_step'] for r i
 print('inductor' if c and e and c[-1] < e[-1] else '')")
         fi
         echo "runs compile: '${compile:-eager}'"
+    fi
+    if [ "$stage" = A ]; then
         # side by side: as many as can finish in RUN_SECONDS (the lease's time left after the launch), from the chosen
         # yardstick at 1.15x (the simulator's measured overhead), an even number (plain and LoCo of a seed), 2 to PAR
         par=$(python3 -c "
@@ -88,14 +99,29 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
     fi
     kernels_ready
     echo "side by side: $par"
-    S="size=medium,text=.corpus_large,nodes=2,local=8,micro_batch=$micro,lr=$lr,warmup=$(( steps / 10 )),eval_every=50"
+    S="size=medium,text=$corpus,nodes=2,local=8,micro_batch=$micro,lr=$lr,warmup=$(( steps / 10 )),eval_every=50"
     S="$S,eval_windows=1024,quant_grid=auto,stream_nodes=1,grad_mode=loop${compile:+,compile=$compile}"
-    tag=${TAG:-wr16_b$BATCH}
-    seeds=${SEEDS:-0,1,2,3,4}
     matrices=()
-    [ -n "$first" ] && matrices+=(--matrix "$tag:$steps:${SEEDS_FIRST:-$seeds}:$first:$S")
-    [ -n "$later" ] && matrices+=(--matrix "$tag:$steps:${SEEDS_LATER:-$seeds}:$later:$S")
-    [ -n "${EXTRA_MATRIX:-}" ] && matrices+=(--matrix "$EXTRA_MATRIX")  # another stage's runs, after these
+    case $stage in
+        A)
+            tag=${TAG:-wr16_b$BATCH}
+            seeds=${SEEDS:-0,1,2,3,4}
+            first=${ARMS_FIRST-plain4,loco4}
+            later=${ARMS_LATER-full}
+            [ -n "$first" ] && matrices+=(--matrix "$tag:$steps:${SEEDS_FIRST:-$seeds}:$first:$S")
+            [ -n "$later" ] && matrices+=(--matrix "$tag:$steps:${SEEDS_LATER:-$seeds}:$later:$S")
+            [ -n "${EXTRA_MATRIX:-}" ] && matrices+=(--matrix "$EXTRA_MATRIX") ;;  # another stage's runs, after these
+        B)
+            seeds=${SEEDS:-0,1,2}
+            matrices+=(--matrix "lbF_b4096:$steps:$seeds:full:$S,save_at=100,stop_at=400"
+                       --matrix "lbL_b4096:$steps:$seeds:loco4:$S,save_at=100,stop_at=400"
+                       --matrix "lbF_b4096:$steps:$seeds:plain4,loco4:$S,resume_from=100,stop_at=400"
+                       --matrix "lbL_b4096:$steps:$seeds:plain4:$S,resume_from=100,stop_at=400") ;;
+        C)
+            C="size=125m,text=$corpus,nodes=2,local=8,micro_batch=4,lr=0.001,warmup=100,eval_every=50"
+            C="$C,eval_windows=1024,quant_grid=auto,stream_nodes=1"
+            matrices+=(--matrix "m125_s1000:$steps:${SEEDS:-0,1,2}:${ARMS:-plain4,loco4,full}:$C") ;;
+    esac
     setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "$par" --budget 100000 \
         --out "$W/runs.jsonl" --logs "$W/logs" "${matrices[@]}" >"$W/launch.log" 2>&1 </dev/null &
     echo "launched at $(( $(date +%s) - began )) s"
