@@ -1,17 +1,18 @@
 """The analysis of the whole-runs study (``benchmarks/results/whole_runs/README.md``), as its plan fixed it before
-the runs: paired differences of held-out loss within seed, at the end (family P: LoCo - plain; family E: plain - full
-and LoCo - full, Holm), along the run (family T: LoCo - plain and plain - full at every evaluation,
-Benjamini-Hochberg), the slope over the last half (family S, Holm), equivalence within the fixed margin (two
-one-sided t-tests) and the gap between training and held-out loss at the end.
+the runs, stage by stage; differences of held-out loss are paired within seed (seeds are blocks).
+
+Stage A (the default) and stage C, whole runs: at the end (stage A: family P, LoCo - plain, alone; family E, plain -
+full and LoCo - full, Holm over 2; stage C: the three together, Holm over 3), along the run (family T: LoCo - plain
+and plain - full at every evaluation, Benjamini-Hochberg), the slope over the last half (family S, Holm),
+equivalence within the fixed margin (two one-sided t-tests) and the gap between training and held-out loss at the
+end. Stage B, branches: LoCo cold - plain, LoCo warm - plain, plain - full and LoCo cold - full at the branches'
+end (Holm over the 4), warm minus cold (the plan's refutation test), and the four along the branches (BH).
 
     python3 benchmarks/whole_runs.py --runs benchmarks/results/whole_runs/runs/*.jsonl \\
-        --out benchmarks/results/whole_runs/analysis [--tag wr16_b1024] [--bits 4] [--end-family split]
+        --out benchmarks/results/whole_runs/analysis [--stage A|B|C] [--bits 4]
 
-Stage C (``--tag m125_s1000 --end-family joint``) planned its end as one family: LoCo - plain, plain - full and
-LoCo - full at the last step, Holm over the 3.
-
-Writes ``analysis.md`` (tables), ``analysis.json`` (every number) and ``trajectory.png`` (the two differences
-against step, each with its 95% interval; needs matplotlib).
+Writes ``analysis.md`` (tables), ``analysis.json`` (every number) and, for stages A and C, ``trajectory.png`` (the
+two differences against step, each with its 95% interval; needs matplotlib).
 """
 import argparse
 import json
@@ -110,6 +111,8 @@ def reading(cell, half_mean):
 
 
 END_FAMILIES = ("split", "joint")  # stage A: P alone and E (Holm over 2); stage C: the three together (Holm over 3)
+STAGES = {"A": ("wr16_b1024", "split"), "C": ("m125_s1000", "joint")}  # whole runs: tag, end family
+BRANCH_TAGS = {"cold": "lbF_b4096", "warm": "lbL_b4096"}  # stage B: branches of the full trunk and of the LoCo one
 
 
 def analyse(arms, bits="4", tokens_per_step=None, end_family="split"):
@@ -166,6 +169,67 @@ def analyse(arms, bits="4", tokens_per_step=None, end_family="split"):
              if half and loss_at(r, half[0]) is not None]
     result["second_half_gain_full"] = statistics.fmean(gains) if gains else None
     return result
+
+
+def branch_arms(paths, bits="4"):
+    """Stage B's runs as one ``{arm: {seed: run}}``: ``full``, ``plain``, ``loco cold`` from the full trunk's tag
+    (the trunk's own continuation and its branches) and ``plain warm``, ``loco warm`` from the LoCo trunk's."""
+    cold, warm = (load(paths, BRANCH_TAGS[k]) for k in ("cold", "warm"))
+    named = {"full": cold.get("full"), "plain": cold.get(f"plain{bits}"), "loco cold": cold.get(f"loco{bits}"),
+             "plain warm": warm.get(f"plain{bits}"), "loco warm": warm.get(f"loco{bits}")}
+    return {name: runs for name, runs in named.items() if runs}
+
+
+BRANCH_FAMILY = {  # stage B's differences at the branches' end, one family (Holm over the 4)
+    "LoCo cold - plain": ("loco cold", "plain"), "LoCo warm - plain": ("loco warm", "plain warm"),
+    "plain - full": ("plain", "full"), "LoCo cold - full": ("loco cold", "full")}
+
+
+def analyse_branches(arms):
+    """Stage B's fixed analysis, as a dict: the family at the last evaluation (Holm), warm minus cold per seed
+    (the plan's refutation test: resolved below -``MARGIN``), and each difference along the branches (BH)."""
+    ends = {name: dict(interval(paired(arms, a, b).values()), per_seed=paired(arms, a, b))
+            for name, (a, b) in BRANCH_FAMILY.items()}
+    tested = [n for n, c in ends.items() if c["p"] is not None]
+    for name, q, keep in zip(tested, *holm([ends[n]["p"] for n in tested])):
+        ends[name].update(p_holm=q, survives=keep)
+    warm, cold = ends["LoCo warm - plain"]["per_seed"], ends["LoCo cold - plain"]["per_seed"]
+    gap = {seed: warm[seed] - cold[seed] for seed in sorted(set(warm) & set(cold))}
+    warm_minus_cold = dict(interval(gap.values()), per_seed=gap)
+    warm_minus_cold["refutes"] = warm_minus_cold["high"] is not None and warm_minus_cold["high"] < -MARGIN
+    steps = sorted({s for name in ("plain", "plain warm") for r in arms.get(name, {}).values()
+                    for s, _ in r["validation"] if s > r["setup"]["resumed_from"]})
+    trajectory = [dict(interval(paired(arms, a, b, step).values()), difference=name, step=step)
+                  for name, (a, b) in BRANCH_FAMILY.items() for step in steps]
+    tested = [c for c in trajectory if c["p"] is not None]
+    if tested:
+        for cell, q, keep in zip(tested, *benjamini_hochberg([c["p"] for c in tested])):
+            cell.update(p_bh=q, survives=keep)
+    return {"margin": MARGIN, "seeds": {k: sorted(v) for k, v in arms.items()}, "end": ends,
+            "warm_minus_cold": warm_minus_cold, "T": trajectory}
+
+
+def markdown_branches(result) -> str:
+    """Stage B's analysis as text (bold: surviving the correction of its family)."""
+    lines = ["# Stage B, branches: analysis", "", f"Seeds finished per arm: {result['seeds']}.", "",
+             "## At the branches' end (one family: Holm over the 4)", "",
+             "| difference | mean [95% interval] | Holm | per seed |", "|---|---|---|---|"]
+    for name, cell in result["end"].items():
+        seeds = ", ".join(f"{v:+.4f}" for _, v in sorted(cell["per_seed"].items())) or "-"
+        lines.append(f"| {name} | {_fmt(cell)} | "
+                     + (f"adjusted p {cell['p_holm']:.2g}" if "p_holm" in cell else NOT_RUN) + f" | {seeds} |")
+    gap = result["warm_minus_cold"]
+    lines += ["", f"LoCo warm - plain minus LoCo cold - plain (buffers warm at the branch against starting at zero): "
+              f"{_fmt(gap)}; the plan's refutation (interval below -{result['margin']}): "
+              + ("refuted" if gap["refutes"] else "not refuted" if gap["low"] is not None else NOT_RUN) + ".",
+              "", "## Along the branches (Benjamini-Hochberg over every interval below)", "",
+              "| step | " + " | ".join(BRANCH_FAMILY) + " |", "|---|" + "---|" * len(BRANCH_FAMILY)]
+    by_step = {}
+    for cell in result["T"]:
+        by_step.setdefault(cell["step"], {})[cell["difference"]] = cell
+    for step, cells in sorted(by_step.items()):
+        lines.append(f"| {step} | " + " | ".join(_fmt(cells.get(name, {})) for name in BRANCH_FAMILY) + " |")
+    return "\n".join(lines + [""])
 
 
 def _fmt(cell, extra=""):
@@ -256,25 +320,32 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", nargs="+", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--tag", default="wr16_b1024")
+    ap.add_argument("--stage", choices=("A", "B", "C"), default="A",
+                    help="the plan analysed: A (whole runs, 10.8M, tag wr16_b1024), B (branches, tags "
+                         f"{BRANCH_TAGS['cold']} and {BRANCH_TAGS['warm']}) or C (whole runs, 116M, tag m125_s1000)")
     ap.add_argument("--bits", default="4", help="the arms compared: plain<bits>, loco<bits>, full")
-    ap.add_argument("--end-family", dest="end_family", choices=END_FAMILIES, default="split",
-                    help="the differences at the end as the stage's plan grouped them: split (stage A: LoCo - plain "
-                         "alone, then the two against full, Holm over 2) or joint (stage C: Holm over the 3)")
     args = ap.parse_args(argv)
-    arms = load(args.runs, args.tag)
-    if not arms:
-        raise SystemExit(f"no runs of tag {args.tag} in {args.runs}")
-    setup = next(iter(next(iter(arms.values())).values()))["setup"]
-    tokens = setup["micro_batch"] * setup["nodes"] * setup["local"] * setup["model"]["seq_len"]
-    result = analyse(arms, args.bits, tokens, args.end_family)
     os.makedirs(args.out, exist_ok=True)
-    text = markdown(result)
+    if args.stage == "B":
+        arms = branch_arms(args.runs, args.bits)
+        if not arms:
+            raise SystemExit(f"no runs of tags {', '.join(BRANCH_TAGS.values())} in {args.runs}")
+        result = analyse_branches(arms)
+        text = markdown_branches(result)
+    else:
+        tag, end_family = STAGES[args.stage]
+        arms = load(args.runs, tag)
+        if not arms:
+            raise SystemExit(f"no runs of tag {tag} in {args.runs}")
+        setup = next(iter(next(iter(arms.values())).values()))["setup"]
+        tokens = setup["micro_batch"] * setup["nodes"] * setup["local"] * setup["model"]["seq_len"]
+        result = analyse(arms, args.bits, tokens, end_family)
+        text = markdown(result)
+        plot(result, os.path.join(args.out, "trajectory.png"))
     with open(os.path.join(args.out, "analysis.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "analysis.json"), "w") as f:
         json.dump(result, f, indent=1)
-    plot(result, os.path.join(args.out, "trajectory.png"))
     print(text)
 
 

@@ -1,4 +1,5 @@
 """benchmarks/whole_runs.py: the whole-runs study's fixed analysis on made-up runs whose differences are known."""
+import json
 import math
 
 import pytest
@@ -95,3 +96,41 @@ def test_a_run_recorded_twice_is_refused(wr, tmp_path):
     second.write_text(line)
     with pytest.raises(SystemExit, match="full seed 0 of t is in .*a.jsonl and in .*b.jsonl"):
         wr.load([str(first), str(second)], "t")
+
+
+def _branches():
+    """Stage B's made-up runs, 3 seeds, branches evaluated at steps 150-400 after a trunk saved at step 100: plain =
+    full + 0.002; LoCo cold = plain - 0.001; on the LoCo trunk plain warm = plain, LoCo warm = plain warm - 0.005
+    (warm buffers gain 0.004 more than cold ones), with a per-seed wobble."""
+    steps, runs = list(range(50, 401, 50)), []
+    for seed in (0, 1, 2):
+        wobble = 0.0003 * (seed - 1)
+        full = {s: 1.5 + 1 / math.sqrt(s) + 0.01 * seed for s in steps}
+        curves = {("lbF_b4096", "full", 0): full,
+                  ("lbF_b4096", "plain4", 100): {s: v + 0.002 + wobble for s, v in full.items()},
+                  ("lbF_b4096", "loco4", 100): {s: v + 0.001 for s, v in full.items()},
+                  ("lbL_b4096", "plain4", 100): {s: v + 0.002 for s, v in full.items()},
+                  ("lbL_b4096", "loco4", 0): {s: v - 0.003 - wobble for s, v in full.items()}}
+        for (tag, key, resumed), curve in curves.items():
+            validation = sorted((s, v) for s, v in curve.items() if s > resumed)
+            runs.append({"tag": tag, "key": key, "seed": seed, "validation": validation, "final_val_loss": curve[400],
+                         "setup": {"resumed_from": resumed}})
+    return runs
+
+
+def test_stage_b_pairs_branches_within_their_trunk_and_tests_warm_against_cold(wr, tmp_path):
+    path = tmp_path / "b.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _branches()))
+    result = wr.analyse_branches(wr.branch_arms([str(path)]))
+    end = result["end"]
+    assert set(end) == {"LoCo cold - plain", "LoCo warm - plain", "plain - full", "LoCo cold - full"}
+    assert end["plain - full"]["mean"] == pytest.approx(0.002, abs=1e-12)
+    assert end["LoCo cold - plain"]["per_seed"] == pytest.approx({0: -0.0007, 1: -0.001, 2: -0.0013}, abs=1e-12)
+    assert end["LoCo warm - plain"]["per_seed"] == pytest.approx({0: -0.0047, 1: -0.005, 2: -0.0053}, abs=1e-12)
+    adjusted, _ = wr.holm([end[n]["p"] for n in end])
+    assert [end[n]["p_holm"] for n in end] == pytest.approx(adjusted, rel=1e-12)
+    gap = result["warm_minus_cold"]  # -0.004 on every seed: below -0.003, resolved
+    assert gap["per_seed"] == pytest.approx({0: -0.004, 1: -0.004, 2: -0.004}, abs=1e-12) and gap["refutes"]
+    assert sorted({c["step"] for c in result["T"]}) == [150, 200, 250, 300, 350, 400]  # the branches' evaluations
+    assert len(result["T"]) == 24 and all("p_bh" in c for c in result["T"])
+    assert "refuted" in wr.markdown_branches(result) and "nan" not in wr.markdown_branches(result)
