@@ -97,14 +97,19 @@ def last_half_slopes(arms, first, second, steps):
             if len(steps) >= 2}
 
 
-NOT_RUN = "not run yet"  # where a difference has fewer than two seeds with both arms
+NOT_RUN = "not run yet"  # where no seed has both arms of a difference
+
+
+def no_interval(cell) -> str:
+    """What stands in for a test where ``cell`` has no interval: no seed yet, or one (an interval needs two)."""
+    return NOT_RUN if not cell.get("n") else "1 seed: no interval yet"
 
 
 def reading(cell, half_mean):
-    """The slope's reading: shrinking, growing, or flat within resolution (see the plan); ``NOT_RUN`` without an
-    interval."""
+    """The slope's reading: shrinking, growing, or flat within resolution (see the plan); :func:`no_interval`
+    without an interval."""
     if cell["low"] is None:
-        return NOT_RUN
+        return no_interval(cell)
     if half_mean is None or (cell["low"] <= 0 <= cell["high"]):
         return "flat within resolution"
     return "growing" if (cell["mean"] > 0) == (half_mean > 0) else "shrinking"
@@ -217,11 +222,11 @@ def markdown_branches(result) -> str:
     for name, cell in result["end"].items():
         seeds = ", ".join(f"{v:+.4f}" for _, v in sorted(cell["per_seed"].items())) or "-"
         lines.append(f"| {name} | {_fmt(cell)} | "
-                     + (f"adjusted p {cell['p_holm']:.2g}" if "p_holm" in cell else NOT_RUN) + f" | {seeds} |")
+                     + (f"adjusted p {cell['p_holm']:.2g}" if "p_holm" in cell else no_interval(cell)) + f" | {seeds} |")
     gap = result["warm_minus_cold"]
     lines += ["", f"LoCo warm - plain minus LoCo cold - plain (buffers warm at the branch against starting at zero): "
               f"{_fmt(gap)}; the plan's refutation (interval below -{result['margin']}): "
-              + ("refuted" if gap["refutes"] else "not refuted" if gap["low"] is not None else NOT_RUN) + ".",
+              + ("refuted" if gap["refutes"] else "not refuted" if gap["low"] is not None else no_interval(gap)) + ".",
               "", "## Along the branches (Benjamini-Hochberg over every interval below)", "",
               "| step | " + " | ".join(BRANCH_FAMILY) + " |", "|---|" + "---|" * len(BRANCH_FAMILY)]
     by_step = {}
@@ -253,7 +258,7 @@ def markdown(result) -> str:
     over = 3 if joint else 2
 
     def holm_text(cell):
-        return f"Holm over {over}: adjusted p {cell['p_holm']:.2g}" if "p_holm" in cell else NOT_RUN
+        return f"Holm over {over}: adjusted p {cell['p_holm']:.2g}" if "p_holm" in cell else no_interval(cell)
 
     if joint:
         lines.append(f"| end | LoCo - plain | {_fmt(p)} | {holm_text(p)}{extra} |")

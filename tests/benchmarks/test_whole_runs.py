@@ -81,6 +81,9 @@ def test_an_arm_not_yet_run_reads_as_such_and_leaves_the_others_whole(wr):
     assert all("p_holm" not in c and c["n"] == 0 for c in result["E"].values())
     text = wr.markdown(result)
     assert "| E | plain - full | - | not run yet |" in text and "nan" not in text
+    arms["full"] = {0: _runs()["full"][0]}  # one seed of full precision: +0.002 - 0.0004 (its wobble), no interval
+    text = wr.markdown(wr.analyse(arms, "4"))
+    assert "| E | plain - full | +0.0016 (1 seed) | 1 seed: no interval yet |" in text
 
 
 def test_holm_matches_a_hand_computed_example(wr):
