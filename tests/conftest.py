@@ -49,6 +49,7 @@ SLOW_TESTS = (
     "tests/unit/test_frameworks.py::test_accelerate_launch_runs_the_example_with_loco_and_the_documented_figures",
     "tests/unit/test_frameworks.py::test_hugging_face_trainer_runs_loco_after_install",
     "tests/unit/test_megatron_example.py::test_compression_stand_in_and_the_next_sitecustomize",
+    "tests/unit/test_megatron_example.py::test_unmodified_pretrain_gpt_trains_through_the_library_on_two_cpu_ranks",
     "tests/unit/test_packaging.py::test_sdist_has_every_kernel_source",
     "tests/unit/test_packaging.py::test_the_core_imports_and_runs_without_numpy_or_scipy_and_a_missing_extra_is_named",
     "tests/unit/test_packaging.py::test_wheel_installed_elsewhere_has_every_kernel_source_and_the_builder_finds_them",

@@ -9,9 +9,12 @@
 # Environment (defaults in brackets): MEGATRON (required), NUM_GPUS [1], TRAIN_ITERS [20], OUTPUT_DIR
 # [megatron_loco_out], DATA_PATH [$OUTPUT_DIR/data/tiny_text_document, written offline by make_data.py if absent],
 # NLAYERS [2], HIDDEN [128], HEADS [4], SEQ_LEN [128], MICRO_BATCH [4], VOCAB_SIZE [1024], BF16 [0],
-# LOCO_BITS [4], GROUP_SIZE [256], ERR_BETA [0.8], RESET_T [1024], MASTER_PORT [29500],
+# LOCO_BITS [4], ERROR_FEEDBACK [false], GROUP_SIZE [256], ERR_BETA [0.8], RESET_T [1024], MASTER_PORT [29500],
 # DRY_RUN [0: 1 writes the DeepSpeed config and prints the command without running it].
 # CPU only: DS_ACCELERATOR=cpu NUM_GPUS=2 starts 2 gloo processes (tests/unit/test_megatron_example.py).
+# The defaults are the README's recommended 4/4 config: plain qgZ through this library's reduce, no error buffers
+# (LoCo did not pay at 4 bits in any window measured: docs/when_loco_pays.md). LoCo's error feedback:
+# ERROR_FEEDBACK=true, advised at 2 bits for models up to ~10M parameters (LOCO_BITS=2 ERROR_FEEDBACK=true).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -31,6 +34,7 @@ TRAIN_ITERS=${TRAIN_ITERS:-20}
 VOCAB_SIZE=${VOCAB_SIZE:-1024}
 ZERO_STAGE=3
 LOCO_BITS=${LOCO_BITS:-4}
+ERROR_FEEDBACK=${ERROR_FEEDBACK:-false}
 GROUP_SIZE=${GROUP_SIZE:-256}
 ERR_BETA=${ERR_BETA:-0.8}
 RESET_T=${RESET_T:-1024}
@@ -57,7 +61,8 @@ cat <<EOT > "$DS_CONFIG"
       "reset_T": $RESET_T,
       "intra_node_bits": $LOCO_BITS,
       "inter_node_bits": $LOCO_BITS,
-      "group_size": $GROUP_SIZE
+      "group_size": $GROUP_SIZE,
+      "error_feedback": $ERROR_FEEDBACK
     }
   },
   "bf16": {"enabled": $bf16},

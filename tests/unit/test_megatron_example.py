@@ -5,8 +5,8 @@ validation and DeepSpeed's own) and its command line (DRY_RUN=1), the ``deepspee
 the PyTorch Apex stand-in, the torchvision stand-in and the example's requirements file. With a Megatron-DeepSpeed
 checkout (``$MEGATRON_DEEPSPEED``, else ``.megatron`` in the repository root; see docs/frameworks.md: CI cannot fetch
 one) and what it imports (examples/megatron/requirements.txt, a C++ compiler and make): its unmodified
-``pretrain_gpt.py`` for 3 iterations on 2 gloo CPU processes through the module runner, LoCo active; skipped, saying
-why, otherwise.
+``pretrain_gpt.py`` for 3 iterations on 2 gloo CPU processes through the module runner, the library's reduce active
+(the defaults' plain qgZ, and LoCo at 2 bits); skipped, saying why, otherwise.
 """
 import importlib
 import inspect
@@ -59,14 +59,17 @@ def test_shell_scripts_parse(shell_script):
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("env,world,bits", [({}, 1, 4), ({"NUM_GPUS": "2", "LOCO_BITS": "2"}, 2, 2)])
+@pytest.mark.parametrize("env,world,bits,error_feedback", [
+    ({}, 1, 4, False),  # the README's recommended 4/4 config
+    ({"NUM_GPUS": "2", "LOCO_BITS": "2", "ERROR_FEEDBACK": "true"}, 2, 2, True)])
 def test_launch_script_writes_a_zero3_qgz_loco_config_and_runs_pretrain_gpt_through_the_runner(tmp_path, env, world,
-                                                                                              bits):
+                                                                                              bits, error_feedback):
     config, command, megatron = _dry_run(tmp_path, **env)
     zero = config["zero_optimization"]
     assert zero["stage"] == 3 and zero["zero_quantized_gradients"] is True
     stripped, loco = split_loco_config(config)  # this package's validation of zeropp_loco_param
     assert loco is not None and loco.intra_node_bits == loco.inter_node_bits == bits and loco.group_size == 256
+    assert loco.error_feedback is error_feedback
     assert "zeropp_loco_param" not in stripped["zero_optimization"]
     from deepspeed.runtime.config import DeepSpeedConfig
     ds = DeepSpeedConfig(stripped)  # what stock DeepSpeed makes of the rest (one process here)
@@ -197,8 +200,11 @@ def _megatron_missing():
     return None
 
 
-def test_unmodified_pretrain_gpt_trains_with_loco_on_two_cpu_ranks(tmp_path):
-    """The example script end to end: data written offline, 3 iterations, the runner's LoCo start-up line (W=2)."""
+@pytest.mark.parametrize("settings,mode", [
+    ({}, "plain qgZ (error feedback off)"),  # the documented command: the README's 4/4 config
+    ({"LOCO_BITS": "2", "ERROR_FEEDBACK": "true"}, "LoCo error feedback")])
+def test_unmodified_pretrain_gpt_trains_through_the_library_on_two_cpu_ranks(tmp_path, settings, mode):
+    """The example script end to end: data written offline, 3 iterations, the runner's start-up line (W=2)."""
     missing = _megatron_missing()
     if missing:
         pytest.skip(missing)
@@ -210,13 +216,13 @@ def test_unmodified_pretrain_gpt_trains_with_loco_on_two_cpu_ranks(tmp_path):
     # torchvision: the launch script's own stand-in (compat/torchvision_standin) when the real one does not import
     env = dict(os.environ, MEGATRON=MEGATRON, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", NUM_GPUS="2",
                TRAIN_ITERS="3", MASTER_PORT=str(get_free_port()), OUTPUT_DIR=str(tmp_path / "out"),
-               PYTHONPATH=str(site))
+               PYTHONPATH=str(site), **settings)
     for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
         env.pop(name, None)
     proc = subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     startup = [line for line in output.splitlines() if "deepspeed-loco active" in line]
-    assert len(startup) == 1 and "LoCo error feedback; W=2 (M=1 nodes x L=2 ranks)" in startup[0], output[-6000:]
+    assert len(startup) == 1 and f"active: {mode}; W=2 (M=1 nodes x L=2 ranks)" in startup[0], output[-6000:]
     losses = [float(m) for m in re.findall(r"iteration +\d+/ +3 \|.*?lm loss: ([0-9.E+-]+)", output)]
     assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses), output[-6000:]
