@@ -82,6 +82,22 @@ def holm(pvalues, rate: float = RATE):
     return adjusted, [a <= rate for a in adjusted]
 
 
+def correct_holm(family: dict) -> None:
+    """Adds ``p_holm`` and ``survives`` to each cell of ``family`` (``{name: cell}``) that has a p-value: Holm's
+    correction over those cells."""
+    tested = [name for name, cell in family.items() if cell["p"] is not None]
+    for name, q, keep in zip(tested, *holm([family[n]["p"] for n in tested])):
+        family[name].update(p_holm=q, survives=keep)
+
+
+def correct_bh(cells: list) -> None:
+    """Adds ``p_bh`` and ``survives`` to each of ``cells`` that has a p-value: Benjamini-Hochberg over those."""
+    tested = [cell for cell in cells if cell["p"] is not None]
+    if tested:
+        for cell, q, keep in zip(tested, *benjamini_hochberg([c["p"] for c in tested])):
+            cell.update(p_bh=q, survives=keep)
+
+
 def slope(points):
     """Least-squares slope of ``[(step, value), ...]`` (value per step)."""
     xs, ys = zip(*points)
@@ -135,10 +151,7 @@ def analyse(arms, bits="4", tokens_per_step=None, end_family="split"):
     result["P"] = {"LoCo - plain": p}
     ends = {name: interval(paired(arms, a, b).values()) for name, (a, b) in
             (("plain - full", (plain, "full")), ("LoCo - full", (loco, "full")))}
-    family = dict(ends, **({"LoCo - plain": p} if end_family == "joint" else {}))
-    tested = [name for name, c in family.items() if c["p"] is not None]
-    for name, q, keep in zip(tested, *holm([family[n]["p"] for n in tested])):
-        family[name].update(p_holm=q, survives=keep)
+    correct_holm(dict(ends, **({"LoCo - plain": p} if end_family == "joint" else {})))
     result["end_family"] = end_family
     result["E"] = ends
     steps = sorted({s for runs in arms.values() for r in runs.values() for s, _ in r["validation"]})
@@ -148,10 +161,7 @@ def analyse(arms, bits="4", tokens_per_step=None, end_family="split"):
             cell = interval(paired(arms, a, b, step).values())
             cell.update(difference=name, step=step, tokens=step * tokens_per_step if tokens_per_step else None)
             trajectory.append(cell)
-    tested = [c for c in trajectory if c["p"] is not None]
-    if tested:
-        for cell, q, keep in zip(tested, *benjamini_hochberg([c["p"] for c in tested])):
-            cell.update(p_bh=q, survives=keep)
+    correct_bh(trajectory)
     result["T"] = trajectory
     half = [s for s in steps if s >= LAST_HALF_FROM]
     slopes = {}
@@ -162,9 +172,7 @@ def analyse(arms, bits="4", tokens_per_step=None, end_family="split"):
                       and c["mean"] is not None]
         cell.update(per_seed=per_seed, reading=reading(cell, statistics.fmean(half_means) if half_means else None))
         slopes[name] = cell
-    tested = [n for n, c in slopes.items() if c["p"] is not None]
-    for name, q, keep in zip(tested, *holm([slopes[n]["p"] for n in tested])):
-        slopes[name].update(p_holm=q, survives=keep)
+    correct_holm(slopes)
     result["S"] = slopes
     result["generalization"] = {
         key: statistics.fmean(r["final_val_loss"] - statistics.fmean(r["train_losses"][-10:]) for r in runs.values())
@@ -195,9 +203,7 @@ def analyse_branches(arms):
     (the plan's refutation test: resolved below -``MARGIN``), and each difference along the branches (BH)."""
     ends = {name: dict(interval(paired(arms, a, b).values()), per_seed=paired(arms, a, b))
             for name, (a, b) in BRANCH_FAMILY.items()}
-    tested = [n for n, c in ends.items() if c["p"] is not None]
-    for name, q, keep in zip(tested, *holm([ends[n]["p"] for n in tested])):
-        ends[name].update(p_holm=q, survives=keep)
+    correct_holm(ends)
     warm, cold = ends["LoCo warm - plain"]["per_seed"], ends["LoCo cold - plain"]["per_seed"]
     gap = {seed: warm[seed] - cold[seed] for seed in sorted(set(warm) & set(cold))}
     warm_minus_cold = dict(interval(gap.values()), per_seed=gap)
@@ -206,10 +212,7 @@ def analyse_branches(arms):
                     for s, _ in r["validation"] if s > r["setup"]["resumed_from"]})
     trajectory = [dict(interval(paired(arms, a, b, step).values()), difference=name, step=step)
                   for name, (a, b) in BRANCH_FAMILY.items() for step in steps]
-    tested = [c for c in trajectory if c["p"] is not None]
-    if tested:
-        for cell, q, keep in zip(tested, *benjamini_hochberg([c["p"] for c in tested])):
-            cell.update(p_bh=q, survives=keep)
+    correct_bh(trajectory)
     return {"margin": MARGIN, "seeds": {k: sorted(v) for k, v in arms.items()}, "end": ends,
             "warm_minus_cold": warm_minus_cold, "T": trajectory}
 
