@@ -72,6 +72,18 @@ def interval(values):
     return {"n": len(values), "mean": mean, "low": low, "high": high, "p": paired_t_test(values)[2]}
 
 
+def with_seeds(per_seed):
+    """:func:`interval` of the paired differences ``{seed: difference}``, with them kept under ``per_seed``."""
+    return dict(interval(per_seed.values()), per_seed=per_seed)
+
+
+def trajectory(arms, differences, steps):
+    """One :func:`interval` cell per difference ``{name: (first arm, second arm)}`` and evaluation step, each
+    naming its ``difference`` and ``step``."""
+    return [dict(interval(paired(arms, a, b, step).values()), difference=name, step=step)
+            for name, (a, b) in differences.items() for step in steps]
+
+
 def holm(pvalues, rate: float = RATE):
     """Holm's step-down adjusted p-values and rejections at ``rate``."""
     order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
@@ -88,6 +100,11 @@ def correct_holm(family: dict) -> None:
     tested = [name for name, cell in family.items() if cell["p"] is not None]
     for name, q, keep in zip(tested, *holm([family[n]["p"] for n in tested])):
         family[name].update(p_holm=q, survives=keep)
+
+
+def holm_text(cell, over: int) -> str:
+    """A cell's Holm correction over a family of ``over``, for the tables; :func:`no_interval` without a test."""
+    return f"Holm over {over}: adjusted p {cell['p_holm']:.2g}" if "p_holm" in cell else no_interval(cell)
 
 
 def correct_bh(cells: list) -> None:
@@ -143,10 +160,9 @@ def analyse(arms, bits="4", tokens_per_step=None, end_family="split"):
         raise ValueError(f"end_family = {end_family!r}: it must be one of {END_FAMILIES}")
     plain, loco = f"plain{bits}", f"loco{bits}"
     result = {"margin": MARGIN, "seeds": {k: sorted(v) for k, v in arms.items()}}
-    per_seed = paired(arms, loco, plain)
-    p = dict(interval(per_seed.values()), per_seed=per_seed)
+    p = with_seeds(paired(arms, loco, plain))
     if p["n"] >= 2:
-        p["tost_p"], p["low90"], p["high90"] = tost(list(per_seed.values()), MARGIN)
+        p["tost_p"], p["low90"], p["high90"] = tost(list(p["per_seed"].values()), MARGIN)
         p["reading"] = equivalence_label(p["p"], p["tost_p"], MARGIN)
     result["P"] = {"LoCo - plain": p}
     ends = {name: interval(paired(arms, a, b).values()) for name, (a, b) in
@@ -155,20 +171,18 @@ def analyse(arms, bits="4", tokens_per_step=None, end_family="split"):
     result["end_family"] = end_family
     result["E"] = ends
     steps = sorted({s for runs in arms.values() for r in runs.values() for s, _ in r["validation"]})
-    trajectory = []
-    for name, (a, b) in (("LoCo - plain", (loco, plain)), ("plain - full", (plain, "full"))):
-        for step in steps:
-            cell = interval(paired(arms, a, b, step).values())
-            cell.update(difference=name, step=step, tokens=step * tokens_per_step if tokens_per_step else None)
-            trajectory.append(cell)
-    correct_bh(trajectory)
-    result["T"] = trajectory
+    differences = {"LoCo - plain": (loco, plain), "plain - full": (plain, "full")}
+    cells = trajectory(arms, differences, steps)
+    for cell in cells:
+        cell["tokens"] = cell["step"] * tokens_per_step if tokens_per_step else None
+    correct_bh(cells)
+    result["T"] = cells
     half = [s for s in steps if s >= LAST_HALF_FROM]
     slopes = {}
-    for name, (a, b) in (("LoCo - plain", (loco, plain)), ("plain - full", (plain, "full"))):
+    for name, (a, b) in differences.items():
         per_seed = last_half_slopes(arms, a, b, half)
         cell = interval(per_seed.values())
-        half_means = [c["mean"] for c in trajectory if c["difference"] == name and c["step"] in half
+        half_means = [c["mean"] for c in cells if c["difference"] == name and c["step"] in half
                       and c["mean"] is not None]
         cell.update(per_seed=per_seed, reading=reading(cell, statistics.fmean(half_means) if half_means else None))
         slopes[name] = cell
@@ -201,31 +215,28 @@ BRANCH_FAMILY = {  # stage B's differences at the branches' end, one family (Hol
 def analyse_branches(arms):
     """Stage B's fixed analysis, as a dict: the family at the last evaluation (Holm), warm minus cold per seed
     (the plan's refutation test: resolved below -``MARGIN``), and each difference along the branches (BH)."""
-    ends = {name: dict(interval(paired(arms, a, b).values()), per_seed=paired(arms, a, b))
-            for name, (a, b) in BRANCH_FAMILY.items()}
+    ends = {name: with_seeds(paired(arms, a, b)) for name, (a, b) in BRANCH_FAMILY.items()}
     correct_holm(ends)
     warm, cold = ends["LoCo warm - plain"]["per_seed"], ends["LoCo cold - plain"]["per_seed"]
     gap = {seed: warm[seed] - cold[seed] for seed in sorted(set(warm) & set(cold))}
-    warm_minus_cold = dict(interval(gap.values()), per_seed=gap)
+    warm_minus_cold = with_seeds(gap)
     warm_minus_cold["refutes"] = warm_minus_cold["high"] is not None and warm_minus_cold["high"] < -MARGIN
     steps = sorted({s for name in ("plain", "plain warm") for r in arms.get(name, {}).values()
                     for s, _ in r["validation"] if s > r["setup"]["resumed_from"]})
-    trajectory = [dict(interval(paired(arms, a, b, step).values()), difference=name, step=step)
-                  for name, (a, b) in BRANCH_FAMILY.items() for step in steps]
-    correct_bh(trajectory)
+    cells = trajectory(arms, BRANCH_FAMILY, steps)
+    correct_bh(cells)
     return {"margin": MARGIN, "seeds": {k: sorted(v) for k, v in arms.items()}, "end": ends,
-            "warm_minus_cold": warm_minus_cold, "T": trajectory}
+            "warm_minus_cold": warm_minus_cold, "T": cells}
 
 
 def markdown_branches(result) -> str:
     """Stage B's analysis as text (bold: surviving the correction of its family)."""
     lines = ["# Stage B, branches: analysis", "", f"Seeds finished per arm: {result['seeds']}.", "",
              "## At the branches' end (one family: Holm over the 4)", "",
-             "| difference | mean [95% interval] | Holm | per seed |", "|---|---|---|---|"]
+             "| difference | mean [95% interval] | correction | per seed |", "|---|---|---|---|"]
     for name, cell in result["end"].items():
         seeds = ", ".join(f"{v:+.4f}" for _, v in sorted(cell["per_seed"].items())) or "-"
-        lines.append(f"| {name} | {_fmt(cell)} | "
-                     + (f"adjusted p {cell['p_holm']:.2g}" if "p_holm" in cell else no_interval(cell)) + f" | {seeds} |")
+        lines.append(f"| {name} | {_fmt(cell)} | {holm_text(cell, len(BRANCH_FAMILY))} | {seeds} |")
     gap = result["warm_minus_cold"]
     lines += ["", f"LoCo warm - plain minus LoCo cold - plain (buffers warm at the branch against starting at zero): "
               f"{_fmt(gap)}; the plan's refutation (interval below -{result['margin']}): "
@@ -259,18 +270,14 @@ def markdown(result) -> str:
              f"{p['high90']:+.4f}]): {p['reading']}" if "tost_p" in p else "")
     joint = result["end_family"] == "joint"
     over = 3 if joint else 2
-
-    def holm_text(cell):
-        return f"Holm over {over}: adjusted p {cell['p_holm']:.2g}" if "p_holm" in cell else no_interval(cell)
-
     if joint:
-        lines.append(f"| end | LoCo - plain | {_fmt(p)} | {holm_text(p)}{extra} |")
+        lines.append(f"| end | LoCo - plain | {_fmt(p)} | {holm_text(p, over)}{extra} |")
     else:
         lines.append(f"| P | LoCo - plain | {_fmt(dict(p, survives=p.get('p') is not None and p['p'] < RATE))} | "
                      f"none (one interval){extra} |")
     per_seed = ", ".join(f"seed {seed} {value:+.4f}" for seed, value in sorted(p["per_seed"].items()))
     for name, cell in result["E"].items():
-        lines.append(f"| {'end' if joint else 'E'} | {name} | {_fmt(cell)} | {holm_text(cell)} |")
+        lines.append(f"| {'end' if joint else 'E'} | {name} | {_fmt(cell)} | {holm_text(cell, over)} |")
     lines += ["", f"LoCo - plain at the end, per seed: {per_seed or '-'}.",
               "", "## Along the run (family T: Benjamini-Hochberg over every interval below)", "",
               "| step | tokens | LoCo - plain | plain - full |", "|---|---|---|---|"]
