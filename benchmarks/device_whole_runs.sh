@@ -99,8 +99,10 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
     fi
     kernels_ready
     echo "side by side: $par"
-    S="size=medium,text=$corpus,nodes=2,local=8,micro_batch=$micro,lr=$lr,warmup=$(( steps / 10 )),eval_every=50"
-    S="$S,eval_windows=1024,quant_grid=auto,stream_nodes=1,grad_mode=loop${compile:+,compile=$compile}"
+    # what every stage's runs share: the layout, the text, the evaluation, the grid, the streamed nodes
+    every="text=$corpus,nodes=2,local=8,warmup=$(( steps / 10 )),eval_every=50,eval_windows=1024,quant_grid=auto"
+    every="$every,stream_nodes=1"
+    S="size=medium,$every,micro_batch=$micro,lr=$lr,grad_mode=loop${compile:+,compile=$compile}"
     matrices=()
     case $stage in
         A)
@@ -118,9 +120,7 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
                        --matrix "lbF_b4096:$steps:$seeds:plain4,loco4:$S,resume_from=100,stop_at=400"
                        --matrix "lbL_b4096:$steps:$seeds:plain4:$S,resume_from=100,stop_at=400") ;;
         C)
-            C="size=125m,text=$corpus,nodes=2,local=8,micro_batch=4,lr=0.001,warmup=100,eval_every=50"
-            C="$C,eval_windows=1024,quant_grid=auto,stream_nodes=1"
-            matrices+=(--matrix "m125_s1000:$steps:${SEEDS:-0,1,2}:${ARMS:-plain4,loco4,full}:$C") ;;
+            matrices+=(--matrix "m125_s1000:$steps:${SEEDS:-0,1,2}:${ARMS:-plain4,loco4,full}:size=125m,$every,micro_batch=4,lr=0.001") ;;
     esac
     setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "$par" --budget 100000 \
         --out "$W/runs.jsonl" --logs "$W/logs" "${matrices[@]}" >"$W/launch.log" 2>&1 </dev/null &
