@@ -11,12 +11,13 @@
 #   bash benchmarks/device_whole_runs.sh watch 580                   # each later call of the same lease
 # STAGE (default A), as the study's plan fixes each:
 #   A: the 10.8M model at 1024 sequences, full, plain 4/4 and LoCo 4/4 from step 1 (.corpus_large.tar.xz). TAG,
-#      SEEDS (or SEEDS_FIRST and SEEDS_LATER), ARMS_FIRST, ARMS_LATER, STEPS, BATCH: its two matrices (defaults
-#      below; an empty one is left out); EXTRA_MATRIX: one more matrix (TAG:STEPS:SEEDS:ARMS:SETTINGS), after them.
+#      SEEDS (or SEEDS_FIRST and SEEDS_LATER), ARMS_FIRST, ARMS_LATER, STEPS, BATCH: its two matrices (plain and
+#      LoCo of every seed, then full; an empty one is left out); EXTRA_MATRIX: one more matrix
+#      (TAG:STEPS:SEEDS:ARMS:SETTINGS), after them.
 #   B: 4096 sequences, per seed (SEEDS, default 0,1,2) a full and a LoCo 4/4 trunk saved after step 100 and their
 #      branches over steps 101-400 (.corpus_xl.tar.xz); a branch starts once its trunk's state is written.
 #   C: the 116M model at 64 sequences, full, plain 4/4 and LoCo 4/4 (SEEDS, default 0,1,2) from step 1, eager
-#      (.corpus_large.tar.xz); no yardsticks.
+#      (.corpus_large.tar.xz), in A's order and with its ARMS_/SEEDS_ variables; no yardsticks.
 # COMPILE=0 forces eager; PAR: the most runs side by side (default 6; stage A: fewer where RUN_SECONDS, the lease's
 # seconds left after the launch, would not let them finish).
 set -uo pipefail
@@ -104,14 +105,16 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
     every="$every,stream_nodes=1"
     S="size=medium,$every,micro_batch=$micro,lr=$lr,grad_mode=loop${compile:+,compile=$compile}"
     matrices=()
+    plain_and_loco_then_full() {  # TAG SEEDS SETTINGS: plain 4/4 and LoCo 4/4 of every seed first, the full runs after
+        # them (a lease cut short still has LoCo - plain on every seed); ARMS_FIRST, ARMS_LATER, SEEDS_FIRST and
+        # SEEDS_LATER change the two matrices, an empty one is left out
+        local first=${ARMS_FIRST-plain4,loco4} later=${ARMS_LATER-full}
+        [ -n "$first" ] && matrices+=(--matrix "$1:$steps:${SEEDS_FIRST:-$2}:$first:$3")
+        [ -n "$later" ] && matrices+=(--matrix "$1:$steps:${SEEDS_LATER:-$2}:$later:$3")
+    }
     case $stage in
         A)
-            tag=${TAG:-wr16_b$BATCH}
-            seeds=${SEEDS:-0,1,2,3,4}
-            first=${ARMS_FIRST-plain4,loco4}
-            later=${ARMS_LATER-full}
-            [ -n "$first" ] && matrices+=(--matrix "$tag:$steps:${SEEDS_FIRST:-$seeds}:$first:$S")
-            [ -n "$later" ] && matrices+=(--matrix "$tag:$steps:${SEEDS_LATER:-$seeds}:$later:$S")
+            plain_and_loco_then_full "${TAG:-wr16_b$BATCH}" "${SEEDS:-0,1,2,3,4}" "$S"
             [ -n "${EXTRA_MATRIX:-}" ] && matrices+=(--matrix "$EXTRA_MATRIX") ;;  # another stage's runs, after these
         B)
             seeds=${SEEDS:-0,1,2}
@@ -120,7 +123,7 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
                        --matrix "lbF_b4096:$steps:$seeds:plain4,loco4:$S,resume_from=100,stop_at=400"
                        --matrix "lbL_b4096:$steps:$seeds:plain4:$S,resume_from=100,stop_at=400") ;;
         C)
-            matrices+=(--matrix "m125_s1000:$steps:${SEEDS:-0,1,2}:${ARMS:-plain4,loco4,full}:size=125m,$every,micro_batch=4,lr=0.001") ;;
+            plain_and_loco_then_full m125_s1000 "${SEEDS:-0,1,2}" "size=125m,$every,micro_batch=4,lr=0.001" ;;
     esac
     setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "$par" --budget 100000 \
         --out "$W/runs.jsonl" --logs "$W/logs" "${matrices[@]}" >"$W/launch.log" 2>&1 </dev/null &
