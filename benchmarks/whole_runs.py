@@ -84,27 +84,37 @@ def trajectory(arms, differences, steps):
             for name, (a, b) in differences.items() for step in steps]
 
 
-def holm(pvalues, rate: float = RATE):
-    """Holm's step-down adjusted p-values and rejections at ``rate``."""
+def holm(pvalues, rate: float = RATE, of: int | None = None):
+    """Holm's step-down adjusted p-values and rejections at ``rate``. ``of``: the family's planned size where some of
+    its members have no p-value yet; they are taken as the largest, which bounds each adjusted p from above."""
+    size = len(pvalues) if of is None else of
+    if size < len(pvalues):
+        raise ValueError(f"holm: of = {of} is smaller than the {len(pvalues)} p-values given")
     order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
     adjusted, running = [0.0] * len(pvalues), 0.0
     for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        running = max(running, min(1.0, (size - rank) * pvalues[i]))
         adjusted[i] = running
     return adjusted, [a <= rate for a in adjusted]
 
 
 def correct_holm(family: dict) -> None:
     """Adds ``p_holm`` and ``survives`` to each cell of ``family`` (``{name: cell}``) that has a p-value: Holm's
-    correction over those cells."""
+    correction over the whole family; where some cells have none yet, an upper bound (:func:`holm`'s ``of``), and
+    ``holm_untested`` says how many."""
     tested = [name for name, cell in family.items() if cell["p"] is not None]
-    for name, q, keep in zip(tested, *holm([family[n]["p"] for n in tested])):
-        family[name].update(p_holm=q, survives=keep)
+    untested = len(family) - len(tested)
+    for name, q, keep in zip(tested, *holm([family[n]["p"] for n in tested], of=len(family))):
+        family[name].update(p_holm=q, survives=keep, **({"holm_untested": untested} if untested else {}))
 
 
 def holm_text(cell, over: int) -> str:
     """A cell's Holm correction over a family of ``over``, for the tables; :func:`no_interval` without a test."""
-    return f"Holm over {over}: adjusted p {cell['p_holm']:.2g}" if "p_holm" in cell else no_interval(cell)
+    if "p_holm" not in cell:
+        return no_interval(cell)
+    if cell.get("holm_untested"):
+        return f"Holm over {over} ({cell['holm_untested']} not run yet): adjusted p at most {cell['p_holm']:.2g}"
+    return f"Holm over {over}: adjusted p {cell['p_holm']:.2g}"
 
 
 def correct_bh(cells: list) -> None:
@@ -167,7 +177,11 @@ def analyse(arms, bits="4", tokens_per_step=None, end_family="split"):
     result["P"] = {"LoCo - plain": p}
     ends = {name: interval(paired(arms, a, b).values()) for name, (a, b) in
             (("plain - full", (plain, "full")), ("LoCo - full", (loco, "full")))}
-    correct_holm(dict(ends, **({"LoCo - plain": p} if end_family == "joint" else {})))
+    joint = end_family == "joint"
+    correct_holm(dict(ends, **({"LoCo - plain": p} if joint else {})))
+    if joint and "tost_p" in p:  # in a family of three, equivalence too is judged at the family's rate: Bonferroni
+        p["tost_p_family"] = min(1.0, 3 * p["tost_p"])
+        p["reading"] = equivalence_label(p["p_holm"], p["tost_p_family"], MARGIN)
     result["end_family"] = end_family
     result["E"] = ends
     steps = sorted({s for runs in arms.values() for r in runs.values() for s, _ in r["validation"]})
@@ -266,8 +280,9 @@ def markdown(result) -> str:
     lines = ["# Whole runs: analysis", "", f"Seeds finished per arm: {result['seeds']}.", "",
              "## At the end (step of the last evaluation)", "",
              "| family | difference | mean [95% interval] | correction |", "|---|---|---|---|"]
-    extra = (f"; two one-sided tests at +-{result['margin']}: p = {p['tost_p']:.2g} (90% [{p['low90']:+.4f}, "
-             f"{p['high90']:+.4f}]): {p['reading']}" if "tost_p" in p else "")
+    family = f", x 3 for the family {p['tost_p_family']:.2g}" if "tost_p_family" in p else ""
+    extra = (f"; two one-sided tests at +-{result['margin']}: p = {p['tost_p']:.2g}{family} (90% "
+             f"[{p['low90']:+.4f}, {p['high90']:+.4f}]): {p['reading']}" if "tost_p" in p else "")
     joint = result["end_family"] == "joint"
     over = 3 if joint else 2
     if joint:

@@ -86,6 +86,25 @@ def test_an_arm_not_yet_run_reads_as_such_and_leaves_the_others_whole(wr):
     assert "| E | plain - full | +0.0016 (1 seed) | 1 seed: no interval yet |" in text
 
 
+def test_a_family_with_members_not_yet_run_gets_holms_upper_bound(wr):
+    """Stage C's plain and LoCo runs before its full ones: LoCo - plain is corrected as if the two differences not
+    yet run had the largest p-values (x 3), which no later run can raise; equivalence is judged at x 3 too."""
+    arms = {key: runs for key, runs in _runs().items() if key != "full"}
+    result = wr.analyse(arms, "4", end_family="joint")
+    p = result["P"]["LoCo - plain"]
+    assert p["holm_untested"] == 2 and p["p_holm"] == pytest.approx(min(1.0, 3 * p["p"]), rel=1e-12)
+    assert p["tost_p_family"] == pytest.approx(min(1.0, 3 * p["tost_p"]), rel=1e-12)
+    assert "Holm over 3 (2 not run yet): adjusted p at most" in wr.markdown(result)
+    for others in ([0.9, 0.95], [1e-6, 1e-5]):  # whatever the missing p-values turn out to be, Holm is at most the bound
+        assert wr.holm([p["p"], *others])[0][0] <= p["p_holm"] + 1e-15
+    assert "holm_untested" not in wr.analyse(_runs(), "4", end_family="joint")["P"]["LoCo - plain"]
+
+
+def test_holm_refuses_a_family_smaller_than_its_p_values(wr):
+    with pytest.raises(ValueError, match="of = 1 is smaller than the 2 p-values"):
+        wr.holm([0.01, 0.02], of=1)
+
+
 def test_holm_matches_a_hand_computed_example(wr):
     """p = (0.01, 0.04, 0.03): sorted 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> kept monotone 0.06."""
     adjusted, rejected = wr.holm([0.01, 0.04, 0.03])
