@@ -6,8 +6,9 @@ full and LoCo - full, Holm over 2; stage C: the three together, Holm over 3), al
 and plain - full at every evaluation, Benjamini-Hochberg), the slope over the last half (family S, Holm),
 equivalence within the fixed margin (two one-sided t-tests) and the gap between training and held-out loss at the
 end; where a family's members are not all run yet, Holm's adjusted p is bounded from above (the missing p-values
-taken as the largest), and stage C's equivalence is judged at its family's rate. Stage B, branches: LoCo cold - plain, LoCo warm - plain, plain - full and LoCo cold - full at the branches'
-end (Holm over the 4), warm minus cold (the plan's refutation test), and the four along the branches (BH).
+taken as the largest), and stage C's equivalence is judged at its family's rate. Stage B, branches: LoCo cold -
+plain, LoCo warm - plain, plain - full and LoCo cold - full at the branches' end (Holm over the 4), warm minus cold
+(the plan's refutation test), and the four along the branches (BH).
 
     python3 benchmarks/whole_runs.py --runs benchmarks/results/whole_runs/runs/*.jsonl \\
         --out benchmarks/results/whole_runs/analysis [--stage A|B|C] [--bits 4]
@@ -283,7 +284,7 @@ def markdown(result) -> str:
              "## At the end (step of the last evaluation)", "",
              "| family | difference | mean [95% interval] | correction |", "|---|---|---|---|"]
     joint = result["end_family"] == "joint"
-    over = 3 if joint else 2
+    over = len(result["E"]) + joint  # the end family's size: E's differences, with LoCo - plain where joint
     family = f", x {over} for the family {p['tost_p_family']:.2g}" if "tost_p_family" in p else ""
     extra = (f"; two one-sided tests at +-{result['margin']}: p = {p['tost_p']:.2g}{family} (90% "
              f"[{p['low90']:+.4f}, {p['high90']:+.4f}]): {p['reading']}" if "tost_p" in p else "")
