@@ -5,7 +5,7 @@ new, has a default, and is documented in ``docs/config.md``. Validation is pydan
 is not a float, ``true`` is not an integer); every failure is a :class:`LocoConfigError` whose message names
 ``zeropp_loco_param.<key>``, the bad value and what is valid.
 """
-from typing import Annotated, Any, Literal, Mapping, Optional
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -13,7 +13,8 @@ from deepspeed_loco.layout import formats, limits
 
 CONFIG_KEY = "zeropp_loco_param"
 SUPPORTED_GRAD_BITS = limits.WIRE_BITS  # the kernels' limits, written once in csrc/quantization/loco_limits.h
-SUPPORTED_ERROR_BITS = tuple(int(storage) for storage in formats.STORED)  # the error buffers' formats: 8, 32
+SUPPORTED_ERROR_BITS = tuple(storage.bits for storage in formats.STORED)  # the error buffers' formats: 4, 8, 32
+INTER_NODE_ONLY = "inter_node"  # error_feedback: only the inter-node hop keeps error
 MIN_GROUP_SIZE = limits.MIN_GROUP_SIZE
 MAX_GROUP_SIZE = limits.MAX_GROUP_SIZE
 ON_CORRUPT_CHECKPOINT = ("error", "reset")
@@ -49,8 +50,16 @@ class LocoConfig(BaseModel):
     reset_T: all error buffers are zeroed every ``reset_T`` optimizer steps.
     intra_node_bits / inter_node_bits: gradient bits on the ``intra_node`` and ``inter_node`` hops.
     group_size: elements per quantization group (a power of two); one fp32 scale per group travels with the data.
-    error_bits: storage of the error buffers, 8 (int8 with one fp32 scale per group) or 32 (fp32).
-    error_feedback: False gives plain qgZ through the same path (the A/B baseline).
+    error_bits: storage of the error buffers: 8 (int8 with one fp32 scale per group, the default), 4 (4-bit values,
+        two per byte, with one fp32 scale per group: half the bytes) or 32 (fp32).
+    error_feedback: which hops keep an error buffer. True (the default, upstream's meaning): every hop. False: none,
+        plain qgZ through the same path (the A/B baseline). "inter_node": only the inter-node hop (about ``N / L``
+        values per rank instead of ``N (1 + 1/L)``); the intra-node hop quantizes without compensation, so pair it
+        with more intra-node bits (8/2). With one node there is no inter-node hop and error feedback is off (logged);
+        with one rank per node the inter-node hop is the only hop, so it equals True.
+    checkpoint_error_state: True (the default): checkpoints carry the error buffers and a resume is exact. False:
+        checkpoints leave them out (the error state is the largest part of a LoCo checkpoint); a resume starts the
+        buffers from zero, as a ``reset_T`` reset does, and logs so.
     local_world_size: ranks per node; None takes it from the launcher (``LOCAL_WORLD_SIZE``).
     on_corrupt_checkpoint: what loading a checkpoint whose LoCo state is corrupt or truncated does: "error" (raise
         ``LocoCheckpointError``) or "reset" (start the error buffers from zero with a WARNING).
@@ -81,7 +90,8 @@ class LocoConfig(BaseModel):
     group_size: Annotated[int, _rule(f"a power of two from {MIN_GROUP_SIZE} to {MAX_GROUP_SIZE}", ge=MIN_GROUP_SIZE,
                                      le=MAX_GROUP_SIZE), AfterValidator(_power_of_two)] = 256
     error_bits: Annotated[Literal[SUPPORTED_ERROR_BITS], _rule(f"one of {SUPPORTED_ERROR_BITS}")] = 8
-    error_feedback: Annotated[bool, _rule("true or false")] = True
+    error_feedback: Annotated[Union[bool, Literal[INTER_NODE_ONLY]],
+                              _rule(f'true, false or "{INTER_NODE_ONLY}"')] = True
     local_world_size: Annotated[Optional[int], _rule("an integer >= 1, or null for the launcher's", ge=1)] = None
     on_corrupt_checkpoint: Annotated[Literal[ON_CORRUPT_CHECKPOINT], _rule('"error" or "reset"')] = "error"
     hadamard: Annotated[bool, _rule("true or false")] = False
@@ -89,6 +99,7 @@ class LocoConfig(BaseModel):
     kernels: Annotated[Literal[KERNEL_CHOICES], _rule('"auto", "cuda" or "reference"')] = "auto"
     rho_every: Annotated[int, _rule("an integer >= 0 (optimizer steps between measurements; 0: off)", ge=0)] = 10
     rho_log_every: Annotated[int, _rule("an integer >= 0 (optimizer steps between log lines; 0: never)", ge=0)] = 100
+    checkpoint_error_state: Annotated[bool, _rule("true or false")] = True
 
     def __init__(self, **values: Any):
         """Validates ``values``; raises :class:`LocoConfigError` naming every bad or unknown key."""
@@ -121,6 +132,8 @@ def _describe(model: type, err: ValidationError) -> str:
     for problem in problems:
         if problem["type"] != "extra_forbidden":
             key = str(problem["loc"][0])
-            messages.append(f"{CONFIG_KEY}.{key} = {problem['input']!r} is invalid: it must be "
-                            f"{model.model_fields[key].description}")
+            message = (f"{CONFIG_KEY}.{key} = {problem['input']!r} is invalid: it must be "
+                       f"{model.model_fields[key].description}")
+            if message not in messages:  # a union (error_feedback) reports each of its members
+                messages.append(message)
     return "; ".join(messages)

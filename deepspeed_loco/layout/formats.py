@@ -3,58 +3,102 @@ the quantization grids (:data:`GRIDS`, each a :class:`Rounding` of the quotient 
 
 The CUDA kernels mirror both in ``deepspeed_loco/csrc/quantization/loco_formats.h`` (same names, values and order;
 ``tests/unit/layout/test_formats.py`` compiles that header and compares). The config's JSON values are these
-formats' public names: ``error_bits`` is an :class:`ErrorStorage` value (8 or 32), ``quant_grid`` a name of
+formats' public names: ``error_bits`` is the ``bits`` of a stored :class:`ErrorStorage` (4, 8 or 32; ``of_bits``),
+``quant_grid`` a name of
 :data:`GRIDS` (or ``"auto"``).
 """
 import enum
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from deepspeed_loco.layout.partition import SCALE_BYTES
 
 
+@dataclass(frozen=True)
+class StorageFormat:
+    """What an error buffer's storage is: its values' ``dtype``, ``per_element`` stored values in one element of that
+    dtype (2: two 4-bit codes a byte, the even column in the low nibble), ``bits`` of one value (``error_bits``), and
+    whether one fp32 scale per group comes with them (``scaled``: the error is ``code * scale``, symmetric,
+    ``qmax = 2^(bits-1) - 1``, nearest-even)."""
+    label: str
+    bits: int
+    dtype: Optional[torch.dtype]
+    per_element: int
+    scaled: bool
+
+
 class ErrorStorage(enum.IntEnum):
-    """How an error-feedback buffer keeps its fp32 error ``(rows, cols)`` between steps; the value is its bits
-    (``zeropp_loco_param.error_bits``). ``NONE``: no buffer (error feedback off), a case only the kernels take."""
+    """How an error-feedback buffer keeps its fp32 error ``(rows, cols)`` between steps. The value is the kernels'
+    code for it (``loco_formats.h``), not a bit count; :attr:`format` describes it (its ``bits`` are the config's
+    ``error_bits``). ``NONE``: no buffer (error feedback off), a case only the kernels take."""
     NONE = 0
-    INT8 = 8  # int8 codes (rows, cols) and one fp32 scale per group (rows, cols // group_size): symmetric, qmax 127
-    FP32 = 32  # fp32 values (rows, cols), no scale
+    INT4 = 1  # 4-bit codes, two per byte: uint8 (rows, cols // 2), and one fp32 scale per group: qmax 7
+    INT8 = 2  # int8 codes (rows, cols) and one fp32 scale per group (rows, cols // group_size): qmax 127
+    FP32 = 3  # fp32 values (rows, cols), no scale
+
+    @property
+    def format(self) -> StorageFormat:
+        return FORMATS[self]
 
     @property
     def label(self) -> str:
-        """The storage as the start-up line and messages name it: ``"int8"``, ``"fp32"`` or ``"none"``."""
-        return self.name.lower()
+        """The storage as the start-up line and messages name it: ``"int4"``, ``"int8"``, ``"fp32"`` or ``"none"``."""
+        return self.format.label
+
+    @property
+    def bits(self) -> int:
+        """Bits of one stored value (``zeropp_loco_param.error_bits``); 0 for ``NONE``."""
+        return self.format.bits
 
     @property
     def values_dtype(self) -> torch.dtype:
-        """The dtype of the buffer's values (ValueError for ``NONE``, which has none)."""
-        if self is ErrorStorage.NONE:
+        """The dtype of the buffer's values tensor (ValueError for ``NONE``, which has none)."""
+        if self.format.dtype is None:
             raise ValueError("ErrorStorage.NONE holds no values")
-        return torch.int8 if self is ErrorStorage.INT8 else torch.float32
+        return self.format.dtype
 
     @property
     def scaled(self) -> bool:
-        """Whether the values come with one fp32 scale per group (their error is ``values * scale``)."""
-        return self is ErrorStorage.INT8
+        """Whether the values come with one fp32 scale per group (their error is ``code * scale``)."""
+        return self.format.scaled
+
+    def values_shape(self, rows: int, cols: int) -> Tuple[int, int]:
+        """The shape of the values tensor of a ``(rows, cols)`` error (``cols`` a multiple of 8)."""
+        return rows, cols // self.format.per_element
 
     def row_bytes(self, cols: int, group_size: int) -> int:
         """Bytes of one buffer row of ``cols`` columns (a multiple of ``group_size``), scales included."""
-        values = cols * torch.empty((), dtype=self.values_dtype).element_size()
+        values = cols // self.format.per_element * torch.empty((), dtype=self.values_dtype).element_size()
         return values + (cols // group_size * SCALE_BYTES if self.scaled else 0)
 
     @classmethod
+    def of_bits(cls, bits: int) -> "ErrorStorage":
+        """The storage of ``error_bits = bits``; ValueError naming the valid ones otherwise."""
+        for storage in STORED:
+            if storage.bits == bits:
+                return storage
+        raise ValueError(f"error_bits {bits!r}: an error buffer stores {', '.join(str(s.bits) for s in STORED)} bits")
+
+    @classmethod
     def of_values(cls, dtype: torch.dtype) -> "ErrorStorage":
-        """The storage whose values have ``dtype``; ValueError naming the valid ones otherwise."""
+        """The storage whose values tensor has ``dtype`` (each stored format has its own); ValueError naming the
+        valid ones otherwise."""
         for storage in STORED:
             if storage.values_dtype == dtype:
                 return storage
         raise ValueError(f"error values of dtype {dtype}: an error buffer holds "
-                         f"{' or '.join(str(s.values_dtype) for s in STORED)} values")
+                         f"{' or '.join(f'{s.values_dtype} ({s.label})' for s in STORED)} values")
 
 
-STORED: Tuple[ErrorStorage, ...] = (ErrorStorage.INT8, ErrorStorage.FP32)  # what a buffer can be: the error_bits
+FORMATS: Dict[ErrorStorage, StorageFormat] = {
+    ErrorStorage.NONE: StorageFormat("none", 0, None, 1, False),
+    ErrorStorage.INT4: StorageFormat("int4", 4, torch.uint8, 2, True),
+    ErrorStorage.INT8: StorageFormat("int8", 8, torch.int8, 1, True),
+    ErrorStorage.FP32: StorageFormat("fp32", 32, torch.float32, 1, False),
+}
+STORED: Tuple[ErrorStorage, ...] = (ErrorStorage.INT4, ErrorStorage.INT8, ErrorStorage.FP32)  # what a buffer can be
 
 
 class Rounding(enum.IntEnum):

@@ -238,9 +238,16 @@ loco::WireArgs wire_args(const at::Tensor& buffer, const Wire& w, int64_t rows, 
 loco::ErrorStorage storage_of(at::TensorList values) {
     if (values.empty()) return loco::ErrorStorage::kNone;
     const at::ScalarType dtype = values[0].scalar_type();
-    LOCO_CHECK(dtype == at::kChar || dtype == at::kFloat, "error values of dtype ", dtype,
-               ": an error buffer holds torch.int8 or torch.float32 values");
-    return dtype == at::kChar ? loco::ErrorStorage::kInt8 : loco::ErrorStorage::kFp32;
+    LOCO_CHECK(dtype == at::kByte || dtype == at::kChar || dtype == at::kFloat, "error values of dtype ", dtype,
+               ": an error buffer holds torch.uint8 (int4), torch.int8 (int8) or torch.float32 (fp32) values");
+    return dtype == at::kByte ? loco::ErrorStorage::kInt4
+           : dtype == at::kChar ? loco::ErrorStorage::kInt8 : loco::ErrorStorage::kFp32;
+}
+
+// The dtype of a storage's values tensor (formats.py's StorageFormat.dtype).
+at::ScalarType values_dtype(loco::ErrorStorage storage) {
+    return storage == loco::ErrorStorage::kInt4 ? at::kByte
+           : storage == loco::ErrorStorage::kInt8 ? at::kChar : at::kFloat;
 }
 
 // The error buffers of a bucket: values (and int8 scales) per parameter, `rows` x width each. A parameter without
@@ -252,14 +259,15 @@ void set_errors(std::vector<loco::BucketItem>& items, at::TensorList values, at:
         LOCO_CHECK(scales.empty(), scales.size(), " error scales without error values");
         return;
     }
-    const bool int8 = storage == loco::ErrorStorage::kInt8;
+    const loco::StorageFormat format = loco::storage_format(storage);
+    const bool scaled = format.scaled;
     LOCO_CHECK(values.size() == items.size(), values.size(), " error buffers for ", items.size(), " parameters");
-    LOCO_CHECK(scales.size() == (int8 ? items.size() : 0), scales.size(), " error scales for ", items.size(),
-               int8 ? " int8 error buffers (each needs its fp32 scales)" : " fp32 error buffers (which take none)");
+    LOCO_CHECK(scales.size() == (scaled ? items.size() : 0), scales.size(), " error scales for ", items.size(),
+               scaled ? " scaled error buffers (each needs its fp32 scales)" : " fp32 error buffers (which take none)");
     for (size_t i = 0; i < items.size(); ++i) {
         const int64_t cols = w.widths[i];
-        check_matrix(values[i], int8 ? at::kChar : at::kFloat, rows, cols, device, "error values");
-        if (int8) check_matrix(scales[i], at::kFloat, rows, cols / group_size, device, "error scales");
+        check_matrix(values[i], values_dtype(storage), rows, cols / format.per_element, device, "error values");
+        if (scaled) check_matrix(scales[i], at::kFloat, rows, cols / group_size, device, "error scales");
         if (cols == 0) continue;
         LOCO_CHECK(reinterpret_cast<uintptr_t>(values[i].data_ptr()) % 16 == 0 &&
                        values[i].stride(0) * values[i].element_size() % 16 == 0,
@@ -267,7 +275,7 @@ void set_errors(std::vector<loco::BucketItem>& items, at::TensorList values, at:
                    values[i].stride(0), ")");
         items[i].err_values = values[i].data_ptr();
         items[i].err_stride = values[i].stride(0);
-        if (int8) {
+        if (scaled) {
             items[i].err_scale = scales[i].data_ptr<float>();
             items[i].err_scale_stride = scales[i].stride(0);
         }

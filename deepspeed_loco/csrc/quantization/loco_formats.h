@@ -12,12 +12,29 @@
 
 namespace loco {
 
-// How an error-feedback buffer keeps its fp32 error between steps; the value is its bits (error_bits).
+// How an error-feedback buffer keeps its fp32 error between steps: the kernels' code for a storage, described by
+// storage_format (not a bit count).
 enum class ErrorStorage : int {
     kNone = 0,  // no buffer (error feedback off)
-    kInt8 = 8,  // int8 codes and one fp32 scale per group (symmetric, qmax 127)
-    kFp32 = 32  // fp32 values, no scale
+    kInt4 = 1,  // 4-bit codes, two per byte (even column in the low nibble), and one fp32 scale per group (qmax 7)
+    kInt8 = 2,  // int8 codes and one fp32 scale per group (symmetric, qmax 127)
+    kFp32 = 3   // fp32 values, no scale
 };
+
+// What a storage is: `bits` of one value (the config's error_bits; 0: none), `per_element` values in one element of
+// the values tensor (uint8 holds two 4-bit codes), `scaled`: one fp32 scale per group (error = code * scale, the
+// symmetric grid of `bits` bits, nearest-even).
+struct StorageFormat {
+    int bits, per_element;
+    bool scaled;
+};
+
+LOCO_FORMAT_FN StorageFormat storage_format(ErrorStorage s) {
+    return s == ErrorStorage::kInt4   ? StorageFormat{4, 2, true}
+           : s == ErrorStorage::kInt8 ? StorageFormat{8, 1, true}
+           : s == ErrorStorage::kFp32 ? StorageFormat{32, 1, false}
+                                      : StorageFormat{0, 1, false};
+}
 
 // How a grid turns the quotient c / scale into a code k; code k stands for the centre of its cell of quotients,
 // (k + cell_centre(rounding)) * scale.

@@ -231,7 +231,7 @@ struct Launch {
     bool world_pow2;      // world is a power of two: the final mean multiplies by inv_world = 1 / world (exact)
     float inv_world;
     Levels levels;        // the output wire's grid (the input wire has the same grid, with its own bits)
-    Levels error_levels;  // the int8 error buffer's: 8 bits, nearest-even (qmax 127)
+    Levels error_levels;  // a scaled error buffer's: 8 or 4 bits, nearest-even (qmax 127 or 7)
     uint32_t magic_bits;  // math::kRoundMagicBits (see OldError<ErrorStorage::kInt8, C>)
     WireArgs in, out;
     float* stats;         // measured launches: N fp32 partial sums per block (N: 2 for the hops, 1 for the final mean)
@@ -311,8 +311,8 @@ template <ErrorStorage E>
 __device__ __forceinline__ ErrorRow error_row(const Block& k, int64_t row) {
     ErrorRow r{nullptr, nullptr};
     const BucketItem& it = *k.item;
-    if (E == ErrorStorage::kInt8) {
-        r.values = static_cast<int8_t*>(it.err_values) + row * it.err_stride + k.col0;
+    if (E == ErrorStorage::kInt8 || E == ErrorStorage::kInt4) {  // int4: two codes a byte
+        r.values = static_cast<uint8_t*>(it.err_values) + row * it.err_stride + k.col0 / storage_format(E).per_element;
         r.scale = it.err_scale + row * it.err_scale_stride + k.group;
     } else if (E == ErrorStorage::kFp32) {
         r.values = static_cast<float*>(it.err_values) + row * it.err_stride + k.col0;
@@ -343,6 +343,14 @@ struct OldError<ErrorStorage::kInt8, C> {
 };
 
 template <int C>
+struct OldError<ErrorStorage::kInt4, C> {
+    uint32_t raw[C];  // the 4-bit codes of a chunk with their sign bits flipped (see math::code_value)
+    float scale;
+    __device__ void bind(const Launch&) {}
+    __device__ float at(int c, int i) const { return f_mul(code_value<4, Rounding::kNearestEven>(raw[c], i), scale); }
+};
+
+template <int C>
 struct OldError<ErrorStorage::kFp32, C> {
     float e[C][8];
     __device__ void bind(const Launch&) {}
@@ -364,6 +372,16 @@ __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team
         const uint2 raw = *reinterpret_cast<const uint2*>(base + 8 * (c * team + lane));
         out.raw[c] = make_uint2(raw.x ^ 0x80808080u, raw.y ^ 0x80808080u);
     }
+}
+
+// int4: a chunk's 8 codes are one 4-byte word (error rows 16-byte aligned, chunks 4 * team bytes apart).
+template <int C>
+__device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team,
+                                           OldError<ErrorStorage::kInt4, C>& out) {
+    out.scale = *r.scale;
+    const uint32_t* base = static_cast<const uint32_t*>(r.values);
+#pragma unroll
+    for (int c = 0; c < C; ++c) out.raw[c] = base[c * team + lane] ^ 0x88888888u;
 }
 
 template <int C>
@@ -397,6 +415,12 @@ template <int C>
 __device__ __forceinline__ void zero_error(OldError<ErrorStorage::kInt8, C>& e) {
 #pragma unroll
     for (int c = 0; c < C; ++c) e.raw[c] = make_uint2(0x80808080u, 0x80808080u);  // codes 0
+    e.scale = 0.0f;
+}
+template <int C>
+__device__ __forceinline__ void zero_error(OldError<ErrorStorage::kInt4, C>& e) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) e.raw[c] = 0x88888888u;  // codes 0
     e.scale = 0.0f;
 }
 template <int C>
@@ -598,6 +622,50 @@ __device__ __forceinline__ float level_of(float biased) {
         return code_of<Bits>(biased);
 }
 
+// Stores the new error `v` of the thread's chunks (team absmax from the threads' `m`) to `er`: fp32 values, or codes
+// of storage_format(E).bits bits (8 or 4) rounded to nearest-even on the symmetric grid (p.error_levels) with the
+// group's scale. A non-finite group is stored as zero. Every thread of the block calls it (a team reduction).
+template <ErrorStorage E, int C>
+__device__ __forceinline__ void store_error(const Launch& p, const Block& k, const float (&v)[C][8], float m,
+                                            const ErrorRow& er, uint32_t* red) {
+    const int lane = k.lane, team = k.team;
+    const uint32_t ekey = team_max(key_of(m), p.team_log2, red);
+    if constexpr (E == ErrorStorage::kFp32) {
+        const bool finite = key_finite(ekey);
+        if (!k.active) return;
+        float* base = static_cast<float*>(er.values);
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            float* dst = base + 8 * (c * team + lane);
+            float o[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o[i] = finite ? v[c][i] : 0.0f;
+            reinterpret_cast<float4*>(dst)[0] = make_float4(o[0], o[1], o[2], o[3]);
+            reinterpret_cast<float4*>(dst)[1] = make_float4(o[4], o[5], o[6], o[7]);
+        }
+    } else {
+        constexpr int EB = storage_format(E).bits;
+        static_assert(EB == 8 || EB == 4, "a scaled error storage holds 8- or 4-bit codes");
+        const Rule erule = make_rule(ekey, p.error_levels);
+        if (!k.active) return;
+        uint8_t* const codes = static_cast<uint8_t*>(er.values) + EB * lane;  // chunk c's word: + c * team * EB bytes
+        with_quantizer<Rounding::kNearestEven, EB>(v, erule, p.error_levels, [&](auto&& quantize_chunk) {
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                float biased[8];
+                quantize_chunk(v[c], biased);
+                const uint64_t word = pack_word<EB>(biased);
+                if constexpr (EB == 8)
+                    *reinterpret_cast<uint2*>(codes + c * team * EB) =
+                        make_uint2((uint32_t)word, (uint32_t)(word >> 32));
+                else
+                    *reinterpret_cast<uint32_t*>(codes + c * team * EB) = (uint32_t)word;
+            }
+        });
+        if (lane == 0) *er.scale = key_finite(ekey) ? erule.scale() : 0.0f;
+    }
+}
+
 // v: compensated values c of the thread's chunks (all zero for an inactive team); decayed: beta * the old error.
 // Quantizes the group on the wire grid (rounding R, p.levels) to `data`/`scale`, then (E != kNone) stores the updated
 // error to `er` (int8 storage: nearest-even, qmax 127). Measured: err_sq gains the squares of the quantization error
@@ -632,37 +700,7 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
         }
     });
     if (k.active && lane == 0) __stcs(scale, rule.scale());
-    if constexpr (E == ErrorStorage::kNone) return;
-    const uint32_t ekey = team_max(key_of(m), p.team_log2, red);
-    if (E == ErrorStorage::kFp32) {
-        const bool finite = key_finite(ekey);
-        if (!k.active) return;
-        float* base = static_cast<float*>(er.values);
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            float* dst = base + 8 * (c * team + lane);
-            float o[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) o[i] = finite ? v[c][i] : 0.0f;
-            reinterpret_cast<float4*>(dst)[0] = make_float4(o[0], o[1], o[2], o[3]);
-            reinterpret_cast<float4*>(dst)[1] = make_float4(o[4], o[5], o[6], o[7]);
-        }
-        return;
-    }
-    // int8 storage: 8 bits rounded to nearest-even (the symmetric grid); a non-finite group is stored as zero.
-    const Rule erule = make_rule(ekey, p.error_levels);
-    if (!k.active) return;
-    uint2* const codes = reinterpret_cast<uint2*>(static_cast<int8_t*>(er.values) + 8 * lane);  // chunk c: + c * team
-    with_quantizer<Rounding::kNearestEven, 8>(v, erule, p.error_levels, [&](auto&& quantize_chunk) {
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            float biased[8];
-            quantize_chunk(v[c], biased);
-            const uint64_t word = pack_word<8>(biased);
-            codes[c * team] = make_uint2((uint32_t)word, (uint32_t)(word >> 32));
-        }
-    });
-    if (lane == 0) *er.scale = key_finite(ekey) ? erule.scale() : 0.0f;
+    if constexpr (E != ErrorStorage::kNone) store_error<E>(p, k, v, m, er, red);
 }
 
 // The wire grid's rounding of the launch as a template argument: quantize_group<Bits, E, R, Measured>.
@@ -983,6 +1021,7 @@ template <typename F>
 bool with_error_storage(ErrorStorage storage, F&& f) {
     switch (storage) {
         case ErrorStorage::kNone: f(StorageConstant<ErrorStorage::kNone>{}); return true;
+        case ErrorStorage::kInt4: f(StorageConstant<ErrorStorage::kInt4>{}); return true;
         case ErrorStorage::kInt8: f(StorageConstant<ErrorStorage::kInt8>{}); return true;
         case ErrorStorage::kFp32: f(StorageConstant<ErrorStorage::kFp32>{}); return true;
     }
@@ -1018,8 +1057,8 @@ int log2_of(int64_t v) {
 float hadamard_scale(int group_size) { return (float)(1.0 / sqrt((double)group_size)); }
 
 // `chunks`: chunks_of the kernel the launch runs (it sets the team size); `stats`: the measured launch's partial sums.
-Launch make_launch(const HopArgs& a, int chunks, const BucketItem* items, int count, WireArgs in, WireArgs out,
-                   int rows, float* stats) {
+Launch make_launch(const HopArgs& a, int chunks, ErrorStorage storage, const BucketItem* items, int count,
+                   WireArgs in, WireArgs out, int rows, float* stats) {
     Launch p;
     p.items = items;
     p.count = count;
@@ -1039,7 +1078,7 @@ Launch make_launch(const HopArgs& a, int chunks, const BucketItem* items, int co
     p.world_pow2 = a.world > 0 && (a.world & (a.world - 1)) == 0;
     p.inv_world = p.world_pow2 ? 1.0f / (float)a.world : 0.0f;  // exact: 2^-j, j < 31
     p.levels = levels(a.bits, a.rounding);
-    p.error_levels = levels(8, Rounding::kNearestEven);
+    p.error_levels = levels(storage_format(storage).bits == 4 ? 4 : 8, Rounding::kNearestEven);  // scaled storages
     p.magic_bits = kRoundMagicBits;
     p.in = in;
     p.out = out;
@@ -1063,8 +1102,8 @@ int chunks_per_thread(Kernel kernel, bool rotate, ErrorStorage storage) {
 const char* quantize_bucket(const HopArgs& a, int grad_dtype, ErrorStorage storage, const BucketItem* items,
                             int count, int64_t blocks, WireArgs out, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    const Launch p = make_launch(a, chunks_of(kHop1Kernel, a.hadamard, storage), items, count, WireArgs{}, out, 0,
-                                 stats);
+    const Launch p = make_launch(a, chunks_of(kHop1Kernel, a.hadamard, storage), storage, items, count, WireArgs{},
+                                 out, 0, stats);
     bool ok = false;
     with_dtype(grad_dtype, [&](auto dt) {
         with_bits(a.bits, [&](auto bits) {
@@ -1086,7 +1125,7 @@ const char* quantize_bucket(const HopArgs& a, int grad_dtype, ErrorStorage stora
 const char* requantize_bucket(const HopArgs& a, ErrorStorage storage, const BucketItem* items, int count,
                               int64_t blocks, WireArgs in, WireArgs out, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    Launch p = make_launch(a, chunks_of(kHop2Kernel, false, storage), items, count, in, out, 0, stats);
+    Launch p = make_launch(a, chunks_of(kHop2Kernel, false, storage), storage, items, count, in, out, 0, stats);
     p.item_rows = p.nodes;
     bool ok = false;
     with_bits(a.bits, [&](auto bits) {
@@ -1104,8 +1143,8 @@ const char* requantize_bucket(const HopArgs& a, ErrorStorage storage, const Buck
 const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem* items, int count, int64_t blocks,
                               WireArgs in, int rows, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    Launch p = make_launch(a, chunks_of(kFinalKernel, a.hadamard, ErrorStorage::kNone), items, count, in, WireArgs{},
-                           rows, stats);
+    Launch p = make_launch(a, chunks_of(kFinalKernel, a.hadamard, ErrorStorage::kNone), ErrorStorage::kNone, items,
+                           count, in, WireArgs{}, rows, stats);
     p.item_rows = 1;
     bool ok = false;
     with_dtype(out_dtype, [&](auto dt) {

@@ -3,8 +3,18 @@ name, keyed by the parameter's name), the step counter and the reset rule."""
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.layout import ErrorStorage, HopPlan
+from deepspeed_loco.layout import INTER_NODE, ErrorStorage, HopPlan
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
+
+
+def hops_with_error(plan: HopPlan, error_feedback) -> Tuple[str, ...]:
+    """The names of ``plan``'s hops that keep an error buffer for ``zeropp_loco_param.error_feedback``: every hop
+    (True), none (False) or the inter-node hop alone (``"inter_node"``; none with one node, which has no such hop)."""
+    if error_feedback is True:
+        return tuple(hop.name for hop in plan.hops)
+    if error_feedback == INTER_NODE:
+        return tuple(hop.name for hop in plan.hops if hop.name == INTER_NODE)
+    return ()
 
 
 class ErrorFeedbackState:
@@ -34,7 +44,8 @@ class ErrorFeedbackState:
         return self.config.err_beta
 
     @property
-    def error_feedback(self) -> bool:
+    def error_feedback(self):
+        """``zeropp_loco_param.error_feedback``: True (every hop), False (none) or ``"inter_node"``."""
         return self.config.error_feedback
 
     @property
@@ -43,16 +54,22 @@ class ErrorFeedbackState:
 
     @property
     def storage(self) -> ErrorStorage:
-        """How the buffers are stored (``error_bits`` is its value)."""
-        return ErrorStorage(self.config.error_bits)
+        """How the buffers are stored (``error_bits`` are its bits)."""
+        return ErrorStorage.of_bits(self.config.error_bits)
 
     def rows(self) -> Mapping[str, int]:
-        """Error-buffer rows per hop name (empty without error feedback)."""
-        return self.plan.rows() if self.error_feedback else {}
+        """Error-buffer rows per hop name, of the hops that keep error (``error_feedback``: every hop, none, or only
+        ``inter_node``); empty without error feedback."""
+        return {hop: rows for hop, rows in self.plan.rows().items() if hop in self.hops_with_error}
+
+    @property
+    def hops_with_error(self) -> Tuple[str, ...]:
+        """Names of the plan's hops that keep an error buffer, in hop order (``error_feedback``)."""
+        return hops_with_error(self.plan, self.config.error_feedback)
 
     def planned_bytes(self, numel: int) -> int:
         """Error-buffer bytes this rank will hold for a gradient of ``numel`` elements (0 without buffers)."""
-        return self.plan.error_bytes(numel, self.storage) if self.rows() else 0
+        return self.plan.error_bytes(numel, self.storage, self.hops_with_error) if self.rows() else 0
 
     def buffers_for(self, name: str, numel: int, device) -> Optional[Dict[str, ErrorBuffer]]:
         """Buffers of parameter ``name`` (whose gradient has ``numel`` elements), allocated as zeros on ``device``

@@ -30,6 +30,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import torch
 
+from deepspeed_loco.config import INTER_NODE_ONLY
 from deepspeed_loco.layout import INTER_NODE, INTRA_NODE
 from deepspeed_loco.runtime.zero import deepspeed_seam
 from deepspeed_loco.utils.logging import logger
@@ -70,7 +71,7 @@ def signature(state) -> Dict[str, Any]:
         "group_size": int(plan.group_size),
         "error_bits": int(state.error_bits),
         "hadamard": bool(plan.hadamard),
-        "error_feedback": bool(state.error_feedback),
+        "error_feedback": state.error_feedback,
         "intra_node_bits": int(cfg.intra_node_bits),
         "inter_node_bits": int(cfg.inter_node_bits),
     }
@@ -151,7 +152,11 @@ def _parse(state, sd: Any, named_params: Mapping[str, torch.Tensor]) -> LoadPlan
     for key in SIGNATURE_KEYS:
         if key not in saved:
             _corrupt(f"{where}: signature lacks {key!r}")
-        kind_ok = isinstance(saved[key], bool) if key in ("hadamard", "error_feedback") else _is_int(saved[key])
+        value = saved[key]
+        if key == "error_feedback":  # true, false or "inter_node", as the config key
+            kind_ok = isinstance(value, bool) or value == INTER_NODE_ONLY
+        else:
+            kind_ok = isinstance(value, bool) if key == "hadamard" else _is_int(value)
         if not kind_ok:
             _corrupt(f"{where}: signature[{key!r}] is {saved[key]!r}, of the wrong type")
     params = sd["params"]
@@ -207,11 +212,11 @@ def _check_buffer(at: str, saved: Any, rows: int, cols: int, state) -> Dict[str,
         _corrupt(f"{at}: expected a dict with 'values' and 'scale', got {_brief(saved)}")
     values, scale = saved["values"], saved["scale"]
     storage = state.storage
-    _check_tensor(f"{at}, values", values, storage.values_dtype, (rows, cols))
+    _check_tensor(f"{at}, values", values, storage.values_dtype, storage.values_shape(rows, cols))
     if storage.scaled:
         _check_tensor(f"{at}, scale", scale, torch.float32, (rows, cols // state.plan.group_size))
     elif scale is not None:
-        _corrupt(f"{at}: scale must be None for error_bits {int(storage)}, got {_brief(scale)}")
+        _corrupt(f"{at}: scale must be None for error_bits {storage.bits}, got {_brief(scale)}")
     return {"values": values, "scale": scale}
 
 

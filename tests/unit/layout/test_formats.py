@@ -36,6 +36,9 @@ def mirror(tmp_path_factory):
     program = (
         '#include <cstdio>\n#define LOCO_NO_LAUNCHERS\n#include "loco_kernels.cuh"\nint main() {\n'
         + _enum_lines("ErrorStorage", ErrorStorage) + _enum_lines("Rounding", Rounding)
+        + " ".join(f'{{ constexpr loco::StorageFormat f = loco::storage_format(loco::ErrorStorage::{_camel(s.name)}); '
+                   f'std::printf("format {s.name} %d %d %d\\n", f.bits, f.per_element, (int)f.scaled); }}'
+                   for s in ErrorStorage)
         + " ".join(f'std::printf("centre {r.name} %g\\n", loco::cell_centre(loco::Rounding::{_camel(r.name)}));'
                    for r in Rounding)
         + '\n  for (const loco::Grid& g : loco::kGrids) std::printf("grid %s %d\\n", g.name, (int)g.rounding);\n  '
@@ -88,16 +91,26 @@ def test_a_grids_levels_are_what_its_quantizer_produces(bits):
 
 
 def test_error_storages():
-    assert [int(s) for s in STORED] == [8, 32] and ErrorStorage(8) is ErrorStorage.INT8
-    assert [s.label for s in ErrorStorage] == ["none", "int8", "fp32"]
-    assert [(s.values_dtype, s.scaled) for s in STORED] == [(torch.int8, True), (torch.float32, False)]
+    assert [s.bits for s in STORED] == [4, 8, 32] and ErrorStorage.of_bits(8) is ErrorStorage.INT8
+    assert [s.label for s in ErrorStorage] == ["none", "int4", "int8", "fp32"]
+    assert [(s.values_dtype, s.scaled) for s in STORED] == [(torch.uint8, True), (torch.int8, True),
+                                                            (torch.float32, False)]
+    assert ErrorStorage.INT4.row_bytes(512, 256) == 256 + 2 * 4 and ErrorStorage.INT4.values_shape(3, 512) == (3, 256)
     assert ErrorStorage.INT8.row_bytes(512, 256) == 512 + 2 * 4 and ErrorStorage.FP32.row_bytes(512, 256) == 2048
     assert [ErrorStorage.of_values(s.values_dtype) for s in STORED] == list(STORED)
-    with pytest.raises(ValueError, match="error values of dtype torch.float16: an error buffer holds torch.int8 or "
-                       "torch.float32 values"):
+    with pytest.raises(ValueError, match=r"error values of dtype torch.float16: an error buffer holds torch.uint8 "
+                       r"\(int4\) or torch.int8 \(int8\) or torch.float32 \(fp32\) values"):
         ErrorStorage.of_values(torch.float16)
+    with pytest.raises(ValueError, match="error_bits 16: an error buffer stores 4, 8, 32 bits"):
+        ErrorStorage.of_bits(16)
     with pytest.raises(ValueError, match="holds no values"):
         ErrorStorage.NONE.values_dtype
+
+
+def test_each_storage_format_is_the_cpp_descriptor(mirror):
+    got = {name: tuple(int(x) for x in rest) for _, name, *rest in
+           (line.split() for line in mirror if line.startswith("format "))}
+    assert got == {s.name: (s.format.bits, s.format.per_element, int(s.format.scaled)) for s in ErrorStorage}
 
 
 def test_an_unknown_grid_is_refused_naming_the_valid_ones():

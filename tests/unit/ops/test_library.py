@@ -256,7 +256,7 @@ def test_limits_have_one_source():
     assert limits.parse("constexpr int kWireBits[] = {2, 4};  // x\nconstexpr int kMaxGroupSize = 64;") == {
         "WIRE_BITS": (2, 4), "MAX_GROUP_SIZE": 64}
     assert config.SUPPORTED_GRAD_BITS == limits.WIRE_BITS == (2, 3, 4, 8)
-    assert config.SUPPORTED_ERROR_BITS == tuple(int(s) for s in formats.STORED) == (8, 32)
+    assert config.SUPPORTED_ERROR_BITS == tuple(s.bits for s in formats.STORED) == (4, 8, 32)
     assert (config.MIN_GROUP_SIZE, config.MAX_GROUP_SIZE) == (limits.MIN_GROUP_SIZE, limits.MAX_GROUP_SIZE)
     assert (limits.MAX_PARAMETER_PAIRS, limits.MAX_LAUNCH_PAIRS) == (2 ** 31 - 1 - 256, 2 ** 31 - 1)
 
