@@ -65,7 +65,8 @@ SETTINGS = {  # run flag: type; what a matrix's SETTINGS may set
     "reset_T": int, "ef_hops": str, "diagnostics": int, "dtype": str, "eval_every": int, "text": str,
     "quant_grid": str, "nodes": int, "local": int, "rank_chunk": int, "warmup_frac": float,
     "ef_from": int, "stream_nodes": int, "variant": str, "grad_mode": str, "save_at": int, "resume_from": int,
-    "state_dir": str, "trunk_tag": str, "compile": str, "eval_windows": int, "stop_at": int
+    "state_dir": str, "trunk_tag": str, "compile": str, "eval_windows": int, "stop_at": int,
+    "error_bits": int, "error_feedback": str, "zero_errors_at": int
 }
 
 
@@ -80,6 +81,14 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ef-hops", dest="ef_hops", default="all",
                    help="'all', or the hops (intra_node, inter_node; '+'-joined) whose error buffers carry over "
                         "steps (the Experiments observer)")
+    p.add_argument("--error-bits", dest="error_bits", type=int, default=8,
+                   help="LoCo arms: zeropp_loco_param.error_bits, the error buffers' storage (4, 8 or 32)")
+    p.add_argument("--error-feedback", dest="error_feedback", choices=("all", "inter_node"), default="all",
+                   help="LoCo arms: zeropp_loco_param.error_feedback, 'all' (true: every hop) or 'inter_node' (the "
+                        "library's per-hop error feedback)")
+    p.add_argument("--zero-errors-at", dest="zero_errors_at", type=int, default=0,
+                   help="LoCo arms: zero every error buffer once, after this optimizer step's reduce, as a resume "
+                        "from a checkpoint saved without error state would (the Experiments observer; 0: never)")
     p.add_argument("--ef-from", dest="ef_from", type=int, default=1,
                    help="LoCo arms: error feedback from this optimizer step on, plain qgZ before it "
                         "(the Experiments observer)")
@@ -166,14 +175,16 @@ class Experiments(StepObserver):
     ``kept_hops``: None (every hop, the library's behaviour), or the hop names (``"intra_node"``, ``"inter_node"``)
     whose error buffers carry over steps; the others' are zeroed after every reduce, which leaves that hop plain
     qgZ. ``from_step``: before this optimizer step every buffer is zeroed after each reduce (plain qgZ); from it
-    on error feedback runs as ``kept_hops`` says (1: from the start). ``diagnostics``: every LoCo arm's rank
+    on error feedback runs as ``kept_hops`` says (1: from the start). ``zero_at``: every buffer is zeroed after the
+    reduce of this optimizer step (once; 0: never): a resume from a checkpoint saved without error state. ``diagnostics``: every LoCo arm's rank
     gradients also go through plain qgZ with the same bits (a shadow cluster), and each step appends to
     ``released[arm key]`` the share of coordinates LoCo sent nonzero where plain qgZ sent zero (its "released
     fraction"; an arm without diagnostics has no entry).
 
     Raises ValueError for a hop that the ``world x local`` layout does not have, or ``from_step < 1``."""
 
-    def __init__(self, world: int, local: int, kept_hops=None, from_step: int = 1, diagnostics: bool = False):
+    def __init__(self, world: int, local: int, kept_hops=None, from_step: int = 1, diagnostics: bool = False,
+                 zero_at: int = 0):
         known = [hop.name for hop in plan_hops(world, local, LocoConfig()).hops]
         unknown = sorted(set(kept_hops or ()) - set(known))
         if unknown:
@@ -181,7 +192,7 @@ class Experiments(StepObserver):
         if from_step < 1:
             raise ValueError(f"--ef-from {from_step}: it must be an optimizer step >= 1")
         self.kept_hops = None if kept_hops is None else tuple(kept_hops)
-        self.from_step, self.diagnostics = from_step, diagnostics
+        self.from_step, self.diagnostics, self.zero_at = from_step, diagnostics, zero_at
         self.released: Dict[str, List[float]] = {}
 
     def shadow_blocks(self, arm, block):
@@ -190,7 +201,7 @@ class Experiments(StepObserver):
     def after_reduce(self, reduced: ReducedStep) -> None:
         if reduced.arm.kind != "loco":
             return
-        kept = () if reduced.step < self.from_step else self.kept_hops
+        kept = () if reduced.step < self.from_step or reduced.step == self.zero_at else self.kept_hops
         if kept is not None:
             for state in reduced.cluster.states:
                 for _, hop, buffer in state.named_buffers():
@@ -256,7 +267,9 @@ def run_one(args) -> dict:
         return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
     loco = {"group_size": args.group_size, "err_beta": args.err_beta, "reset_T": args.reset_T,
-            "quant_grid": args.quant_grid}
+            "quant_grid": args.quant_grid, "error_bits": args.error_bits}
+    if args.error_feedback != "all":  # the LoCo arms' error feedback narrowed to one hop (zeropp_loco_param)
+        loco["error_feedback"] = args.error_feedback
     hops = None if args.ef_hops == "all" else tuple(args.ef_hops.split("+"))
     started = time.monotonic()
 
@@ -271,7 +284,7 @@ def run_one(args) -> dict:
                           eval_every=args.eval_every, device=device, grad_clip=1.0, autocast_dtype=autocast,
                           rank_chunk=args.rank_chunk or None, stream_nodes=bool(args.stream_nodes),
                           grad_mode=args.grad_mode, compile=args.compile or None)
-    experiments = Experiments(world, args.local, hops, args.ef_from, bool(args.diagnostics))
+    experiments = Experiments(world, args.local, hops, args.ef_from, bool(args.diagnostics), args.zero_errors_at)
     (result, ) = simulate(SimulationSpec(setup, [arm], last - first, args.seed), experiments,
                           on_step=progress)
     result.validation = [(first + step, loss) for step, loss in result.validation]  # steps of the whole schedule
@@ -284,6 +297,8 @@ def run_one(args) -> dict:
                   "model": cfg.to_dict(), "nodes": args.nodes, "local": args.local, "micro_batch": args.micro_batch,
                   "lr": args.lr, "warmup": args.warmup, "dtype": args.dtype, "group_size": args.group_size,
                   "err_beta": args.err_beta, "reset_T": args.reset_T, "ef_hops": args.ef_hops, "ef_from": args.ef_from,
+                  "error_bits": args.error_bits, "error_feedback": args.error_feedback,
+                  "zero_errors_at": args.zero_errors_at,
                   "variant": args.variant,
                   "quant_grid": args.quant_grid, "grad_mode": args.grad_mode, "compile": args.compile or None,
                   "resumed_from": first,

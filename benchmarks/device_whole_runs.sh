@@ -18,6 +18,9 @@
 #      branches over steps 101-400 (.corpus_xl.tar.xz); a branch starts once its trunk's state is written.
 #   C: the 116M model at 64 sequences, full, plain 4/4 and LoCo 4/4 (SEEDS, default 0,1,2) from step 1, eager
 #      (.corpus_large.tar.xz), in A's order and with its ARMS_/SEEDS_ variables; no yardsticks.
+#   L: the lean error states (benchmarks/results/lean_error_state/README.md): the 10.8M model at 64 sequences on the
+#      bundled plays (.corpus/, a folder), six arms per seed (SEEDS, default "0 1 2 3 4"), then the zeroed-at-500
+#      runs (SEEDS_ZERO); first the int4/int8 error kernels' timing (benchmarks/kernels.py, into $OUT).
 # COMPILE=0 forces eager; PAR: the most runs side by side (default 6; stage A: fewer where RUN_SECONDS, the lease's
 # seconds left after the launch, would not let them finish).
 set -uo pipefail
@@ -56,16 +59,21 @@ if [ "$mode" = start ]; then
     case $stage in
         A|C) corpus=.corpus_large want=8574aa051dbae1500cc490d4ef140b5fb7277b78b33d909665e16b711d17cc5b ;;
         B) corpus=.corpus_xl want=863d311bb60313cdc9f320831272a3b7540e4afed02f6f4eb51b4323695d3a16 ;;
-        *) echo "STAGE=$stage: it must be A, B or C"; exit 1 ;;
+        L) corpus=.corpus want= ;;  # the bundled plays as a folder (the regime map's text), no archive
+        *) echo "STAGE=$stage: it must be A, B, C or L"; exit 1 ;;
     esac
-    want=${CORPUS_SHA256:-$want}
-    have=$(sha256sum "$corpus.tar.xz" | cut -d' ' -f1)
-    [ "$have" = "$want" ] || { echo "$corpus.tar.xz is $have, not the study's $want: not launched"; exit 1; }
+    if [ -n "$want" ]; then
+        want=${CORPUS_SHA256:-$want}
+        have=$(sha256sum "$corpus.tar.xz" | cut -d' ' -f1)
+        [ "$have" = "$want" ] || { echo "$corpus.tar.xz is $have, not the study's $want: not launched"; exit 1; }
+    else
+        [ -d "$corpus" ] || { echo "$corpus/ is missing (carry it): not launched"; exit 1; }
+    fi
     rm -rf /tmp/wr && mkdir -p /tmp/wr && cp -a . /tmp/wr/ && cd /tmp/wr || exit 1
     # shellcheck source=benchmarks/device_setup.sh
     SETUP_BUILD=background source benchmarks/device_setup.sh "$OUT/setup_logs"  # the build overlaps the yardsticks
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TORCHINDUCTOR_COMPILE_THREADS=4
-    mkdir -p "$corpus" && tar xJf "$corpus.tar.xz" -C "$corpus" || exit 1
+    [ -z "$want" ] || { mkdir -p "$corpus" && tar xJf "$corpus.tar.xz" -C "$corpus"; } || exit 1
     [ "$stage" = B ] && BATCH=4096
     BATCH=${BATCH:-1024}
     micro=$(( BATCH / 16 ))
@@ -73,7 +81,7 @@ if [ "$mode" = start ]; then
     steps=${STEPS:-1000}
     compile=""
     par=${PAR:-6}
-    if [ "$stage" != C ]; then
+    if [ "$stage" = A ] || [ "$stage" = B ]; then
         common="--size medium --text $corpus --nodes 2 --local 8 --micro-batch $micro --lr $lr"
         compile=inductor
         # the compiled yardstick first: it also fills the inductor cache with the graph every run compiles
@@ -99,6 +107,11 @@ ms = min(r['ms_per_step'] for r in b if bool(r['compile']) == bool('$compile'))
 n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(${PAR:-6}, n - n % 2)))")
     fi
     kernels_ready
+    if [ "$stage" = L ]; then  # the int4 error kernels' timing on a quiet GPU, before the runs start
+        timeout 150 python3 benchmarks/kernels.py --configs 4/4 8/2 --no-baseline --largest-only --reps 30 \
+            --json "$OUT/kernels.json" >"$OUT/kernels.txt" 2>&1
+        echo "kernels.py exit $?"; sed -n '/int4 \/ int8/,$p' "$OUT/kernels.txt"
+    fi
     echo "side by side: $par"
     # what every stage's runs share: the layout, the text, the evaluation, the grid, the streamed nodes
     every="text=$corpus,nodes=2,local=8,warmup=$(( steps / 10 )),eval_every=50,eval_windows=1024,quant_grid=auto"
@@ -124,6 +137,14 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
                        --matrix "lbL_b4096:$steps:$seeds:plain4:$S,resume_from=100,stop_at=400") ;;
         C)
             plain_and_loco_then_full m125_s1000 "${SEEDS:-0,1,2}" "size=125m,$every,micro_batch=4,lr=0.001" ;;
+        L)  # benchmarks/results/lean_error_state/README.md: the map's 1000-step W = 16 regime, seed by seed
+            M="size=medium,text=$corpus,quant_grid=auto,nodes=2,local=8,micro_batch=4,warmup=100,eval_every=100"
+            for seed in ${SEEDS:-0 1 2 3 4}; do
+                matrices+=(--matrix "le_base:$steps:$seed:plain2,loco2,plain8-2h:$M"
+                           --matrix "le_e4:$steps:$seed:loco2:$M,error_bits=4"
+                           --matrix "le_inter:$steps:$seed:loco2,loco8-2h:$M,error_feedback=inter_node")
+            done
+            matrices+=(--matrix "le_zero500:$steps:${SEEDS_ZERO:-0,1,2,3,4}:loco2:$M,zero_errors_at=500") ;;
     esac
     setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "$par" --budget 100000 \
         --out "$W/runs.jsonl" --logs "$W/logs" "${matrices[@]}" >"$W/launch.log" 2>&1 </dev/null &

@@ -1,7 +1,7 @@
 """Times LoCo's fused CUDA kernels and DeepSpeed's plain qgZ kernels on one GPU (issues 4 and 8).
 
 For gradients (4096, 4096), (8192, 8192), (16384, 16384) in bf16 and fp16, with a simulated 2 nodes x 8 GPUs
-(W = 16, L = 8, M = 2), group size 256 and int8 error (beta 0.8), and per-hop bits intra/inter 4/4 and 8/2, each
+(W = 16, L = 8, M = 2), group size 256 and int8 or int4 error (beta 0.8), and per-hop bits intra/inter 4/4 and 8/2, each
 without and with the Hadamard rotation (``+H``, fused into hop 1 and the final mean), prints per kernel the median time,
 the bytes it must move (each input read once, each output written once), the achieved bandwidth, its fraction
 of the device-to-device copy bandwidth measured in the same run and of the H200's 4.8 TB/s peak, the floor (bytes
@@ -28,7 +28,7 @@ the host-inclusive time per call (wall clock over back-to-back calls, synchroniz
 further extension and repeats the LoCo rows of the largest shape with it, for A/B comparisons in one run.
 
     python3 benchmarks/kernels.py [--reps 50] [--configs 4/4 8/2 4/4+H 8/2+H] [--no-baseline] [--json out.json]
-                                  [--variant FLAGS ...]
+                                  [--largest-only] [--variant FLAGS ...]
 """
 import argparse
 import json
@@ -124,11 +124,14 @@ def parse_config(text):
     return intra, inter, hadamard
 
 
-def random_error(rows, cols):
-    """A CUDA int8 error buffer ``(rows, cols)`` with random values and scales (timing on zeros can flatter a
-    kernel)."""
-    error = ErrorBuffer.zeros(rows, cols, GROUP, 8, "cuda")
-    error.values.random_(-127, 128)
+def random_error(rows, cols, error_bits=8):
+    """A CUDA error buffer ``(rows, cols)`` stored in ``error_bits`` (8: int8, 4: two 4-bit codes a byte) with random
+    codes and scales (timing on zeros can flatter a kernel)."""
+    error = ErrorBuffer.zeros(rows, cols, GROUP, error_bits, "cuda")
+    if error_bits == 4:
+        error.values.random_(0, 256)
+    else:
+        error.values.random_(-127, 128)
     error.scale.uniform_(0, 1e-3)
     return error
 
@@ -142,16 +145,17 @@ def hop_args(config, error=True):
     return args1, HopArgs(WORLD, LOCAL, inter, GROUP, beta, hadamard, in_bits=intra, in_blocks=LOCAL)
 
 
-def bucket_calls(grads, config, error=True, measured=False, kernels=library.CUDA):
+def bucket_calls(grads, config, error=True, measured=False, kernels=library.CUDA, error_bits=8):
     """``(hop1, hop2, final, keep)`` for one bucket of ``grads`` (each ``fn()`` is one kernel launch of the bucket),
     ``measured``: each launch adds its noise statistics to a float64 ``stats`` (a live-rho step); ``kernels``: the
-    entry points (the default build's ops, or a further build's)."""
+    entry points (the default build's ops, or a further build's); ``error_bits``: the error buffers' storage (8 or
+    4)."""
     args1, args2 = hop_args(config, error)
     numels = [g.numel() for g in grads]
     widths = tuple(padded_partition_size(n, WORLD, GROUP) for n in numels)
     wire1, wire2 = WireLayout(widths, args1.bits, GROUP), WireLayout(widths, args2.bits, GROUP)
-    errors1 = [random_error(WORLD, w) if error else None for w in widths]
-    errors2 = [random_error(NODES, w) if error else None for w in widths]
+    errors1 = [random_error(WORLD, w, error_bits) if error else None for w in widths]
+    errors2 = [random_error(NODES, w, error_bits) if error else None for w in widths]
     send1, send2 = wire1.empty(WORLD, "cuda"), wire2.empty(NODES, "cuda")
     stats = [torch.zeros(n, dtype=torch.float64, device="cuda") if measured else None for n in (2, 2, 1)]
     hop1 = lambda: kernels.quantize_bucket_(grads, errors1, args1, wire1, send1, stats[0])
@@ -172,28 +176,34 @@ def loco_cases(shape, dtype, config, measured=False, kernels=library.CUDA):
     cols = padded_partition_size(numel, WORLD, GROUP)
     groups = cols // GROUP
     grad_bytes = numel * es
-    err_bytes = lambda rows: rows * (cols + groups * 4)  # int8 values + fp32 scales
+    err_bytes = lambda rows, bits=8: rows * (cols * bits // 8 + groups * 4)  # int8 / int4 values + fp32 scales
     wire_bytes = lambda rows, bits: rows * (cols * bits // 8 + groups * 4)
 
     sets = copies(grad_bytes + err_bytes(WORLD) + wire_bytes(WORLD, intra))
     grads = [torch.randn(shape, device="cuda", dtype=dtype) for _ in range(sets)]
     loco = [bucket_calls([g], config, measured=measured, kernels=kernels) for g in grads]
+    loco4 = [bucket_calls([g], config, measured=measured, kernels=kernels, error_bits=4) for g in grads]
     plain = [bucket_calls([g], config, error=False, measured=measured, kernels=kernels) for g in grads]
     part = partition_size(numel, WORLD)
     suffix = MEASURED if measured else ""
     return [
         ("loco hop1 (int8 err)" + suffix, lambda i: loco[i][0](), sets,
          grad_bytes + 2 * err_bytes(WORLD) + wire_bytes(WORLD, intra), lambda: transient_bytes(loco[0][0])),
+        ("loco hop1 (int4 err)" + suffix, lambda i: loco4[i][0](), sets,
+         grad_bytes + 2 * err_bytes(WORLD, 4) + wire_bytes(WORLD, intra), lambda: transient_bytes(loco4[0][0])),
         ("plain hop1 (no err)" + suffix, lambda i: plain[i][0](), sets, grad_bytes + wire_bytes(WORLD, intra),
          lambda: transient_bytes(plain[0][0])),
         ("loco hop2 (int8 err)" + suffix, lambda i: loco[i][1](), sets,
          wire_bytes(WORLD, intra) + 2 * err_bytes(NODES) + wire_bytes(NODES, inter),
          lambda: transient_bytes(loco[0][1])),
+        ("loco hop2 (int4 err)" + suffix, lambda i: loco4[i][1](), sets,
+         wire_bytes(WORLD, intra) + 2 * err_bytes(NODES, 4) + wire_bytes(NODES, inter),
+         lambda: transient_bytes(loco4[0][1])),
         ("plain hop2 (no err)" + suffix, lambda i: plain[i][1](), sets,
          wire_bytes(WORLD, intra) + wire_bytes(NODES, inter), lambda: transient_bytes(plain[0][1])),
         ("loco final mean" + suffix, lambda i: loco[i][2](), sets, wire_bytes(NODES, inter) + part * es,
          lambda: transient_bytes(loco[0][2], part * es)),
-    ], (grads, loco, plain)
+    ], (grads, loco, loco4, plain)
 
 
 def deepspeed_cases(quantizer, shape, dtype):
@@ -434,6 +444,21 @@ def print_measured_ratios(rows):
                   f"{measured:8.4f} / {unmeasured:8.4f} ms = {measured / unmeasured:5.3f}")
 
 
+def print_error_storage_ratios(rows):
+    """Per hop, shape, dtype and config: the LoCo kernel with int4 error buffers over the same with int8, and its
+    fraction of the copy bandwidth (issue 56: at least 0.85 of copy and no slower than int8)."""
+    ms = {(r["kernel"], r["config"], tuple(r["shape"]), r["dtype"]): r for r in rows}
+    print("\nint4 / int8 error storage (same run):")
+    for (kernel, config, shape, dname), row in ms.items():
+        if "(int4 err)" not in kernel:
+            continue
+        int8 = ms.get((kernel.replace("int4", "int8"), config, shape, dname))
+        if int8:
+            print(f"  {kernel + ' ' + config:38s} {str(shape):>14s} {dname:>5s} {row['ms']:8.4f} / {int8['ms']:8.4f} "
+                  f"ms = {row['ms'] / int8['ms']:5.3f}; {row['fraction_of_copy']:.2f} of copy "
+                  f"(int8: {int8['fraction_of_copy']:.2f})")
+
+
 def print_targets(rows, buckets):
     """Issue #23 item 4's kernel targets at (16384, 16384) (both dtypes) and the 7B-layer LoCo bucket: met or not."""
     ms = {(r["kernel"], r["config"], tuple(r["shape"]), r["dtype"]): r for r in rows}
@@ -497,6 +522,8 @@ def main():
     parser.add_argument("--profile-hop1", action="store_true",
                         help="only run hop 1 at (16384, 16384) bf16 4/4 (each set-up launch, then LoCo twice, plain, "
                              "LoCo + Hadamard) for a profiler: skip the first 4 launches")
+    parser.add_argument("--largest-only", action="store_true",
+                        help=f"only the largest shape {SHAPES[-1]}, without the per-bucket table (a quick check)")
     parser.add_argument("--variant", type=str, action="append", default=[],
                         help="extra nvcc flags of a further build whose LoCo rows (largest shape) are printed too; "
                              "repeatable")
@@ -524,7 +551,7 @@ def main():
     copy_bw = copy_bandwidth(args.reps)
     device = torch.cuda.get_device_name()
     print(f"device: {device}; torch {torch.__version__}; copy bandwidth (read + write) {copy_bw / 1e9:.0f} GB/s")
-    print(f"LoCo: W={WORLD} (L={LOCAL} x M={NODES}), bits intra/inter per config, group {GROUP}, int8 error, "
+    print(f"LoCo: W={WORLD} (L={LOCAL} x M={NODES}), bits intra/inter per config, group {GROUP}, int8 or int4 error, "
           f"beta {BETA}; median of {args.reps}; DeepSpeed rows: its fixed 4-bit qgZ")
     print("MB moved: each input read once, each output written once; GB/s = MB moved / ms; of copy: of the copy "
           f"bandwidth above; of 4.8T: of the H200's {PEAK_BW / 1e12:.1f} TB/s peak; floor ms: MB moved at the copy "
@@ -533,7 +560,7 @@ def main():
     header = f"{'kernel':32s} {'config':>6s} {'shape':>13s} {'dtype':>5s} {'ms':>8s} {'MB moved':>9s} {'GB/s':>7s} " \
              f"{'of copy':>7s} {'of 4.8T':>7s} {'floor ms':>9s} {'transient MiB':>13s}"
     print(header)
-    for shape in SHAPES:
+    for shape in SHAPES[-1:] if args.largest_only else SHAPES:
         for dname, dtype in DTYPES.items():
             for config in args.configs:
                 for measured in (False, True) if shape == SHAPES[-1] else (False, ):
@@ -553,7 +580,8 @@ def main():
     print_ratios(rows, args.configs)
     print_deepspeed_ratios(rows)
     print_measured_ratios(rows)
-    buckets = bucket_rows(quantizer, args.reps)
+    print_error_storage_ratios(rows)
+    buckets = [] if args.largest_only else bucket_rows(quantizer, args.reps)
     print_targets(rows, buckets)
     for index, flags in enumerate(args.variant):
         rows += variant_rows(flags, index, args.configs, args.reps, copy_bw)

@@ -130,8 +130,14 @@ def check_distinct(arms: Sequence[Arm]) -> None:
 
 def zeropp_loco_param(arm: Arm, **settings: Any) -> Optional[Dict[str, Any]]:
     """The ``zeropp_loco_param`` block of a qgZ ``arm`` (its bits, Hadamard and error feedback) over ``settings``
-    (other keys of the block: ``group_size``, ``err_beta``, ...); None for the full-precision arm."""
+    (other keys of the block: ``group_size``, ``err_beta``, ``error_bits``, ...); None for the full-precision arm.
+    A LoCo arm's error feedback is ``settings["error_feedback"]`` when given (``"inter_node"`` narrows it to that
+    hop), else True; a plain arm's is always False."""
     if arm.kind == "full":
         return None
+    feedback = settings.pop("error_feedback", True)
+    if arm.kind == "loco" and feedback is False:
+        raise ValueError(f"arm {arm.key}: a LoCo arm keeps error on some hop; error_feedback False is a plain arm")
+    feedback = feedback if arm.kind == "loco" else False
     return {**settings, "intra_node_bits": arm.intra_bits, "inter_node_bits": arm.inter_bits,
-            "hadamard": arm.hadamard, "error_feedback": arm.kind == "loco"}
+            "hadamard": arm.hadamard, "error_feedback": feedback}

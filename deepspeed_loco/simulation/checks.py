@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from deepspeed_loco.config import CONFIG_KEY, LocoConfig, LocoConfigError
+from deepspeed_loco.config import CONFIG_KEY, INTER_NODE_ONLY, LocoConfig, LocoConfigError
 from deepspeed_loco.simulation.arms import Arm, check_distinct, parse_arm, zeropp_loco_param
 
 GRAD_MODES = ("vmap", "loop")
@@ -129,7 +129,8 @@ def _loco(loco: Any, local: int) -> Dict[str, Any]:
     if "local_world_size" in loco:
         raise ValueError(f"{SETUP}: loco['local_world_size'] = {loco['local_world_size']!r} is invalid: the ranks "
                          f"per node are the setup's local field (local = {local}); leave the key out of loco")
-    by_arm = [key for key in ARM_KEYS if key in loco]
+    # error_feedback "inter_node" narrows every LoCo arm's error feedback to that hop (zeropp_loco_param)
+    by_arm = [key for key in ARM_KEYS if key in loco and not (key == "error_feedback" and loco[key] == INTER_NODE_ONLY)]
     if by_arm:
         raise ValueError(f"{SETUP}: loco keys {by_arm} are invalid: each arm's name sets them (bits per hop, "
                          f"Hadamard, error feedback: e.g. 'plain4', 'loco8-2h'); leave them out of loco")

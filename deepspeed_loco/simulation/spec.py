@@ -37,7 +37,8 @@ class TrainingSetup:
     ``nodes * local`` equal micro-batches), the same sequence on every call, at least ``steps`` long.
     ``nodes`` x ``local``: the simulated layout (integers >= 1). ``loco``: the other keys of ``zeropp_loco_param``
     (``group_size``, ``err_beta``, ``reset_T``, ``error_bits``, ``quant_grid``); not ``local_world_size`` (that is
-    ``local``) nor the keys each arm's name sets (bits per hop, ``hadamard``, ``error_feedback``); kept as a copy.
+    ``local``) nor the keys each arm's name sets (bits per hop, ``hadamard``, ``error_feedback``), except
+    ``error_feedback: "inter_node"``, which narrows every LoCo arm's error feedback to that hop; kept as a copy.
     ``optimizer_fn(params)`` builds the optimizer; ``scheduler_fn(optimizer)`` (None: none) is stepped once per
     step. ``loss_fn(model, micro_batch)``: the scalar loss. ``eval_fn(model) -> float`` runs every ``eval_every``
     steps (0: only after the last; > 0 needs ``eval_fn``) and after the last. ``grad_clip``: None, or clip the

@@ -163,7 +163,7 @@ class LocoReducer:
         if picks is not None:
             sample.take_inputs(picks, grads, kernels.gather_sample)
         for index, hop in enumerate(plan.hops):
-            errors = [b and b[hop.name] for b in buffers]
+            errors = [b and b.get(hop.name) for b in buffers]  # None on a hop without error feedback
             args, in_wire, wire = plan.args(index, err_beta), wire, hop.wire(widths, plan.group_size)
             send = wire.empty(hop.rows, device)
             if index == 0:

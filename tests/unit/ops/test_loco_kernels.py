@@ -36,7 +36,7 @@ LAYOUTS = [(4, 2), (6, 2), (4, 4), (4, 1)]  # (W, L)
 BITS = [2, 3, 4, 8]
 GROUPS = [32, 256, 4096]
 SHAPES = [(7,), (33, 5), (1000, 3)]
-ERRORS = [(None, 0.8), (8, 0.0), (8, 0.8), (32, 0.0), (32, 0.8)]  # (error_bits, beta)
+ERRORS = [(None, 0.8), (8, 0.0), (8, 0.8), (32, 0.0), (32, 0.8), (4, 0.0), (4, 0.8)]  # (error_bits, beta)
 HADAMARD_GROUPS = [32, 256, 512, 1024, 4096]  # teams of 2, 16, 32 (one warp), 64 and 256 threads
 GRIDS = list(GRID_NAMES)
 
@@ -258,7 +258,7 @@ def test_final_mean_with_hadamard_matches_reference(cuda, dtype, group_size, bit
 
 @pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("hadamard", [False, True])
-@pytest.mark.parametrize("error_bits", [None, 8, 32])
+@pytest.mark.parametrize("error_bits", [None, 4, 8, 32])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_non_finite_inputs_match_reference(cuda, dtype, error_bits, hadamard, grid):
     """inf / NaN gradients: NaN scale and q = 0 for their groups, their error groups stored as zero (with
@@ -302,7 +302,7 @@ def test_ties_denormals_and_huge_groups_match_reference(cuda, bits, grid):
 
 @pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("bits,in_bits,hadamard,error_bits", [(4, 4, False, 8), (3, 2, False, 32), (2, 8, True, 8),
-                                                              (8, 3, True, None)])
+                                                              (8, 3, True, None), (2, 2, False, 4), (2, 8, True, 4)])
 def test_bucket_of_many_parameters_in_one_launch_per_hop(cuda, bits, in_bits, hadamard, error_bits, grid):
     """A bucket of parameters of mixed sizes (one group, many groups, ragged tails, 33 small ones) through hop 1,
     hop 2 and the final mean, one kernel call each: every wire byte, error and mean identical to the reference."""

@@ -27,17 +27,18 @@ def test_partition_rows_are_zero3_partitions_padded_to_whole_groups(numel, world
     assert not rows[:, part:].any()
 
 
-def _identity_bound(c, q, scale, bits, grid="symmetric"):
-    """int8 storage of e = c - deq(q): |stored - e| <= absmax_group(e) / 254, plus fp32 slack (the roundings of
-    c - deq and of deq + stored, a few ulps of |c|)."""
+def _identity_bound(c, q, scale, bits, grid="symmetric", error_bits=8):
+    """b-bit storage of e = c - deq(q) (b = ``error_bits``, qmax = 2^(b-1) - 1): |stored - e| <= absmax_group(e) /
+    (2 qmax), plus fp32 slack (the roundings of c - deq and of deq + stored, a few ulps of |c|)."""
     e = c - dequantize_groups(q, scale, S, grid)
     groups = e.view(e.shape[0], -1, S)
-    bound = (groups.abs().amax(-1, keepdim=True) / 254 * (1 + 1e-5) + 1e-12).expand_as(groups).reshape(e.shape)
+    steps = 2 * ((1 << (error_bits - 1)) - 1)
+    bound = (groups.abs().amax(-1, keepdim=True) / steps * (1 + 1e-5) + 1e-12).expand_as(groups).reshape(e.shape)
     return bound + c.abs() * 2.0 ** -22
 
 
 @pytest.mark.parametrize("grid", ["symmetric", "midrise"])
-@pytest.mark.parametrize("error_bits", [8, 32])
+@pytest.mark.parametrize("error_bits", [4, 8, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_hop1_with_beta_zero_keeps_dequant_plus_error_equal_to_compensated_input(error_bits, dtype, grid):
     world, local, bits = 6, 2, 4
@@ -58,7 +59,7 @@ def test_hop1_with_beta_zero_keeps_dequant_plus_error_equal_to_compensated_input
     elif error_bits == 32:  # (k + 0.5) * s is not always exactly subtracted back: one rounding of c - deq
         torch.testing.assert_close(sent + error.dequantize(), c, rtol=2 ** -23, atol=1e-7)
     else:
-        assert torch.all(gap <= _identity_bound(c, q, scale, bits, grid))
+        assert torch.all(gap <= _identity_bound(c, q, scale, bits, grid, error_bits))
     q_expected, scale_expected = quantize_groups(c, bits, S, grid)
     assert torch.equal(q, q_expected) and torch.equal(scale, scale_expected)
 
@@ -142,3 +143,34 @@ def test_gather_sample_is_each_picked_value_times_its_tensors_scale_and_zero_whe
         assert torch.equal(out[i], want), i
     assert ref.gather_sample(tensors, owners[:0], coords[:0], scales).shape == (0,)
 
+
+
+@pytest.mark.parametrize("error_bits", [4, 8])
+def test_a_scaled_error_buffer_stores_within_half_a_step_of_its_grid(error_bits):
+    """``store_`` then ``dequantize``: every value within ``absmax / (2 qmax)`` of the error it was given (qmax 7 for
+    int4, 127 for int8); int4 holds two codes a byte, the even column in the low nibble, half the bytes of int8."""
+    rows, cols = 3, 4 * S
+    error = torch.randn(rows, cols) * torch.logspace(-3, 2, rows).unsqueeze(1)
+    buffer = ErrorBuffer.zeros(rows, cols, S, error_bits, "cpu")
+    buffer.store_(error)
+    qmax = (1 << (error_bits - 1)) - 1
+    absmax = error.view(rows, -1, S).abs().amax(-1, keepdim=True)
+    gap = (buffer.dequantize() - error).view(rows, -1, S).abs()
+    assert torch.all(gap <= absmax / (2 * qmax) * (1 + 1e-5))
+    assert buffer.shape == (rows, cols) and buffer.codes.abs().max() <= qmax
+    if error_bits == 4:
+        assert buffer.values.dtype == torch.uint8 and tuple(buffer.values.shape) == (rows, cols // 2)
+        low = (buffer.values & 0xF).to(torch.int8)
+        assert torch.equal(torch.where(low > 7, low - 16, low), buffer.codes[:, 0::2])
+    assert buffer.nbytes() == rows * (cols * error_bits // 8 + cols // S * 4)
+
+
+def test_an_int4_buffer_zeroes_a_non_finite_group_and_rescales_through_its_scale():
+    buffer = ErrorBuffer.zeros(1, 2 * S, S, 4, "cpu")
+    error = torch.randn(1, 2 * S)
+    error[0, 3] = float("nan")
+    buffer.store_(error)
+    assert torch.equal(buffer.dequantize()[0, :S], torch.zeros(S)) and bool(buffer.dequantize()[0, S:].abs().sum() > 0)
+    before = buffer.dequantize()
+    buffer.rescale_(0.5)
+    assert torch.equal(buffer.dequantize(), before * 0.5)

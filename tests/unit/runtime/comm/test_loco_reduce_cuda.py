@@ -22,6 +22,8 @@ CASES = [  # dtype, intra bits, inter bits, hadamard, error_bits
     (torch.float32, 8, 2, False, 8),
     (torch.bfloat16, 3, 3, False, 32),
     (torch.bfloat16, 4, 4, True, 8),
+    (torch.bfloat16, 2, 2, False, 4),
+    (torch.float16, 8, 2, True, 4),
 ]
 
 
