@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 from deepspeed_loco.layout.wire import wire_bytes_per_element
 from deepspeed_loco.perf.calibration import Calibration
+from deepspeed_loco.perf.memory import memory_table
 from deepspeed_loco.perf.model import (DEFAULT_KERNELS, GPUS, INTER_LATENCY_US, INTRA_LATENCY_US, METHODS, Cluster,
                                        Workload, load_kernel_costs, predict)
 
@@ -41,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration", default=None,
                    help="JSON written by 'benchmarks/calibrate.py --out': the engine's host seconds per step, and "
                         "the GPU's measured rate, which stands for --tflops when that is not given")
+    m = commands.add_parser("memory", help="LoCo's error state per GPU for each option, beside ZeRO-3's own model "
+                                           "states (a markdown table)")
+    m.add_argument("--params", type=float, nargs="+", default=[7e9, 13e9, 70e9], help="model sizes, e.g. 7e9 70e9")
+    m.add_argument("--gpus", type=int, nargs="+", default=[64, 512], help="data-parallel GPUs (W), each a multiple "
+                                                                           "of --gpus-per-node")
+    m.add_argument("--gpus-per-node", type=int, default=8)
     return parser
 
 
@@ -81,4 +88,11 @@ def run_predict(args, parser) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "memory":
+        bad = [w for w in args.gpus if w < 1 or w % args.gpus_per_node] if args.gpus_per_node >= 1 else args.gpus
+        if bad or any(n <= 0 for n in args.params):
+            parser.error(f"--gpus must be multiples of --gpus-per-node ({args.gpus_per_node}), got {bad}; --params "
+                         f"must be > 0")
+        print(memory_table(args.params, args.gpus, args.gpus_per_node))
+        return
     print(json.dumps(run_predict(args, parser), indent=1))

@@ -3,7 +3,7 @@ name, keyed by the parameter's name), the step counter and the reset rule."""
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 from deepspeed_loco.config import LocoConfig
-from deepspeed_loco.layout import INTER_NODE, ErrorStorage, HopPlan
+from deepspeed_loco.layout import INTER_NODE, ErrorStorage, HopPlan, plan_hops
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 
 
@@ -15,6 +15,28 @@ def hops_with_error(plan: HopPlan, error_feedback) -> Tuple[str, ...]:
     if error_feedback == INTER_NODE:
         return tuple(hop.name for hop in plan.hops if hop.name == INTER_NODE)
     return ()
+
+
+def error_bytes_per_parameter(world_size: int, local_size: int, config: LocoConfig) -> float:
+    """Bytes of error state one rank holds per parameter of the model for ``config`` on ``world_size`` ranks,
+    ``local_size`` per node, for large tensors (their partitions' padding to whole groups left out): over the hops
+    that keep error, ``rows / W`` values per parameter times the storage's bytes per value, scales included."""
+    plan = plan_hops(world_size, local_size, config)
+    storage = ErrorStorage.of_bits(config.error_bits)
+    kept = hops_with_error(plan, config.error_feedback)
+    rows = sum(count for hop, count in plan.rows().items() if hop in kept)
+    return rows / world_size * storage.row_bytes(config.group_size, config.group_size) / config.group_size
+
+
+def error_feedback_off_reason(plan: HopPlan, error_feedback) -> Optional[str]:
+    """Why error feedback asked for by ``error_feedback`` keeps no buffer on ``plan``'s layout, or None when it
+    keeps one (or was not asked for): a world of one rank, or ``"inter_node"`` on one node."""
+    if error_feedback is False or hops_with_error(plan, error_feedback):
+        return None
+    if not plan.hops:
+        return "a world of one rank has no hop to compensate"
+    return (f'error_feedback "{INTER_NODE}" on one node: there is no inter-node hop, so no hop keeps error '
+            f"(plain qgZ); use error_feedback: true to compensate the intra-node hop")
 
 
 class ErrorFeedbackState:
