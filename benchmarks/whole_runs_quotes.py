@@ -1,6 +1,7 @@
 """Recomputes every number the whole-runs study (stages A and C) quotes from its raw records and checks each quoted
 passage: ``benchmarks/results/whole_runs/README.md``, ``benchmarks/RESULTS.md``, ``docs/when_loco_pays.md``, the
-package's findings (``deepspeed_loco/findings.json``) and their evidence (``benchmarks/results/findings_evidence.json``).
+package's findings (``deepspeed_loco/findings.json``) and their evidence
+(``benchmarks/results/findings_evidence.json``).
 
     python3 benchmarks/whole_runs_quotes.py [--root .]
 
@@ -23,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run from a che
 
 import whole_runs  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout this script is in
 RUNS = "benchmarks/results/whole_runs/runs"
 FIRST_ATTEMPT = ("stageA_20261206/logs.tar.gz", "logs/wr16_b1024_plain4_s4.log")  # seed 4's plain run, cut off
 POWER_GOAL = 0.8  # the power "would need" quotes
@@ -119,7 +121,8 @@ def stage_numbers(arms, end_family, bits="4"):
     for key, arm in (("plain", plain), ("loco", loco)):
         runs = arms[arm].values()
         out[f"err_norm_{key}"] = f"{statistics.fmean(r['grad_rel_error_mean'] for r in runs):.3f}"
-        out[f"err_power_{key}"] = f"{statistics.fmean(statistics.fmean(x * x for x in r['series']['grad_rel_errors']) for r in runs):.3f}"
+        powers = [statistics.fmean(x * x for x in r["series"]["grad_rel_errors"]) for r in runs]
+        out[f"err_power_{key}"] = f"{statistics.fmean(powers):.3f}"
     gaps = [gap_at(r, GAP_STEP) for runs in arms.values() for r in runs.values()]
     out["gap200"] = span(gaps, 4)
     out["gap200_below"] = f"{sum(g < GAP_BELOW for g in gaps)} of {len(gaps)}"
@@ -138,7 +141,7 @@ def stage_numbers(arms, end_family, bits="4"):
     return out
 
 
-def numbers(root="."):
+def numbers(root=ROOT):
     """Every quoted number, by stage: ``{"A": {...}, "C": {...}}``."""
     paths = sorted(glob.glob(os.path.join(root, RUNS, "*.jsonl")))
     a_arms, c_arms = (whole_runs.load(paths, whole_runs.STAGES[s][0]) for s in "AC")
@@ -172,3 +175,144 @@ def numbers(root="."):
     c["T_600_end"] = span([float(c["T_sign"][s]) for s in late], 4, sign=True)
     return {"A": a, "C": c}
 
+
+
+README, RESULTS, WHEN, FINDINGS, EVIDENCE = ("benchmarks/results/whole_runs/README.md", "benchmarks/RESULTS.md",
+                                             "docs/when_loco_pays.md", "deepspeed_loco/findings.json",
+                                             "benchmarks/results/findings_evidence.json")
+QUOTES = [  # (file, passage): each {A[key]} / {C[key]} is the recomputed number
+    (README, "| LoCo - plain at step 1000 (family P) | {A[P]}; per seed {A[P_seeds]}; not resolved; equivalence "
+             "within +-0.003 not shown (two one-sided tests p = {A[tost_p]}); as a bound: no resolved gain, a gain "
+             "larger than {A[bound]} nats excluded"),
+    (README, "mean above 0 at {A[above]} evaluations ({A[T_sign][100]} at step 100;"),
+    (README, "+0.0040 [-0.0038, +0.0118] (per seed {A[E_plain_seeds]}), adjusted p {A[E_plain_holm]}"),
+    (README, "(family E; seeds 0-3 across cards, see below) | {A[E_plain]} (per seed"),
+    (README, "**{A[E_loco]}** (per seed {A[E_loco_seeds]}), Holm-adjusted p {A[E_loco_holm]}: a resolved cost"),
+    (README, "| LoCo - plain {A[slope_lp]}"),
+    (README, "{A[gen3][full]} (full), {A[gen3][plain4]} (plain), {A[gen3][loco4]} (LoCo); it grew on every run "
+             "from {A[gap200]} at step 200 (below 0.02 on {A[gap200_below]} runs)"),
+    (README, "a gain larger than {A[bound]} nats is excluded (minus the interval's lower end). Its mean difference at "
+             "the end, {A[P_sign]}"),
+    (README, "+0.0056 nats at step 1000, positive on every seed, {A[share_of_gain]} of the {A[half_gain]} nats full"),
+    (README, "for seeds {A[E_loco_cards_span]} plain and LoCo ran on the H100 and full precision on the H200"),
+    (README, "differed from that first attempt by {A[restart_100]} at step 100 and by {A[restart_200_250]} at steps "
+             "200-250"),
+    (README, "LoCo - plain over steps 901-1000 was {A[train_last100]} by seed"),
+    (README, "(standard deviation {A[sd]} for LoCo - plain) is four times what the plan assumed (0.001); with it, 5 "
+             "seeds give a half-width of {A[half_width]}"),
+    (README, "with {A[power9]} power at 9 seeds and need about {A[seeds80]} seeds for 80%"),
+    (README, "swings by {A[swing_early]} (largest minus smallest) over the evaluations up to step 400"),
+    (README, "by at most {A[swing_late]} from step 400 on"),
+    (README, "was {A[sum_loco]} with LoCo against {A[sum_plain]} with plain qgZ (about {A[sum_ratio]} times smaller"),
+    (README, "(error norm {A[err_norm_loco]} of the exact mean's with LoCo, {A[err_norm_plain]} plain; error power "
+             "{A[err_power_loco]} and {A[err_power_plain]} of the exact mean's"),
+    (README, "| {C[P]}; per seed {C[P_seeds]}; Holm-adjusted p at most {C[p_holm]}: not resolved. Its 90% interval, "
+             "{C[low90]}, lies inside +-0.003 (two one-sided tests p = {C[tost_p]}), but not at the family's rate "
+             "(x 3: {C[tost_family]})"),
+    (README, "a gain larger than {C[bound]} nats excluded | between -0.002 and +0.003"),
+    (README, "between {C[T_100_450_words]} over steps 100-450 (above 0 except at step 200, {C[T_200]}; {C[T][300]} "
+             "at step 300, BH-adjusted p {C[T_bh][300]}), below 0 from step 600 to the end ({C[T_600_end]})"),
+    (README, "| {C[slope_lp]} per 100 steps: flat within resolution"),
+    (README, "| {C[gen_plain]} (plain), {C[gen_loco]} (LoCo) |"),
+    (README, "({C[T][100]} at step 100 here"),
+    (README, "the seeds spread by {C[sd]} (standard deviation of LoCo - plain at step 1000)"),
+    (README, "was {C[sum_loco]} with LoCo against {C[sum_plain]} plain (about {C[sum_ratio]} times smaller"),
+    (README, "steps 901-1000: LoCo - plain {C[train_last100]} by seed"),
+    (RESULTS, "LoCo 4/4 - plain 4/4 at step 1000 {A[P]} (no resolved gain, a gain larger than {A[bound]} nats "
+              "excluded; equivalence within +-0.003 not shown), above 0 at {A[above]} evaluations"),
+    (RESULTS, "**LoCo 4/4 - full {A[E_loco]}** (Holm over 2), plain - full {A[E_plain]}"),
+    (RESULTS, "differed from its first attempt by {A[restart_100]} at step 100 and {A[restart_200_250]} at steps "
+              "200-250"),
+    (RESULTS, "from {A[sum_plain]} to {A[sum_loco]}"),
+    (RESULTS, "LoCo 4/4 - plain 4/4 at step 1000 {C[P]} (Holm over 3 at most {C[p_holm]}; as predicted, -0.002 to "
+              "+0.003; no resolved gain, a gain larger than {C[bound]} nats excluded): {C[T_100_450]} over steps "
+              "100-450"),
+    (WHEN, "over a whole 1000-step schedule at 1024 sequences (262K tokens) a step, 5 seeds: {A[P]} (LoCo - full "
+           "there: **{A[E_loco]}**, a resolved cost, its arms on different cards for 4 of 5 seeds); 116M over a "
+           "whole 1000-step schedule at 64 sequences, 3 seeds: {C[P]}"),
+    (WHEN, "a gain larger than {A[bound]} nats (10.8M, 262K tokens a step, 5 seeds) and {C[bound]} (116M, 16K "
+           "tokens a step, 3 seeds) is excluded"),
+    (WHEN, "- LoCo 4/4 - plain 4/4 at step 1000: {A[P]}. As a bound: no resolved gain, and a gain larger than "
+           "{A[bound]} nats excluded; not resolved either way, and not shown equivalent within +-0.003 (two "
+           "one-sided tests p = {A[tost_p]}): the seeds spread by {A[sd]}"),
+    (WHEN, "- LoCo 4/4 - full precision: **{A[E_loco]}**, positive on every seed (Holm-adjusted p {A[E_loco_holm]}): "
+           "a resolved cost, {A[share_of_gain]} of what full precision gained over the last half. Plain 4/4 - full: "
+           "{A[E_plain]}, not resolved."),
+    (WHEN, "differed from its first attempt by {A[restart_100]} at step 100 and {A[restart_200_250]} at steps "
+           "200-250"),
+    (WHEN, "above 0 at {A[above]} evaluations (none resolved) and flat over the last 450 steps ({A[slope_lp]} per "
+           "100 steps)"),
+    (WHEN, "about {A[sum_ratio]} times closer to the exact gradients' (its relative error at step 1000: "
+           "{A[sum_loco]} with LoCo, {A[sum_plain]} plain;"),
+    (WHEN, "a gain larger than {A[bound]} nats excluded."),
+    (WHEN, "- LoCo 4/4 - plain 4/4 at step 1000: {C[P]} (per seed {C[P_seeds]}). No gain and no cost resolved; as a "
+           "bound, a gain larger than {C[bound]} nats excluded"),
+    (WHEN, "Its family is incomplete (the full-precision runs are not run), so its Holm adjustment is a bound (at "
+           "most {C[p_holm]})."),
+    (WHEN, "- Along the run LoCo - plain was {C[T_100_450]} over steps 100-450 (above 0 except at step 200; none "
+           "resolved after correction) and {C[T_600_end]} from step 600 on"),
+    (WHEN, "(a gain larger than {C[bound]} nats excluded), with 3 seeds"),
+    (WHEN, "5 seeds: LoCo - plain {A[P_sign]}, not resolved, a gain larger than {A[bound]} nats excluded"),
+    (WHEN, "3 seeds: LoCo - plain {C[P_sign]}, not resolved, a gain larger than {C[bound]} excluded)"),
+    (FINDINGS, "over whole runs a gain larger than {A[bound]}-{C[bound]} nats excluded"),
+    (FINDINGS, "where LoCo 4/4 - plain 4/4 at the end was {A[P]} over 5 seeds (a gain larger than {A[bound]} "
+               "excluded) and LoCo 4/4 ended {A[E_loco_mean]} nats behind full precision (resolved; its arms on "
+               "different cards for 4 of 5 seeds)"),
+    (FINDINGS, "where LoCo 4/4 - plain 4/4 at the end was {C[P]} over 3 seeds (a gain larger than {C[bound]} "
+               "excluded; no early cost resolved: {C[T_100_450]} over steps 100-450)"),
+    (FINDINGS, "a gain above {A[bound_rounded]} nats excluded"),
+    (EVIDENCE, "LoCo - plain at step 1000 {A[P]} (not resolved; equivalence within +-0.003 not shown, two one-sided "
+               "tests p = {A[tost_p]}), flat over the last half ({A[slope_lp]} per 100 steps); plain - full "
+               "{A[E_plain]}, LoCo - full {A[E_loco]} (Holm-adjusted p {A[E_loco_holm]} over the 2"),
+    (EVIDENCE, "LoCo - plain at step 1000 {C[P]} (Holm-adjusted p at most {C[p_holm]} over stage C's family of 3"),
+    (EVIDENCE, "{C[T][300]} at step 300 (BH-adjusted p {C[T_bh][300]})"),
+]
+
+
+def derived(values):
+    """The few quoted forms built from other numbers (signs alone, words for a range, rounded bounds)."""
+    a, c = values["A"], values["C"]
+    for stage in (a, c):
+        stage["P_sign"] = stage["P"].split(" ")[0]
+    c["T_100_450_words"] = c["T_100_450"].replace(" to ", " and ")
+    a["E_loco_mean"] = a["E_loco"].split(" ")[0].lstrip("+")
+    seeds = [int(s) for s in a["E_loco_cards"].split(", ")]
+    a["E_loco_cards_span"] = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else \
+        a["E_loco_cards"]
+    a["bound_rounded"] = f"{max(float(a['bound']), float(c['bound'])):.3f}"
+    return values
+
+
+def flat(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def check(root=ROOT, values=None):
+    """``[(file, passage, found)]`` for every :data:`QUOTES` entry with the recomputed numbers placed in it."""
+    values = derived(values or numbers(root))
+    texts = {}
+    rows = []
+    for path, template in QUOTES:
+        if path not in texts:
+            texts[path] = flat(open(os.path.join(root, path)).read())
+        passage = flat(template.format(**values))
+        rows.append((path, passage, passage in texts[path]))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", default=ROOT,
+                    help="the checkout whose records and documents are checked (default: this one)")
+    args = ap.parse_args(argv)
+    rows = check(args.root)
+    for path, passage, found in rows:
+        print(f"{'OK     ' if found else 'MISSING'} {path}: {passage}")
+    missing = sum(not found for _, _, found in rows)
+    print(f"{len(rows) - missing} of {len(rows)} quoted passages match the records"
+          + (f"; {missing} missing: a misquote, or a passage reworded without its check" if missing else ""))
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
