@@ -327,7 +327,8 @@ def markdown(result) -> str:
                      f"{holm_text(p, over)}{extra} |")
     else:
         alone = dict(p, survives=p.get('p') is not None and p['p'] < RATE)  # one interval: its own test decides
-        lines.append(f"| P | LoCo - plain{cards.get('LoCo - plain', '')} | {_fmt(alone)} | none (one interval){extra} |")
+        lines.append(f"| P | LoCo - plain{cards.get('LoCo - plain', '')} | {_fmt(alone)} | "
+                     f"none (one interval){extra} |")
     per_seed = ", ".join(f"seed {seed} {value:+.4f}" for seed, value in sorted(p["per_seed"].items()))
     for name, cell in result["E"].items():
         lines.append(f"| {'end' if joint else 'E'} | {name}{cards.get(name, '')} | {_fmt(cell)} | "

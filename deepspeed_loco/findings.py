@@ -128,13 +128,15 @@ def read_map(bits: Sequence[int], hadamard: bool, grid: str, params: int, tokens
 
 
 def measured_window(rows: Sequence[Finding]) -> str:
-    """The largest model and global batch ``rows`` were measured at, in words ("up to 116M parameters, 262,144
-    tokens a step"); "any" where a row leaves its range open."""
+    """The largest model and global batch ``rows`` were measured at, in words ("up to 116M parameters, 262K tokens a
+    step"); "any" where a row leaves its range open."""
     from deepspeed_loco.utils.sizes import parameter_count
     highs = [row.params[1] for row in rows]
     batches = [row.tokens_per_step[1] for row in rows]
     size = "any size" if None in highs else f"up to {parameter_count(max(highs))}"
-    batch = "any batch" if None in batches else f"{max(batches):,} tokens a step"
+    top = None if None in batches else max(batches)
+    batch = "any batch" if top is None else f"{top / 1e6:.3g}M tokens a step" if top >= 1e6 else \
+        f"{top / 1e3:.3g}K tokens a step"
     return f"{size}, {batch}"
 
 

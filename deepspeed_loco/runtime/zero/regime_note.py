@@ -1,8 +1,9 @@
 """The start-up note a run gets from the findings (:func:`regime_note`), read through
 :func:`deepspeed_loco.findings.read_map`: one short line. Inside a measured window, error feedback off where LoCo
 paid, on where its gain is unproven, and on where it changed nothing each get what was measured (the row's few-word
-note) and what to change or check; a run of a measured setting outside every window measured for it gets "not
-measured" and where to look; every other run gets none. Each note ends with the command that prints the table."""
+note) and what to change or check; a run with error feedback on, of a measured setting outside every window
+measured for it, gets "not in the measurements" and where to look; every other run gets none. Each note names the
+command that prints the whole table."""
 from typing import Optional
 
 from deepspeed_loco.findings import LOCO_IDLE, LOCO_PAYS, LOCO_UNPROVEN, MAP, measured_window, read_map
@@ -12,10 +13,10 @@ from deepspeed_loco.utils.sizes import parameter_count
 ACTIONS = {  # (reading, error feedback on) -> what the note asks for; other pairs: the map agrees, no note
     (LOCO_PAYS, False): "consider error_feedback: true",
     (LOCO_UNPROVEN, True): "measure it first (deepspeed-loco-advise)",
-    (LOCO_IDLE, True): "error_feedback: false saves its buffers",
+    (LOCO_IDLE, True): "error_feedback: false saves memory",
 }
 TABLE_COMMAND = "python -m deepspeed_loco.findings"
-NOT_MEASURED = "check with deepspeed-loco-advise and the live rho (rho_every)"
+NOT_MEASURED = "measure it: deepspeed-loco-advise, the live rho (rho_every)"
 NOTE_MAX_CHARS = 250  # the note is one line a user reads at start-up
 
 
@@ -29,12 +30,10 @@ def regime_note(plan: HopPlan, error_feedback: bool, params: int,
     if not rows:
         return None
     finding = read_map(bits, plan.hadamard, plan.grid, params, tokens_per_step)
-    head = (f"deepspeed-loco: {'LoCo' if error_feedback else 'no LoCo'} at "
-            f"{'/'.join(map(str, bits))} bits{' + Hadamard' if plan.hadamard else ''}, {parameter_count(params)}")
-    if finding is None:
-        return (f"{head}: not measured (measured {measured_window(rows)}); {NOT_MEASURED}. Table: "
-                f"{TABLE_COMMAND}")
+    head = (f"deepspeed-loco: {'LoCo error feedback' if error_feedback else 'no LoCo error feedback'} at "
+            f"{'/'.join(map(str, bits))} bits{' + Hadamard' if plan.hadamard else ''} for {parameter_count(params)}")
+    if finding is None:  # a setting measured elsewhere: said where LoCo runs (plain qgZ needs no evidence of ours)
+        return (f"{head}: not in the measurements ({TABLE_COMMAND}: {measured_window(rows)}); {NOT_MEASURED}"
+                if error_feedback else None)
     action = ACTIONS.get((finding.reading, error_feedback))
-    if action is None:
-        return None
-    return f"{head}: measured: {finding.note}; {action}. Table: {TABLE_COMMAND}"
+    return f"{head}: in the measurements ({TABLE_COMMAND}) {finding.note}; {action}" if action else None
