@@ -142,6 +142,36 @@ def last_half_slopes(arms, first, second, steps):
             if len(steps) >= 2}
 
 
+def gain_excluded(cell):
+    """The bound a LoCo - plain interval puts on a gain: the largest gain (nats, >= 0) its 95% interval leaves open
+    above which a gain is excluded (minus its lower end, 0 where it lies above 0); None where a gain is resolved
+    (the interval below 0) or there is no interval."""
+    if cell.get("low") is None or cell["high"] < 0:
+        return None
+    return max(0.0, -cell["low"])
+
+
+def device(run):
+    """The card a run ran on (its ``setup.device``), or None where the record does not say."""
+    return run.get("setup", {}).get("device")
+
+
+def cross_card_seeds(arms, first, second):
+    """``{seed: [device of first, device of second]}`` for the seeds whose two arms ran on different cards."""
+    seeds = sorted(set(arms.get(first, {})) & set(arms.get(second, {})))
+    pairs = {s: [device(arms[first][s]), device(arms[second][s])] for s in seeds}
+    return {s: pair for s, pair in pairs.items() if pair[0] != pair[1]}
+
+
+def cards_text(crossed) -> str:
+    """What a difference's table cell adds where some seeds' arms ran on different cards ('' where none did)."""
+    if not crossed:
+        return ""
+    seeds = ", ".join(str(s) for s in crossed)
+    pairs = sorted({" vs ".join(str(d) for d in pair) for pair in crossed.values()})
+    return f" (arms on different cards for seed{'s' if len(crossed) > 1 else ''} {seeds}: {'; '.join(pairs)})"
+
+
 NOT_RUN = "not run yet"  # where no seed has both arms of a difference
 
 
@@ -176,6 +206,7 @@ def analyse(arms, bits="4", tokens_per_step=None, end_family="split"):
     if p["n"] >= 2:
         p["tost_p"], p["low90"], p["high90"] = tost(list(p["per_seed"].values()), MARGIN)
         p["reading"] = equivalence_label(p["p"], p["tost_p"], MARGIN)
+        p["gain_excluded"] = gain_excluded(p)
     result["P"] = {"LoCo - plain": p}
     ends = {name: interval(paired(arms, a, b).values()) for name, (a, b) in
             (("plain - full", (plain, "full")), ("LoCo - full", (loco, "full")))}
@@ -187,6 +218,8 @@ def analyse(arms, bits="4", tokens_per_step=None, end_family="split"):
         p["reading"] = equivalence_label(p["p_holm"], p["tost_p_family"], MARGIN)
     result["end_family"] = end_family
     result["E"] = ends
+    compared = (("LoCo - plain", (loco, plain)), ("plain - full", (plain, "full")), ("LoCo - full", (loco, "full")))
+    result["cards"] = {name: cross_card_seeds(arms, a, b) for name, (a, b) in compared}
     steps = sorted({s for runs in arms.values() for r in runs.values() for s, _ in r["validation"]})
     differences = {"LoCo - plain": (loco, plain), "plain - full": (plain, "full")}
     cells = trajectory(arms, differences, steps)
@@ -288,17 +321,25 @@ def markdown(result) -> str:
     family = f", x {over} for the family {p['tost_p_family']:.2g}" if "tost_p_family" in p else ""
     extra = (f"; two one-sided tests at +-{result['margin']}: p = {p['tost_p']:.2g}{family} (90% "
              f"[{p['low90']:+.4f}, {p['high90']:+.4f}]): {p['reading']}" if "tost_p" in p else "")
+    cards = {name: cards_text(crossed) for name, crossed in result.get("cards", {}).items()}
     if joint:
-        lines.append(f"| end | LoCo - plain | {_fmt(p)} | {holm_text(p, over)}{extra} |")
+        lines.append(f"| end | LoCo - plain{cards.get('LoCo - plain', '')} | {_fmt(p)} | "
+                     f"{holm_text(p, over)}{extra} |")
     else:
-        lines.append(f"| P | LoCo - plain | {_fmt(dict(p, survives=p.get('p') is not None and p['p'] < RATE))} | "
+        alone = dict(p, survives=p.get('p') is not None and p['p'] < RATE)  # one interval: its own test decides
+        lines.append(f"| P | LoCo - plain{cards.get('LoCo - plain', '')} | {_fmt(alone)} | "
                      f"none (one interval){extra} |")
     per_seed = ", ".join(f"seed {seed} {value:+.4f}" for seed, value in sorted(p["per_seed"].items()))
     for name, cell in result["E"].items():
-        lines.append(f"| {'end' if joint else 'E'} | {name} | {_fmt(cell)} | {holm_text(cell, over)} |")
-    lines += ["", f"LoCo - plain at the end, per seed: {per_seed or '-'}.",
-              "", "## Along the run (family T: Benjamini-Hochberg over every interval below)", "",
-              "| step | tokens | LoCo - plain | plain - full |", "|---|---|---|---|"]
+        lines.append(f"| {'end' if joint else 'E'} | {name}{cards.get(name, '')} | {_fmt(cell)} | "
+                     f"{holm_text(cell, over)} |")
+    lines += ["", f"LoCo - plain at the end, per seed: {per_seed or '-'}."]
+    if p.get("gain_excluded") is not None:
+        lines.append(f"As a bound: no resolved gain; a gain larger than {p['gain_excluded']:.4f} nats is excluded "
+                     "(minus the 95% interval's lower end).")
+    marked = " (cards differ: see above)" if cards.get("plain - full") else ""
+    lines += ["", "## Along the run (family T: Benjamini-Hochberg over every interval below)", "",
+              f"| step | tokens | LoCo - plain | plain - full{marked} |", "|---|---|---|---|"]
     by_step = {}
     for cell in result["T"]:
         by_step.setdefault((cell["step"], cell["tokens"]), {})[cell["difference"]] = cell

@@ -1,12 +1,13 @@
 """What the measurements say about LoCo, as data the library reads: the rows of ``findings.json`` (package data),
-each matching a bit setting, grid, model size and global batch to a reading and a one-line summary, and the
-thresholds with their one-line reasons. :func:`read_map` is the one reader; the start-up note
-(``runtime/zero/regime_note.py``) and ``advise`` use nothing else.
+each matching a bit setting, grid, model size and global batch (the window measured, closed at both ends where it
+was) to a reading, a few-word note and a summary, and the thresholds with their one-line reasons. :func:`read_map`
+is the one reader; the start-up note (``runtime/zero/regime_note.py``) and ``advise`` use nothing else.
 
-The measurements change the JSON, never this code. Each row's evidence and provenance (raw runs, dates) are kept
-beside the runs, in the repository's ``benchmarks/results/findings_evidence.json`` under the row's ``id``; the
-narrative, every number with its window, is ``docs/when_loco_pays.md`` (:data:`MAP_DOC`).
+``python -m deepspeed_loco.findings`` prints the whole table (:func:`table_text`). The measurements change the JSON,
+never this code; their evidence and narrative live with the source, not in the package (:data:`MAP_DOC` names the
+narrative's page there).
 """
+import argparse
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -26,8 +27,10 @@ class Finding:
     ("midrise", "symmetric"; None: either), training ``low < parameters <= high`` (``params``; high None: no bound)
     at ``low < tokens per step <= high`` (``tokens_per_step``, the global batch in tokens; ``(0, None)``: any batch,
     else the row is read only where the run's batch is known). ``reading``: one of :data:`READINGS`; ``summary``:
-    what was measured, a clause for a note; ``horizon_steps``: None, or the shortest schedule (optimizer steps) over
-    which the reading was resolved; ``id``: the row's key in the evidence file."""
+    what was measured, with its numbers; ``note``: the same in a few words with its window, for the start-up note;
+    ``horizon_steps``: None, or the shortest schedule (optimizer steps) over which the reading was resolved; ``id``:
+    the row's key in the evidence file. A row whose batch range starts above 0 is read only where the batch is
+    known; one from 0 up to a bound is read also where it is unknown (its note names the bound)."""
     id: str
     reading: str
     intra_bits: Tuple[int, int]
@@ -36,6 +39,7 @@ class Finding:
     grid: Optional[str]
     params: Tuple[int, Optional[int]]
     summary: str
+    note: str = ""
     tokens_per_step: Tuple[int, Optional[int]] = (0, None)
     horizon_steps: Optional[int] = None
 
@@ -44,9 +48,8 @@ class Finding:
         """Whether the row holds only for some global batches (then it is read only where the batch is known)."""
         return self.tokens_per_step != (0, None)
 
-    def matches(self, bits: Sequence[int], hadamard: bool, grid: str, params: int,
-                tokens_per_step: Optional[int]) -> bool:
-        """Whether a run of these hops (intra-node first), settings and size falls in this row (see the class)."""
+    def same_setting(self, bits: Sequence[int], hadamard: bool, grid: str) -> bool:
+        """Whether a run of these hops (intra-node first), Hadamard and grid is this row's setting, at any size."""
         if not bits or len(bits) > 2:
             return False
         ranges = (self.intra_bits, self.inter_bits)
@@ -54,11 +57,15 @@ class Finding:
             hop_ok = all(low <= bits[0] <= high for low, high in ranges)
         else:
             hop_ok = all(low <= b <= high for b, (low, high) in zip(bits, ranges))
-        if self.batch_bounded and tokens_per_step is None:
+        return hop_ok and self.hadamard in (None, hadamard) and self.grid in (None, grid)
+
+    def matches(self, bits: Sequence[int], hadamard: bool, grid: str, params: int,
+                tokens_per_step: Optional[int]) -> bool:
+        """Whether a run of these hops (intra-node first), settings and size falls in this row (see the class)."""
+        if tokens_per_step is None and self.tokens_per_step[0] > 0:
             return False
-        return (hop_ok and self.hadamard in (None, hadamard) and self.grid in (None, grid)
-                and _within(params, self.params) and (tokens_per_step is None or _within(tokens_per_step,
-                                                                                          self.tokens_per_step)))
+        return (self.same_setting(bits, hadamard, grid) and _within(params, self.params)
+                and (tokens_per_step is None or _within(tokens_per_step, self.tokens_per_step)))
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ def _finding(row: Dict[str, Any]) -> Finding:
     """A row of the JSON as a :class:`Finding`, its reading and grid checked."""
     finding = Finding(id=row["id"], reading=row["reading"], intra_bits=_pair(row, "intra_bits"),
                       inter_bits=_pair(row, "inter_bits"), hadamard=row["hadamard"], grid=row["grid"],
-                      params=_pair(row, "params"), summary=row["summary"],
+                      params=_pair(row, "params"), summary=row["summary"], note=row.get("note", ""),
                       tokens_per_step=_pair(row, "tokens_per_step"), horizon_steps=row.get("horizon_steps"))
     if finding.reading not in READINGS or finding.grid not in GRIDS:
         raise ValueError(f"findings.json: row {finding.id!r}: reading {finding.reading!r} must be one of {READINGS} "
@@ -118,3 +125,48 @@ def read_map(bits: Sequence[int], hadamard: bool, grid: str, params: int, tokens
         raise ValueError(f"findings: {len(rows)} rows match bits {list(bits)}, hadamard {hadamard}, grid {grid}, "
                          f"{params} parameters, {tokens_per_step} tokens per step: the table's rows overlap")
     return rows[0] if rows else None
+
+
+def measured_window(rows: Sequence[Finding]) -> str:
+    """The largest model and global batch ``rows`` were measured at, in words ("up to 116M parameters, 262K tokens a
+    step"); "any" where a row leaves its range open."""
+    from deepspeed_loco.utils.sizes import parameter_count
+    highs = [row.params[1] for row in rows]
+    batches = [row.tokens_per_step[1] for row in rows]
+    size = "any size" if None in highs else f"up to {parameter_count(max(highs))}"
+    top = None if None in batches else max(batches)
+    batch = "any batch" if top is None else f"{top / 1e6:.3g}M tokens a step" if top >= 1e6 else \
+        f"{top / 1e3:.3g}K tokens a step"
+    return f"{size}, {batch}"
+
+
+def table_text(table: Sequence[Finding] = MAP) -> str:
+    """The findings table as text: per row its setting, window (model size, tokens a step, steps), reading and
+    summary."""
+    def span(bounds):
+        low, high = bounds
+        return f"({low:,}, {'open' if high is None else f'{high:,}'}]"
+
+    lines = ["deepspeed-loco findings: LoCo error feedback against plain qgZ, per setting and window measured",
+             f"(the readings: {', '.join(READINGS)}; the measurements' narrative: {MAP_DOC} in the source repository)"]
+    for row in table:
+        hops = f"bits intra {row.intra_bits[0]}-{row.intra_bits[1]}, inter {row.inter_bits[0]}-{row.inter_bits[1]}"
+        hadamard = {None: "either", True: "on", False: "off"}[row.hadamard]
+        lines += ["", f"[{row.id}] {row.reading}: {hops}, Hadamard {hadamard}, grid {row.grid or 'either'}",
+                  f"  window: parameters {span(row.params)}, tokens a step {span(row.tokens_per_step)}"
+                  + (f", schedules of {row.horizon_steps}+ steps" if row.horizon_steps else "")]
+        lines += [f"  in short: {row.note}"] * bool(row.note) + [f"  {row.summary}"]
+    lines += ["", "Outside every window: not measured; measure your own model with deepspeed-loco-advise and watch "
+              "the live rho (zeropp_loco_param.rho_every)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m deepspeed_loco.findings``: prints :func:`table_text` of the package's table."""
+    argparse.ArgumentParser(prog="python -m deepspeed_loco.findings", description=table_text.__doc__).parse_args(argv)
+    print(table_text(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -34,7 +34,7 @@ RHO_THRESHOLD = 1.0  # quantization error power equal to the sampling noise powe
 PROBE_STEPS = 20
 MIN_STEPS = 50  # a comparison shorter than this says nothing about a real run
 CALIBRATION_STEPS = 2  # the timing run that sizes the probe before the budget is committed
-MIN_SEEDS = 3  # a 95% interval needs at least 2; 3 is the least that resolved anything in the map
+MIN_SEEDS = 3  # the fewest seeds a comparison runs (a 95% interval needs at least 2)
 
 
 class AdviseInputError(ValueError):

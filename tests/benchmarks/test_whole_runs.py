@@ -156,3 +156,20 @@ def test_stage_b_pairs_branches_within_their_trunk_and_tests_warm_against_cold(w
     assert sorted({c["step"] for c in result["T"]}) == [150, 200, 250, 300, 350, 400]  # the branches' evaluations
     assert len(result["T"]) == 24 and all("p_bh" in c for c in result["T"])
     assert "refuted" in wr.markdown_branches(result) and "nan" not in wr.markdown_branches(result)
+
+
+def test_a_difference_whose_arms_ran_on_different_cards_is_marked_and_the_gain_bound_stated(wr):
+    """Stage A's confound: full precision on another card than plain and LoCo for some seeds."""
+    arms = _runs()
+    for key, runs in arms.items():
+        for seed, run in runs.items():
+            run["setup"] = {"device": "card B" if key == "full" and seed < 4 else "card A"}
+    result = wr.analyse(arms, "4")
+    assert set(result["cards"]["plain - full"]) == {0, 1, 2, 3} and result["cards"]["LoCo - plain"] == {}
+    text = wr.markdown(result)
+    assert "| E | plain - full (arms on different cards for seeds 0, 1, 2, 3: card A vs card B) |" in text
+    assert "| P | LoCo - plain | " in text
+    p = result["P"]["LoCo - plain"]  # -0.001 on every seed: a resolved gain, so no bound is stated
+    assert p["gain_excluded"] is None and "As a bound" not in text
+    assert wr.gain_excluded({"low": -0.0039, "high": 0.007}) == pytest.approx(0.0039)
+    assert wr.gain_excluded({"low": 0.001, "high": 0.007}) == 0.0

@@ -1,30 +1,39 @@
-"""The start-up note a run gets from the regime map (:func:`regime_note`), read through
-:func:`deepspeed_loco.findings.read_map`: error feedback off where LoCo paid, on where its gain is unproven, and on
-where it changed nothing each get a note naming what to change or check; every other run gets none."""
+"""The start-up note a run gets from the findings (:func:`regime_note`), read through
+:func:`deepspeed_loco.findings.read_map`: one short line. Inside a measured window, error feedback off where LoCo
+paid, on where its gain is unproven, and on where it changed nothing each get what was measured (the row's few-word
+note) and what to change or check; a run with error feedback on, of a measured setting outside every window
+measured for it, gets "not in the measurements" and where to look; every other run gets none. Each note names the
+command that prints the whole table."""
 from typing import Optional
 
-from deepspeed_loco.findings import LOCO_IDLE, LOCO_PAYS, LOCO_UNPROVEN, MAP_DOC, read_map
+from deepspeed_loco.findings import LOCO_IDLE, LOCO_PAYS, LOCO_UNPROVEN, MAP, measured_window, read_map
 from deepspeed_loco.layout import HopPlan
 from deepspeed_loco.utils.sizes import parameter_count
 
 ACTIONS = {  # (reading, error feedback on) -> what the note asks for; other pairs: the map agrees, no note
-    (LOCO_PAYS, False): "consider zeropp_loco_param.error_feedback: true",
-    (LOCO_UNPROVEN, True): "measure it on your model before a long run (deepspeed_loco.simulation.advise)",
-    (LOCO_IDLE, True): "zeropp_loco_param.error_feedback: false saves its error buffers",
+    (LOCO_PAYS, False): "consider error_feedback: true",
+    (LOCO_UNPROVEN, True): "measure it first (deepspeed-loco-advise)",
+    (LOCO_IDLE, True): "error_feedback: false saves memory",
 }
+TABLE_COMMAND = "python -m deepspeed_loco.findings"
+NOT_MEASURED = "measure it: deepspeed-loco-advise, the live rho (rho_every)"
+NOTE_MAX_CHARS = 250  # the note is one line a user reads at start-up
 
 
 def regime_note(plan: HopPlan, error_feedback: bool, params: int,
                 tokens_per_step: Optional[int] = None) -> Optional[str]:
     """The note for a run of ``plan``'s hops with ``error_feedback`` on or off training ``params`` parameters at a
-    global batch of ``tokens_per_step`` tokens (None: unknown), or None (no hop, a setting the map did not
-    measure, or one it agrees with)."""
+    global batch of ``tokens_per_step`` tokens (None: unknown), or None (no hop, a setting never measured, or one
+    whose measurement agrees with the run)."""
     bits = [hop.bits for hop in plan.hops]  # intra-node first
-    finding = read_map(bits, plan.hadamard, plan.grid, params, tokens_per_step)
-    action = ACTIONS.get((finding.reading, error_feedback)) if finding else None
-    if action is None:
+    rows = [row for row in MAP if row.same_setting(bits, plan.hadamard, plan.grid)]
+    if not rows:
         return None
-    setting = f"{'/'.join(map(str, bits))} bits{' + Hadamard' if plan.hadamard else ''}"
-    return (f"deepspeed-loco: {'LoCo error feedback' if error_feedback else 'no LoCo error feedback'} at {setting} "
-            f"for {parameter_count(params)}: in the measurements ({MAP_DOC}) {finding.summary}; {action}")
-
+    finding = read_map(bits, plan.hadamard, plan.grid, params, tokens_per_step)
+    head = (f"deepspeed-loco: {'LoCo error feedback' if error_feedback else 'no LoCo error feedback'} at "
+            f"{'/'.join(map(str, bits))} bits{' + Hadamard' if plan.hadamard else ''} for {parameter_count(params)}")
+    if finding is None:  # a setting measured elsewhere: said where LoCo runs (plain qgZ needs no evidence of ours)
+        return (f"{head}: not in the measurements ({TABLE_COMMAND}: {measured_window(rows)}); {NOT_MEASURED}"
+                if error_feedback else None)
+    action = ACTIONS.get((finding.reading, error_feedback))
+    return f"{head}: in the measurements ({TABLE_COMMAND}) {finding.note}; {action}" if action else None

@@ -1,52 +1,58 @@
 """The start-up note from the regime map (``deepspeed_loco.findings``): 2 bits on every hop without error feedback
 at a size where LoCo paid, error feedback at 2 bits where its gain is unproven, error feedback where the map found
-it changed nothing, and silence for what the map did not measure or agrees with."""
+it changed nothing, "not measured" outside a measured setting's windows, silence for a setting never measured or
+one the map agrees with; every note one line of at most ``NOTE_MAX_CHARS`` naming the table's command."""
 import pytest
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.findings import LOCO_PAYS, MAP, MAP_DOC, read_map
 from deepspeed_loco.layout import plan_hops
-from deepspeed_loco.runtime.zero.regime_note import ACTIONS, regime_note
+from deepspeed_loco.runtime.zero.regime_note import (ACTIONS, NOT_MEASURED, NOTE_MAX_CHARS, TABLE_COMMAND,
+                                                     regime_note)
 from deepspeed_loco.utils.sizes import parameter_count
 
 SMALL, LARGE = 10_818_432, 116_430_720  # the map's 10.8M and 116M models
 GAIN_MAX_PARAMS = next(row for row in MAP if row.reading == LOCO_PAYS).params[1]  # the 2/2 gain's largest size
 
 
-def _note(world, local, params=SMALL, **keys):
+def _note(world, local, params=SMALL, tokens_per_step=None, **keys):
     config = LocoConfig.from_dict(keys)
-    return regime_note(plan_hops(world, local, config), config.error_feedback, params)
+    note = regime_note(plan_hops(world, local, config), config.error_feedback, params, tokens_per_step)
+    assert note is None or (len(note) <= NOTE_MAX_CHARS and "\n" not in note and f"({TABLE_COMMAND}" in note)
+    assert note is None or MAP_DOC not in note  # a pip user has no docs/ folder
+    return note
 
 
 def _expected(bits, error_feedback, params, hadamard=False, grid="midrise"):
-    """The note's parts: the setting it names, the row's summary and the action for (reading, error feedback)."""
+    """The note's parts: the setting it names, the row's note and the action for (reading, error feedback)."""
     row = read_map(bits, hadamard, grid, params)
     setting = f"{'LoCo error feedback' if error_feedback else 'no LoCo error feedback'} at " \
               f"{'/'.join(map(str, bits))} bits{' + Hadamard' if hadamard else ''} for {parameter_count(params)}"
-    return setting, row.summary, ACTIONS[row.reading, error_feedback]
+    return setting, row.note, ACTIONS[row.reading, error_feedback]
 
 
 @pytest.mark.parametrize("world,local,bits", [(8, 4, [2, 2]), (4, 4, [2]), (4, 1, [2])])
 def test_two_bits_on_every_hop_without_error_feedback_suggests_it_where_loco_paid(world, local, bits):
     note = _note(world, local, params=GAIN_MAX_PARAMS, intra_node_bits=2, inter_node_bits=2, error_feedback=False)
-    for part in _expected(bits, False, GAIN_MAX_PARAMS) + (MAP_DOC,):
+    for part in _expected(bits, False, GAIN_MAX_PARAMS):
         assert part in note
-    assert "error_feedback: true" in note and "up to 10.8M parameters" in note
+    assert "error_feedback: true" in note and "<=10.8M" in note
 
 
 def test_error_feedback_at_two_bits_on_a_model_larger_than_the_resolved_gain_says_to_measure_it():
     note = _note(8, 4, params=GAIN_MAX_PARAMS + 1, intra_node_bits=2, inter_node_bits=2, error_feedback=True)
     for part in _expected([2, 2], True, GAIN_MAX_PARAMS + 1):
         assert part in note
-    assert "advise" in note and "only up to 10.8M parameters" in note
+    assert "advise" in note and "at 116M" in note
 
 
-@pytest.mark.parametrize("keys,bits", [
-    (dict(intra_node_bits=4, inter_node_bits=4), [4, 4]),
-    (dict(intra_node_bits=8, inter_node_bits=4), [8, 4]),
-    (dict(intra_node_bits=8, inter_node_bits=2, hadamard=True), [8, 2]),
+@pytest.mark.parametrize("keys,bits,params", [
+    (dict(intra_node_bits=4, inter_node_bits=4), [4, 4], SMALL), (dict(intra_node_bits=4, inter_node_bits=4), [4, 4],
+                                                                  LARGE),
+    (dict(intra_node_bits=8, inter_node_bits=4), [8, 4], SMALL), (dict(intra_node_bits=8, inter_node_bits=4), [8, 4],
+                                                                  LARGE),
+    (dict(intra_node_bits=8, inter_node_bits=2, hadamard=True), [8, 2], SMALL),  # 116M not measured at 8/2 + H
 ])
-@pytest.mark.parametrize("params", [SMALL, LARGE])
 def test_error_feedback_where_the_map_found_no_effect_says_what_it_costs(keys, bits, params):
     note = _note(8, 4, params=params, error_feedback=True, **keys)
     for part in _expected(bits, True, params, hadamard=keys.get("hadamard", False), grid="symmetric"):
@@ -69,6 +75,21 @@ def test_error_feedback_where_the_map_found_no_effect_says_what_it_costs(keys, b
 def test_no_note_where_the_map_agrees_or_did_not_measure(world, local, params, keys):
     assert _note(world, local, params=params, **keys) is None
 
+
+@pytest.mark.parametrize("params,tokens", [(7_000_000_000, None), (SMALL, 1 << 22)])
+def test_a_measured_setting_outside_every_window_measured_reads_not_measured(params, tokens):
+    """4/4 beyond the largest model or batch the findings measured it at: no reading is carried over."""
+    row = read_map([4, 4], False, "symmetric", SMALL)
+    assert params > row.params[1] or tokens > row.tokens_per_step[1]
+    note = _note(8, 4, params=params, tokens_per_step=tokens, error_feedback=True, intra_node_bits=4,
+                 inter_node_bits=4)
+    assert "not in the measurements" in note and NOT_MEASURED in note and "262K tokens a step" in note
+    assert row.note not in note
+
+
+def test_plain_qgz_outside_every_window_measured_gets_no_note():
+    """Plain qgZ is DeepSpeed's own numerics: only a run with LoCo on is told its setting was not measured."""
+    assert _note(8, 4, params=7_000_000_000, intra_node_bits=4, inter_node_bits=4, error_feedback=False) is None
 
 @pytest.mark.parametrize("params, said", [(3_217, "3,217 parameters"), (99_999, "99,999 parameters"),
                                           (870_000, "0.87M parameters"), (10_818_432, "10.8M parameters"),
