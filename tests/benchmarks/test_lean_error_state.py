@@ -1,0 +1,65 @@
+"""benchmarks/lean_error_state.py: the lean-error-state study's fixed analysis on made-up runs whose differences are
+known, and Fieller's interval against its defining inequality."""
+import math
+
+import pytest
+
+from tests.extras import needs_extra
+
+SEEDS, STEPS = (0, 1, 2, 3, 4), list(range(100, 1001, 100))
+OFFSETS = {  # arm -> loss above plain 2/2 at every step (a per-seed wobble added below)
+    "le_base:plain2": 0.0, "le_base:loco2": -0.010, "le_e4:loco2": -0.008, "le_inter:loco2": -0.002,
+    "le_base:plain8-2h": -0.015, "le_inter:loco8-2h": -0.016, "le_zero500:loco2": -0.010}
+
+
+@pytest.fixture(scope="module")
+def les(benchmark_module):
+    needs_extra("numpy", "demo")
+    needs_extra("scipy.stats", "demo")
+    return benchmark_module("lean_error_state")
+
+
+def _arms():
+    arms = {}
+    for seed in SEEDS:
+        wobble = 0.0005 * (seed - 2)
+        for arm, offset in OFFSETS.items():
+            extra = wobble * (1 if arm.endswith("loco2") else 0.5)
+            curve = {s: 1.5 + 1 / math.sqrt(s) + 0.01 * seed + offset + extra for s in STEPS}
+            tag, key = arm.split(":")
+            arms.setdefault(arm, {})[seed] = {"tag": tag, "key": key, "seed": seed,
+                                              "validation": sorted(curve.items()), "final_val_loss": curve[1000]}
+    return arms
+
+
+def test_the_families_read_the_known_differences(les):
+    result = les.analyse(_arms())
+    gain = result["gain"]
+    assert gain["LoCo 2/2 (int8, both hops)"]["mean"] == pytest.approx(-0.010, abs=1e-12)
+    assert gain["LoCo 2/2, error_bits 4"]["mean"] == pytest.approx(-0.008, abs=1e-12)
+    assert all("p_holm" in cell for cell in gain.values()) and len(gain) == 5
+    share = result["shares"]["LoCo 2/2, error_bits 4"]
+    assert share["share"] == pytest.approx(0.8, abs=1e-9) and share["low"] < 0.8 < share["high"]
+    inter = result["shares"]["LoCo 2/2, error_feedback inter_node"]
+    assert inter["share"] == pytest.approx(0.2, abs=1e-9) and not inter["keeps_80"]
+    assert result["kept"]["LoCo 2/2, error_bits 4"]["mean"] == pytest.approx(0.002, abs=1e-12)
+    assert result["zeroed"]["mean"] == pytest.approx(0.0, abs=1e-12) and result["zeroed"]["equivalent"]
+    assert [c["step"] for c in result["zeroed_trajectory"]] == list(range(600, 1001, 100))
+    text = les.markdown(result)
+    assert "Holm over 5" in text and "| LoCo 2/2, error_bits 4 | 0.80 (n=5) |" in text
+
+
+def test_fieller_bounds_are_where_the_t_statistic_equals_its_quantile(les):
+    """At each end R of the interval, (mean(a) - R mean(b))^2 = t^2 var(mean(a) - R mean(b)), the interval's
+    definition; a denominator not resolved from 0 gives an unbounded interval."""
+    from deepspeed_loco.utils.stats import t_quantile_two_sided
+    a, b = [-0.008, -0.009, -0.005, -0.011, -0.007], [-0.010, -0.011, -0.007, -0.012, -0.009]
+    ratio, low, high = les.fieller(a, b)
+    assert ratio == pytest.approx(sum(a) / sum(b)) and low < ratio < high
+    t2 = t_quantile_two_sided(0.95, len(a) - 1) ** 2
+    for r in (low, high):
+        d = [x - r * y for x, y in zip(a, b)]
+        mean = sum(d) / len(d)
+        var = sum((v - mean) ** 2 for v in d) / (len(d) - 1) / len(d)
+        assert mean * mean == pytest.approx(t2 * var, rel=1e-9)
+    assert les.fieller([1.0, 2.0, 3.0], [0.1, -0.1, 0.05])[1:] == (None, None)
