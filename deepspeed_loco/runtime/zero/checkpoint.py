@@ -226,7 +226,7 @@ def write_error_file(state, named_params: Mapping[str, torch.Tensor], path: str,
 
 def _write_tensor(out, tensor: torch.Tensor, staging: HostStaging) -> int:
     crc = 0
-    for piece, host in staging.pieces(tensor.detach().reshape(-1)):
+    for piece, host in staging.pieces(tensor.detach().view(-1)):  # a buffer is contiguous: no copy
         host.copy_(piece)
         data = host.view(torch.uint8).numpy()
         out.write(data)
@@ -361,7 +361,7 @@ def _record_brief(record: Optional[Mapping[str, Any]]) -> str:
 
 def _read_tensor(source, target: torch.Tensor, staging: HostStaging, at: str) -> int:
     crc = 0
-    for piece, host in staging.pieces(target.reshape(-1)):
+    for piece, host in staging.pieces(target.view(-1)):
         data = host.view(torch.uint8).numpy()
         if source.readinto(data) != data.nbytes:
             _corrupt(f"{at}: the file ends early")
