@@ -129,8 +129,10 @@ class ErrorFeedbackState:
         return (buffer for _, _, buffer in self.named_buffers())
 
     def state_dict(self) -> Dict[str, Any]:
-        """The step and every buffer as CPU copies: ``{"step": int, "params": {name: {"numel": int, "buffers":
-        {hop name: {"values": int8|fp32 (rows, P'), "scale": fp32 (rows, P'/group) | None}}}}}``."""
+        """The step and every buffer as CPU copies, all at once: ``{"step": int, "params": {name: {"numel": int,
+        "buffers": {hop name: {"values": int8|uint8|fp32 (rows, P' or P'/2), "scale": fp32 (rows, P'/group) |
+        None}}}}}``. Checkpoints do not use it: they stream the buffers through a bounded host buffer
+        (``runtime/zero/checkpoint.py``)."""
         copy = lambda t: None if t is None else t.detach().to("cpu", copy=True)
         return {"step": self.step, "params": {
             name: {"numel": self._numels[name],

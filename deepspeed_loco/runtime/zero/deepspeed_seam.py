@@ -7,8 +7,10 @@ What is patched, and how it is undone:
   is validated and taken out before DeepSpeed parses the config.
 * On one ``DeepSpeedZeroOptimizer_Stage3`` instance (by :class:`OptimizerPatch`, undone by its ``restore``): the
   bucket reduce ``__avg_scatter_grads`` (name-mangled: :attr:`PrivateNames.reduce`), ``step``, ``state_dict`` and
-  ``load_state_dict``. ``restore`` removes LoCo's own wrappers only: one that something else wrapped afterwards
-  stays under that wrapper, passing every call through (see :class:`_Slot`). Or, on an optimizer LoCo is not
+  ``load_state_dict``, and the ``save`` and ``load`` of the engine's checkpoint engine (``engine.checkpoint_engine``,
+  for the optimizer files' paths: :meth:`OptimizerPatch.watch_files`). ``restore`` removes LoCo's own wrappers only:
+  one that something else wrapped afterwards stays under that wrapper, passing every call through (see
+  :class:`_Slot`). Or, on an optimizer LoCo is not
   attached to, the bucket reduce alone, only to observe it (:class:`StockReduceObservation`, undone by its
   ``remove``).
 * Read, never written: the optimizer's ``dp_process_group``, ``dtype``, ``gradient_accumulation_dtype``,
@@ -203,7 +205,8 @@ class OptimizerPatch:
     is kept here. ``after_step(overflow, scale_ratio)`` runs after every optimizer step (``scale_ratio``: new
     over old fp16 loss scale). ``save() -> entry`` adds LoCo's entry to the optimizer state; ``decide(entry,
     universal, load_optimizer_states) -> LoadDecision`` and ``apply(decision)`` carry it through a load (``apply``
-    raises for an "error" decision, which is applied before DeepSpeed loads anything).
+    raises for an "error" decision, which is applied before DeepSpeed loads anything). :meth:`watch_files` adds the
+    engine's checkpoint engine (LoCo's files beside the optimizer files).
     """
 
     def __init__(self, optimizer, reduce: Callable, after_step: Callable, save: Callable, decide: Callable,
@@ -305,21 +308,48 @@ class OptimizerPatch:
         return result
 
     def _agree(self, decision):
-        """Every rank raises if one does, so that no rank goes on into a collective the others never reach."""
-        from deepspeed.accelerator import get_accelerator
-
+        """Every rank raises if one does, so that no rank goes on into a collective the others never reach: one
+        all-gather of each rank's failure (its ``why``, None where it has none) gives every rank the list."""
         group = data_parallel_group(self.optimizer)
         if not dist.is_initialized() or dist.get_world_size(group=group) == 1:
             return decision
-        flag = torch.tensor([1 if decision.kind == "error" else 0], dtype=torch.int32,
-                            device=get_accelerator().current_device_name())
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        if int(flag.item()) and decision.kind != "error":
-            return dataclasses.replace(
-                decision, kind="error", plan=None, step=None,
-                why="deepspeed-loco: the LoCo state in another rank's checkpoint file is corrupt (that rank's "
-                "LocoCheckpointError says what); the ZeRO-3 optimizer state and LoCo state were not loaded")
-        return decision
+        reasons = [None] * dist.get_world_size(group=group)
+        dist.all_gather_object(reasons, decision.why if decision.kind == "error" else None, group=group)
+        failed = tuple((rank, why) for rank, why in enumerate(reasons) if why is not None)
+        return dataclasses.replace(decision, kind="error", failed=failed) if failed else decision
+
+    def watch_files(self, checkpoint_engine, write: Callable, locate: Callable) -> None:
+        """Routes the files the engine's ``checkpoint_engine`` saves and loads through LoCo: a ZeRO-3 optimizer file
+        about to be saved to ``path`` with LoCo's ``entry`` gets ``write(entry, path)`` in its place (LoCo writes its
+        own file beside ``path`` there); one loaded from ``path`` gets ``locate(entry, path)``. :meth:`restore`
+        undoes it with the rest."""
+        self._write, self._locate = write, locate
+        for name, method in (("save", self._save_file), ("load", self._load_file)):
+            slot = _Slot(checkpoint_engine, name, method)
+            self._slots.append(slot)
+            self._stock[name] = slot.replaced
+
+    def _save_file(self, state_dict, path, *args, **kwargs):
+        key, entry = self._entry_in(state_dict)
+        if key is not None:
+            state_dict = {**state_dict, key: {**state_dict[key], self._state_key: self._write(entry, path)}}
+        return self._stock["save"](state_dict, path, *args, **kwargs)
+
+    def _load_file(self, path, *args, **kwargs):
+        state_dict = self._stock["load"](path, *args, **kwargs)
+        key, entry = self._entry_in(state_dict)
+        if key is not None:
+            state_dict[key][self._state_key] = self._locate(entry, path)
+        return state_dict
+
+    def _entry_in(self, state_dict):
+        """``(key, entry)``: LoCo's entry in a checkpoint file's state dict, under DeepSpeed's key of the optimizer
+        state (``optimizer_state_dict``); ``(None, None)`` in a file without one."""
+        from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
+        optimizer_sd = state_dict.get(OPTIMIZER_STATE_DICT) if isinstance(state_dict, dict) else None
+        if isinstance(optimizer_sd, dict) and self._state_key in optimizer_sd:
+            return OPTIMIZER_STATE_DICT, optimizer_sd[self._state_key]
+        return None, None
 
 
 class StockReduceObservation:
@@ -384,6 +414,11 @@ def partition_device(param: torch.Tensor) -> torch.device:
     return partition.device if isinstance(partition, torch.Tensor) else param.device
 
 
+def checkpoint_engine(engine):
+    """The engine's checkpoint engine (``engine.checkpoint_engine``), which saves and loads its checkpoint files."""
+    return engine.checkpoint_engine
+
+
 def engine_monitor(engine):
     """The engine's DeepSpeed monitor (``engine.monitor``: tensorboard, wandb, csv, comet, as the config enables
     them) when one is enabled; None otherwise."""
@@ -414,5 +449,6 @@ def current_device() -> torch.device:
 __all__ = ["PrivateNames", "PRIVATE_NAMES", "MIN_DEEPSPEED", "TESTED_DEEPSPEED", "REDUCE_SCALING_DEFAULTS", "names_for",
            "private_names", "check_deepspeed_version", "is_stage3_optimizer", "stock_initialize", "install",
            "uninstall", "installed", "OptimizerPatch", "StockReduceObservation", "data_parallel_group",
-           "reduce_scaling_not_applied", "param_names", "param_id", "param_numel", "partition_device", "engine_monitor",
-           "micro_batch_per_rank", "accumulation_steps", "local_device_count", "current_device"]
+           "reduce_scaling_not_applied", "param_names", "param_id", "param_numel", "partition_device",
+           "checkpoint_engine", "engine_monitor", "micro_batch_per_rank", "accumulation_steps", "local_device_count",
+           "current_device"]

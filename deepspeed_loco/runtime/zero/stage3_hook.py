@@ -195,7 +195,7 @@ def patch_optimizer(optimizer, state: ErrorFeedbackState, names: Mapping[str, to
     """Routes ``optimizer``'s bucket reduce to ``reduce``, its steps to ``after_step`` and its checkpoints through
     ``state`` (whose parameter names ``names`` maps to the model's parameters)."""
     patch = deepspeed_seam.OptimizerPatch(
-        optimizer, reduce=reduce, after_step=after_step, save=lambda: checkpoint.state_dict(state, names),
+        optimizer, reduce=reduce, after_step=after_step, save=lambda: checkpoint.manifest(state),
         decide=lambda entry, universal, load_optimizer_states: checkpoint.decide_load(
             state, entry, names, universal, load_optimizer_states),
         apply=lambda decision: checkpoint.apply_decision(state, decision, patch.rank()),
@@ -225,9 +225,11 @@ def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
         raise RuntimeError(f"zero_optimization.zeropp_loco_param needs the ZeRO stage-3 optimizer, but the engine "
                            f"built {type(optimizer).__name__}")
     check_reduce_scaling(optimizer)
-    hook = LocoHook(optimizer, config, dict(engine.module.named_parameters()),
-                    rank_batch=deepspeed_seam.micro_batch_per_rank(engine),
+    named = dict(engine.module.named_parameters())
+    hook = LocoHook(optimizer, config, named, rank_batch=deepspeed_seam.micro_batch_per_rank(engine),
                     micro_steps=deepspeed_seam.accumulation_steps(engine), monitor=telemetry.rank0_monitor(engine))
+    hook.patch.watch_files(deepspeed_seam.checkpoint_engine(engine), locate=checkpoint.locate,
+                           write=lambda entry, path: checkpoint.write_entry(hook.state, named, entry, path))
     params = [p for p in engine.module.parameters() if p.requires_grad]
     if hook.topology.world_size == 1:
         log_rank0("deepspeed-loco: zeropp_loco_param is set but the data-parallel world has one rank: nothing is "
