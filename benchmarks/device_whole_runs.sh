@@ -19,8 +19,9 @@
 #   C: the 116M model at 64 sequences, full, plain 4/4 and LoCo 4/4 (SEEDS, default 0,1,2) from step 1, eager
 #      (.corpus_large.tar.xz), in A's order and with its ARMS_/SEEDS_ variables; no yardsticks.
 #   L: the lean error states (benchmarks/results/lean_error_state/README.md): the 10.8M model at 64 sequences on the
-#      bundled plays (.corpus/, a folder), six arms per seed (SEEDS, default "0 1 2 3 4"), then the zeroed-at-500
-#      runs (SEEDS_ZERO); first the int4/int8 error kernels' timing (benchmarks/kernels.py, into $OUT).
+#      bundled plays (.corpus/, a folder): the four 2/2 arms seed by seed (SEEDS, default "0 1 2 3 4"), then the
+#      8/2 + Hadamard pair seed by seed, then the zeroed-at-500 runs (SEEDS_ZERO); first the int4/int8 error
+#      kernels' timing (benchmarks/kernels.py, into $OUT).
 # COMPILE=0 forces eager; PAR: the most runs side by side (default 6; stage A: fewer where RUN_SECONDS, the lease's
 # seconds left after the launch, would not let them finish).
 set -uo pipefail
@@ -139,10 +140,14 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
             plain_and_loco_then_full m125_s1000 "${SEEDS:-0,1,2}" "size=125m,$every,micro_batch=4,lr=0.001" ;;
         L)  # benchmarks/results/lean_error_state/README.md: the map's 1000-step W = 16 regime, seed by seed
             M="size=medium,text=$corpus,quant_grid=auto,nodes=2,local=8,micro_batch=4,warmup=100,eval_every=100"
-            for seed in ${SEEDS:-0 1 2 3 4}; do
-                matrices+=(--matrix "le_base:$steps:$seed:plain2,loco2,plain8-2h:$M"
+            for seed in ${SEEDS:-0 1 2 3 4}; do  # the 2/2 options first, seed by seed
+                matrices+=(--matrix "le_base:$steps:$seed:plain2,loco2:$M"
                            --matrix "le_e4:$steps:$seed:loco2:$M,error_bits=4"
-                           --matrix "le_inter:$steps:$seed:loco2,loco8-2h:$M,error_feedback=inter_node")
+                           --matrix "le_inter:$steps:$seed:loco2:$M,error_feedback=inter_node")
+            done
+            for seed in ${SEEDS:-0 1 2 3 4}; do  # then the 8/2 + Hadamard pair
+                matrices+=(--matrix "le_base:$steps:$seed:plain8-2h:$M"
+                           --matrix "le_inter:$steps:$seed:loco8-2h:$M,error_feedback=inter_node")
             done
             matrices+=(--matrix "le_zero500:$steps:${SEEDS_ZERO:-0,1,2,3,4}:loco2:$M,zero_errors_at=500") ;;
     esac
