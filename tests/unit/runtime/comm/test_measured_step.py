@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.runtime.comm import noise_stats
 from deepspeed_loco.runtime.comm.error_sample import FIELDS
 from deepspeed_loco.simulation import SimulatedCluster
 
@@ -53,12 +54,12 @@ def test_a_measured_step_is_begun_once_and_ended_once():
     try:
         assert not reducer.measuring
         with pytest.raises(RuntimeError, match="rank 0 ended a measured step it never began"):
-            reducer.end_measured_step("cpu")
-        reducer.begin_measured_step(3)
+            noise_stats.end_measured_step(reducer, "cpu")
+        noise_stats.begin_measured_step(reducer, 3)
         assert reducer.measuring
-        with pytest.raises(RuntimeError, match="began measuring step 4 inside another measured step"):
-            reducer.begin_measured_step(4)
-        totals = reducer.end_measured_step("cpu")  # no reduce ran: zero sums, nothing sampled
+        with pytest.raises(RuntimeError, match="rank 0 began a measured step inside another one"):
+            noise_stats.begin_measured_step(reducer, 4)
+        totals = noise_stats.end_measured_step(reducer, "cpu")  # no reduce ran: zero sums, nothing sampled
         assert not reducer.measuring and torch.equal(totals, torch.zeros(2 * len(cluster.plan.hops) + 1))
     finally:
         cluster.close()
