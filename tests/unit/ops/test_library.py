@@ -24,8 +24,7 @@ OPS = library.CUDA  # the entry points that call the ops (on CPU tensors the ops
 
 NUMELS = (300, 17, 64)  # tiny: opcheck runs each op several times
 GROUP = 32
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                 reason="needs a CUDA device (fused LoCo kernels)"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # the fused LoCo kernels
 
 
 @pytest.fixture(params=DEVICES)
@@ -277,7 +276,7 @@ def test_limits_have_one_source():
     assert (limits.MAX_PARAMETER_PAIRS, limits.MAX_LAUNCH_PAIRS) == (2 ** 31 - 1 - 256, 2 ** 31 - 1)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (fused LoCo kernels)")
+@pytest.mark.gpu
 def test_the_binding_exports_the_same_limits():
     from deepspeed_loco.ops import loco_cuda
     assert loco_cuda.load().limits() == limits.LIMITS
@@ -292,6 +291,7 @@ def test_kernels_config_key():
         config.LocoConfig.from_dict({"kernels": "fast"})
 
 
+@pytest.mark.slow
 def test_compiled_reducer_has_no_graph_break_and_is_bit_identical(device, monkeypatch):
     """``LocoReducer.reduce_scatter`` itself (the plan's hops through ``kernels_for``'s entry points, profiler ranges,
     error state) under ``torch.compile(fullgraph=True)``: one graph, and the same means and error buffers as eager

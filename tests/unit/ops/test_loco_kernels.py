@@ -29,7 +29,7 @@ from deepspeed_loco.ops.error_buffer import ErrorBuffer
 from tests.unit.ops import binding_checks
 from tests.unit.ops.adversarial import adversarial_groups
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (fused LoCo kernels)")
+pytestmark = pytest.mark.gpu
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 LAYOUTS = [(4, 2), (6, 2), (4, 4), (4, 1)]  # (W, L)

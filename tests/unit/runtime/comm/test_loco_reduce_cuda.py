@@ -14,7 +14,7 @@ from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from tests.unit.process_pool import ProcessPool
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.gpu
 
 SHAPES = [(7, ), (33, 5), (1000, 3), (256, 384)]
 CASES = [  # dtype, intra bits, inter bits, hadamard, error_bits

@@ -97,6 +97,7 @@ def test_accumulated_micro_steps_give_the_per_micro_step_sample_and_sample_the_f
     assert b.hop_error_sq == pytest.approx(a.hop_error_sq, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [(8, 8), (2, 2)])
 def test_sampled_error_noise_and_signal_are_unbiased(bits):
     """g_r = G + the mean of b samples of N(0, sigma^2 I_n), parameters larger than the sample: per trial the live
