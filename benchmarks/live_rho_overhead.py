@@ -6,8 +6,9 @@ One rank (rank 1 of ``--nodes x --local``) of a ZeRO-3 job reduces its gradients
 (one rank's view: the kernels do the work of the real layout; the exchanges are not timed). The measured reduce
 lies in a measured step of the reducer (``noise_stats.begin_measured_step``): it also fills the noise sums and the
 shared sample (:class:`~deepspeed_loco.runtime.comm.noise_stats.ReduceSums`, the reducer's probe), and
-``noise_stats.end_measured_step`` packs the vector that the live rho's one all-reduce would sum (the all-reduce itself is not timed: its size is printed). The training step is the bundled model's forward, backward and AdamW step on the
-rank's micro-batch. Prints one table: milliseconds per reduce (median of ``--repeats``, CUDA-synchronized), the
+``noise_stats.end_measured_step`` packs the vector that the live rho's one all-reduce would sum (the all-reduce
+itself is not timed: its size is printed). The training step is the bundled model's forward, backward and AdamW step
+on the rank's micro-batch. Prints one table: milliseconds per reduce (median of ``--repeats``, CUDA-synchronized), the
 measurement's extra time, and that extra as a share of the rank's step (training step + reduce), at ``rho_every``
 1 (every step: the worst case) and the default 10.
 

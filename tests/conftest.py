@@ -10,8 +10,8 @@ A test's tier is declared where the test is, by a pytest.ini marker on it (or it
 
 The suite measures itself: at the end of a run, every test of the default tier (marked neither ``slow``, ``gpu`` nor
 ``lab``) that took longer than :data:`FAST_BUDGET_S` (setup, call and teardown together) is named in a warning of the
-terminal summary, so that a test that grew slow is marked instead of slowing the default tier unnoticed. A warning, not a failure: the
-durations depend on the machine's load, and a loaded machine must not fail a correct change.
+terminal summary, so that a test that grew slow is marked instead of slowing the default tier unnoticed. A warning,
+not a failure: the durations depend on the machine's load, and a loaded machine must not fail a correct change.
 """
 import importlib.util
 import os
