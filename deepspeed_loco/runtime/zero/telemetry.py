@@ -101,7 +101,8 @@ class LocoTelemetry:
 
 
 def _squared_sum(tensors: Sequence[torch.Tensor], device=None) -> torch.Tensor:
-    """``sum ||t||^2`` over ``tensors`` as a fp64 scalar on their device (``device`` when there are none)."""
+    """``sum ||t||^2`` over ``tensors`` (each norm in fp32, the sum in fp64), a scalar on their device (``device``
+    when there are none); no host synchronization."""
     if not tensors:
         return torch.zeros((), dtype=torch.float64, device=device)
     return torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]).double().square().sum()
