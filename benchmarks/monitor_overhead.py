@@ -55,9 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--bucket", type=int, default=500_000_000, help="gradient elements per reduce (bucket)")
     p.add_argument("--rho-every", dest="rho_every", type=int, default=10,
                    help="live rho and error norm: measured every this many optimizer steps")
-    p.add_argument("--steps", type=int, default=40, help="timed steps per arm and round (a multiple of --rho-every)")
+    p.add_argument("--steps", type=int, default=30, help="timed steps per arm and round (a multiple of --rho-every)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before the first round")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--device", default="cuda")
     p.add_argument("--table", help="also write the table to this file")
     args = p.parse_args(argv)
