@@ -4,10 +4,11 @@ of a whole model's gradients with and without the measurement, beside that rank'
 One rank (rank 1 of ``--nodes x --local``) of a ZeRO-3 job reduces its gradients through the library's
 :class:`~deepspeed_loco.runtime.comm.loco_reduce.LocoReducer` in one bucket, with the all-to-alls replaced by copies
 (one rank's view: the kernels do the work of the real layout; the exchanges are not timed). The measured reduce
-lies in a measured step of the reducer (``begin_measured_step``): it also fills the noise sums and the shared sample
-(:class:`~deepspeed_loco.runtime.comm.noise_stats.ReduceSums`), and ``end_measured_step`` packs the vector that the
-live rho's one all-reduce would sum (the all-reduce itself is not timed: its size is printed). The training step is the bundled model's forward, backward and AdamW step on the
-rank's micro-batch. Prints one table: milliseconds per reduce (median of ``--repeats``, CUDA-synchronized), the
+lies in a measured step of the reducer (``noise_stats.begin_measured_step``): it also fills the noise sums and the
+shared sample (:class:`~deepspeed_loco.runtime.comm.noise_stats.ReduceSums`, the reducer's probe), and
+``noise_stats.end_measured_step`` packs the vector that the live rho's one all-reduce would sum (the all-reduce
+itself is not timed: its size is printed). The training step is the bundled model's forward, backward and AdamW step
+on the rank's micro-batch. Prints one table: milliseconds per reduce (median of ``--repeats``, CUDA-synchronized), the
 measurement's extra time, and that extra as a share of the rank's step (training step + reduce), at ``rho_every``
 1 (every step: the worst case) and the default 10.
 
@@ -44,6 +45,7 @@ def measure(args) -> dict:
     import torch
 
     from deepspeed_loco.config import LocoConfig
+    from deepspeed_loco.runtime.comm import noise_stats
     from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
     from loco_lab.model import SIZES, ByteLlama
 
@@ -65,9 +67,9 @@ def measure(args) -> dict:
     def reduce(measured: bool):
         step_count[0] += 1
         if measured:
-            reducer.begin_measured_step(step_count[0])
+            noise_stats.begin_measured_step(reducer, step_count[0])
         reducer.reduce_scatter(names, grads)
-        return reducer.end_measured_step(device) if measured else None
+        return noise_stats.end_measured_step(reducer, device) if measured else None
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randint(0, 256, (args.micro_batch, cfg.seq_len), device=device)

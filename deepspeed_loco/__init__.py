@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from deepspeed_loco.utils import turn_on_hint
 
+__all__ = ["__version__", "initialize", "install", "uninstall", "loco_hook", "add_reduce_observer"]
 __version__ = "0.1.0"
 turn_on_hint.register()
 

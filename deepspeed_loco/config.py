@@ -80,6 +80,9 @@ class LocoConfig(BaseModel):
         never. Steps not measured cost nothing.
     rho_log_every: global rank 0 logs one line saying what the live rho means every ``rho_log_every`` optimizer
         steps (once a measurement exists); 0: never.
+    error_norm_every: with a DeepSpeed monitor on, rank 0's telemetry writes ``LoCo/error_rel_norm`` (it reads the
+        error buffers) on every ``error_norm_every``-th optimizer step only; 0: never; None (the default):
+        ``rho_every``'s steps, so that the measured steps coincide.
     """
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, validate_default=True)
 
@@ -99,6 +102,8 @@ class LocoConfig(BaseModel):
     kernels: Annotated[Literal[KERNEL_CHOICES], _rule('"auto", "cuda" or "reference"')] = "auto"
     rho_every: Annotated[int, _rule("an integer >= 0 (optimizer steps between measurements; 0: off)", ge=0)] = 10
     rho_log_every: Annotated[int, _rule("an integer >= 0 (optimizer steps between log lines; 0: never)", ge=0)] = 100
+    error_norm_every: Annotated[Optional[int], _rule("an integer >= 0 (0: never), or null for rho_every's steps",
+                                                     ge=0)] = None
     checkpoint_error_state: Annotated[bool, _rule("true or false")] = True
 
     def __init__(self, **values: Any):

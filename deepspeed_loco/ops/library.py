@@ -2,12 +2,14 @@
 them, and :func:`kernels_for`, the reducer's one dispatch point.
 
 Each op is written once below: its schema (a definition string; the mutated tensors marked ``!``), its PyTorch
-reference beside it (the op on every device but CUDA, and where the CUDA kernels hand a call back), and its fake
+reference beside it (the op on every device but CUDA), and its fake
 (shapes only, so ``torch.compile`` traces the ops as single nodes). No argument has a default: the dispatcher then
 passes every one. The CUDA implementations are the fused kernels of ``deepspeed_loco/csrc/quantization``: loading
 the extension (:func:`deepspeed_loco.ops.loco_cuda.load`) registers them for the CUDA dispatch key
 (``TORCH_LIBRARY_IMPL`` in ``loco_binding.cpp``), and the dispatcher checks their C++ signatures against these
-schemas. Their outputs are bit-identical to the reference run on the CPU.
+schemas. Their outputs are bit-identical to the reference run on the CPU. A CUDA call the kernels cannot run
+(a tensor off that device, another dtype, a row without unit stride, a size above ``loco_limits.h``) fails with a
+RuntimeError naming the input and what it must be: the kernels never hand a call to the reference.
 
 ``deepspeed_loco::quantize_bucket``
     The first hop of a bucket (``intra_node``, or ``inter_node`` when ``L == 1``): partition, swizzle, [rotate,]
@@ -31,7 +33,8 @@ statistics the op adds to (``(2,)`` for the quantizing ops, ``(1,)`` for the fin
 
 The entry points (:class:`OpEntryPoints`) keep the signatures of :mod:`deepspeed_loco.ops.loco_reference`'s bucket
 entry points (``HopArgs``, ``WireLayout``, ``ErrorBuffer``), check the bucket's sizes against the kernels' limits
-(``deepspeed_loco.layout.limits.check_launch``) and call the ops.
+(``deepspeed_loco.layout.limits.check_launch``) and call the ops; a bucket mixing parameters with and without error
+buffers is refused (ValueError), never computed another way.
 
 :func:`kernels_for` returns the :class:`Kernels` for tensors on a device: :data:`CUDA` (the ops' entry points, which
 run the fused kernels when the ``loco_ops`` extension builds and loads: tried once per process) or :data:`REFERENCE`
@@ -40,7 +43,10 @@ run the fused kernels when the ``loco_ops`` extension builds and loads: tried on
 they load, else the reference, saying why; ``reference`` always the PyTorch reference (A/B checks, debugging);
 ``cuda`` the CUDA kernels for CUDA tensors, failing to build or load them an error. ``DS_LOCO_KERNELS``, when set to
 one of those, overrides the key. The choice is logged once per device type (logger ``deepspeed_loco``, INFO), with
-the reason, on rank 0 (a CUDA extension that failed to build or load: on each rank where it failed, naming it).
+the reason, on rank 0 (a CUDA extension that failed to build or load: on each rank where it failed, naming it). This
+is the one place that decides what computes a call: the reference runs on CUDA tensors only where ``reference`` was
+chosen, or with ``auto`` where the extension failed to build or load (decided once per process, at the first call,
+and logged), never per bucket.
 """
 import os
 from dataclasses import dataclass
@@ -176,13 +182,17 @@ _LIBRARY = define_ops(NAMESPACE)
 
 
 # ------------------------------------------------------------------------------------------------ bucket entry points
-def _error_lists(errors: Sequence[Optional[ErrorBuffer]]) -> Optional[Tuple[List[torch.Tensor], List[torch.Tensor]]]:
-    """``(values, scales)`` as the ops take them (empty lists without error feedback); None for a bucket mixing
-    parameters with and without error buffers, which the ops do not take."""
+def _error_lists(errors: Sequence[Optional[ErrorBuffer]]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """``(values, scales)`` as the ops take them (empty lists without error feedback). ValueError for a bucket
+    mixing parameters with and without error buffers: the error-feedback state gives every parameter of a hop its
+    buffers or none, so such a bucket is a caller's bug."""
     if all(e is None for e in errors):
         return [], []
-    if any(e is None for e in errors):
-        return None
+    missing = [i for i, e in enumerate(errors) if e is None]
+    if missing:
+        raise ValueError(f"LoCo ops: a bucket mixes parameters with and without error buffers (none for parameters "
+                         f"{missing} of {len(errors)}); a hop's error buffers must be given for every parameter or "
+                         f"for none")
     return [e.values for e in errors], [e.scale for e in errors if e.scale is not None]
 
 
@@ -204,8 +214,6 @@ class OpEntryPoints:
                          stats: Optional[torch.Tensor] = None) -> None:
         """``wire``'s widths are the gradients' padded partitions (``HopPlan.widths``); runs ``quantize_bucket``."""
         lists = _error_lists(errors)
-        if lists is None:
-            return loco_reference.quantize_bucket_(grads, errors, args, wire, send, stats)
         _check_wire(wire, args, args.bits, "wire")
         limits.check_launch(wire.widths, args.world_size, args.group_size, "grads")
         self.ops.quantize_bucket(list(grads), lists[0], lists[1], send, args.world_size, args.local_size, args.bits,
@@ -216,8 +224,6 @@ class OpEntryPoints:
                            stats: Optional[torch.Tensor] = None) -> None:
         """``in_wire`` and ``wire`` of the same widths; runs ``requantize_bucket``."""
         lists = _error_lists(errors)
-        if lists is None:
-            return loco_reference.requantize_bucket_(recv, in_wire, errors, args, wire, send, stats)
         _check_wire(wire, args, args.bits, "wire")
         _check_wire(in_wire, args, args.in_bits, "in_wire")
         if in_wire.widths != wire.widths:

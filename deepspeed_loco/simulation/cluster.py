@@ -15,6 +15,7 @@ import torch
 
 from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import INTER_NODE, INTRA_NODE, HopPlan, plan_hops
+from deepspeed_loco.runtime.comm import noise_stats
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import check_layout
 from deepspeed_loco.simulation.exchange import InProcessAllToAll
@@ -107,15 +108,15 @@ class SimulatedCluster:
         return any([state.on_optimizer_step() for state in self.states])
 
     def measure_noise(self, step: int) -> None:
-        """Every rank's reducer begins measuring optimizer step ``step``
-        (:meth:`~deepspeed_loco.runtime.comm.loco_reduce.LocoReducer.begin_measured_step`) until :meth:`noise_totals`."""
+        """Every rank's reducer begins measuring optimizer step ``step`` for the live rho
+        (:func:`~deepspeed_loco.runtime.comm.noise_stats.begin_measured_step`) until :meth:`noise_totals`."""
         for reducer in self.reducers:
-            reducer.begin_measured_step(step)
+            noise_stats.begin_measured_step(reducer, step)
 
     def noise_totals(self, device) -> torch.Tensor:
         """Ends every rank's measured step: the sums over ranks of its statistics (the live rho's all-reduce), added
         in rank order."""
-        return torch.stack([reducer.end_measured_step(device) for reducer in self.reducers]).sum(0)
+        return torch.stack([noise_stats.end_measured_step(reducer, device) for reducer in self.reducers]).sum(0)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

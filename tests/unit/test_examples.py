@@ -5,12 +5,14 @@ import os
 import subprocess
 import sys
 
+import pytest
 from torch.distributed.elastic.utils.distributed import get_free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "examples")
 
 
+@pytest.mark.slow
 def test_train_loco_runs_as_the_examples_readme_says():
     env = dict(os.environ, DS_ACCELERATOR="cpu", LOCAL_SIZE="4", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))

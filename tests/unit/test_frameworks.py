@@ -89,6 +89,7 @@ def _check(loco, steps):
     assert loco["step"] == steps and loco["reduces"] >= steps and loco["sent_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_hugging_face_trainer_runs_loco_after_install(request, tmp_path):
     pytest.importorskip("transformers", reason="transformers is not installed (pip install \".[hf]\")")
     pytest.importorskip("accelerate", reason="the Trainer's DeepSpeed path needs Accelerate (pip install \".[hf]\")")
@@ -122,6 +123,7 @@ ACCELERATE_FIGURES = (("0.86", lambda losses: losses[0]), ("1.00", lambda losses
                       ("0.067", lambda losses: sum(losses[-5:]) / 5))
 
 
+@pytest.mark.slow
 def test_accelerate_example_trains_with_loco_and_its_loss_falls(request):
     """The example's 20 default steps: on every rank the mean loss of the last five steps is under a quarter of the
     first five's (unit-variance targets, noise 0.01 of the variance). (The figures the docs state are those of the
@@ -147,6 +149,7 @@ def test_the_accelerate_figures_are_stated_in_the_docs_and_the_example():
         assert f"{last_five} averaged over the last five" in text
 
 
+@pytest.mark.slow
 def test_accelerate_launch_runs_the_example_with_loco_and_the_documented_figures(tmp_path):
     """``accelerate launch --config_file examples/accelerate/accelerate_config.yaml
     examples/accelerate/train_accelerate.py`` as the example says, on CPU (2 processes, its 20 default steps): LoCo

@@ -90,6 +90,7 @@ def test_launch_script_config_with_a_bad_loco_value_is_rejected_by_validation(tm
         split_loco_config(config)
 
 
+@pytest.mark.slow
 def test_compression_stand_in_and_the_next_sitecustomize(tmp_path):
     """``compat/sitecustomize.py``: ``deepspeed.compression.compress`` imports (gone from DeepSpeed 0.19), calling it
     says why; the environment's own sitecustomize (next on the path) still runs."""
@@ -203,6 +204,7 @@ def _megatron_missing():
 @pytest.mark.parametrize("settings,mode", [
     ({}, "plain qgZ (error feedback off)"),  # the documented command: the README's 4/4 config
     ({"LOCO_BITS": "2", "ERROR_FEEDBACK": "true"}, "LoCo error feedback")])
+@pytest.mark.slow
 def test_unmodified_pretrain_gpt_trains_through_the_library_on_two_cpu_ranks(tmp_path, settings, mode):
     """The example script end to end: data written offline, 3 iterations, the runner's start-up line (W=2)."""
     missing = _megatron_missing()

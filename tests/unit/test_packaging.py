@@ -40,6 +40,7 @@ def _run(cmd, cwd, env=None):
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_wheel_installed_elsewhere_has_every_kernel_source_and_the_builder_finds_them(source_tree, tmp_path):
     wheels, target, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "cwd"
     elsewhere.mkdir()
@@ -67,6 +68,7 @@ def test_wheel_installed_elsewhere_has_every_kernel_source_and_the_builder_finds
             assert any((Path(inc) / Path(name).name).is_file() for inc in found["includes"]), name
 
 
+@pytest.mark.slow
 def test_sdist_has_every_kernel_source(source_tree, tmp_path):
     _run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(tmp_path)], source_tree)
     (sdist, ) = tmp_path.glob("deepspeed_loco-*.tar.gz")
@@ -75,6 +77,7 @@ def test_sdist_has_every_kernel_source(source_tree, tmp_path):
     assert set(_kernel_files()) <= names
 
 
+@pytest.mark.slow
 def test_wheel_requires_the_core_only(source_tree, tmp_path):
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), "."],
          source_tree)
@@ -118,6 +121,7 @@ print(json.dumps({"loaded": sorted(m for m in __import__("sys").modules if m.spl
 """
 
 
+@pytest.mark.slow
 def test_the_core_imports_and_runs_without_numpy_or_scipy_and_a_missing_extra_is_named(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), DS_ACCELERATOR="cpu")
     out = _run([sys.executable, "-c", _BLOCK + _CORE], tmp_path, env).strip().splitlines()

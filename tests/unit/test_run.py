@@ -31,6 +31,7 @@ def test_missing_script_or_stray_option_is_a_clear_error(argv):
         split_argv(argv)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("as_module,no_local_rank", [(False, False), (True, True)])
 def test_deepspeed_launcher_runs_an_unmodified_megatron_style_script(tmp_path, as_module, no_local_rank):
     """``deepspeed --num_gpus 2 [--no_local_rank] --module deepspeed_loco.run (script | -m module) ...``"""

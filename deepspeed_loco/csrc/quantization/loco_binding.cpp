@@ -6,14 +6,14 @@
 // parameter table (loco::BucketItem) goes to the device in one asynchronous copy and one kernel runs on the current
 // CUDA stream.
 //
-// Tensors the kernels do not take (another dtype, a tensor off CUDA or on another device, a row without unit stride)
-// are not an error: the call is handed to the op's reference (its CPU kernel, which runs on any device) and the
-// reason is logged once, on the 'deepspeed_loco' logger.
+// A call these kernels cannot run (a tensor off CUDA or on another device than the call's, another dtype, a row
+// without unit stride, a size above loco_limits.h) fails here with a message naming the input and what it must be:
+// nothing is handed to the reference. Which implementation computes a call is decided in one place, before it:
+// deepspeed_loco.ops.kernels_for (library.py).
 //
 // Messages are built without C++ streams (`text`): on the GPU image the JIT-built extension's own stream formatting
 // of an integer crashed the process (a libstdc++ other than the one the process had loaded), so a failing check
 // killed the rank instead of raising.
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
@@ -21,8 +21,6 @@
 
 #include <cstdio>
 #include <cstring>
-#include <mutex>
-#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -197,6 +195,14 @@ void check_on(const at::Tensor& t, const at::Device& device, const char* what) {
     LOCO_CHECK(t.is_cuda() && t.device() == device, what, " must be on ", device, ", got ", t.device());
 }
 
+// The device of a call: `t`'s (`what` in the message), which must be a CUDA device (the dispatcher sends a call here
+// when any of its tensors is on CUDA; every other tensor of the call is checked to be on this one).
+at::Device cuda_device(const at::Tensor& t, const char* what) {
+    LOCO_CHECK(t.is_cuda(), what, " must be a CUDA tensor (the kernels run on CUDA tensors only), got one on ",
+               t.device());
+    return t.device();
+}
+
 // `tensors` (`what` each, `all` together in the messages) checked to be on `device` and of tensors[0]'s dtype, as
 // contiguous tensors (strided ones copied) that the caller keeps alive until the launch.
 std::vector<at::Tensor> contiguous_on(at::TensorList tensors, const at::Device& device, const char* what,
@@ -334,64 +340,6 @@ void add_stats(const std::optional<at::Tensor>& stats, const at::Tensor& partial
     if (partials.defined() && partials.size(0) > 0) stats->add_(partials.sum(0, /*keepdim=*/false, at::kDouble));
 }
 
-// ------------------------------------------------------------------------------------------------ fallback
-// Why the kernels cannot take `tensors` of `dtypes` (`rows`: also their 2-D tensors' unit stride along a row, and
-// their devices), or "" when they can: the first tensor off CUDA, several dtypes, a dtype other than float32,
-// float16, bfloat16, a tensor on another device than the first, a row without unit stride.
-std::string unsupported(const std::vector<at::Tensor>& tensors, const std::vector<at::ScalarType>& dtypes,
-                        bool rows) {
-    if (tensors.empty()) return "";
-    if (!tensors[0].is_cuda()) return "a tensor is not on a CUDA device";
-    for (const at::ScalarType t : dtypes)
-        if (t != dtypes[0]) return text("dtypes ", dtypes[0], " and ", t, " in one bucket (kernels take one)");
-    if (!dtypes.empty() && dtypes[0] != at::kFloat && dtypes[0] != at::kHalf && dtypes[0] != at::kBFloat16)
-        return text("dtype ", dtypes[0], " (kernels take float32, float16, bfloat16)");
-    if (!rows) return "";
-    const at::Device device = tensors[0].device();
-    for (const at::Tensor& t : tensors) {
-        if (!t.is_cuda()) return "a tensor is not on a CUDA device";
-        if (t.device() != device) return "tensors are on different devices";
-        if (t.dim() == 2 && t.size(1) > 1 && t.stride(1) != 1)
-            return "a wire or error tensor without unit stride along its rows";
-    }
-    return "";
-}
-
-// Logs, once per op and reason, that `op` runs the PyTorch reference (logger 'deepspeed_loco', WARNING).
-void report_fallback(const char* op, const std::string& reason) {
-    static std::mutex mutex;
-    static std::set<std::string> reported;
-    {
-        const std::lock_guard<std::mutex> lock(mutex);
-        if (!reported.insert(std::string(op) + ": " + reason).second) return;
-    }
-    const py::gil_scoped_acquire gil;
-    py::module_::import("logging").attr("getLogger")("deepspeed_loco").attr("warning")(
-        "deepspeed_loco: %s runs the PyTorch reference for this call (and others like it): %s", op, reason);
-}
-
-// The op `name`'s reference: its CPU kernel (the PyTorch reference of library.py, which runs on any device).
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> reference_of(const char* name) {
-    return c10::Dispatcher::singleton()
-        .findSchemaOrThrow((std::string(LOCO_STRING(LOCO_OPS_NAMESPACE)) + "::" + name).c_str(), "")
-        .typed<Signature>();
-}
-
-const c10::DispatchKeySet kReference(c10::DispatchKey::CPU);
-
-std::vector<at::Tensor> joined(std::initializer_list<at::TensorList> lists) {
-    std::vector<at::Tensor> out;
-    for (const at::TensorList list : lists) out.insert(out.end(), list.begin(), list.end());
-    return out;
-}
-
-std::vector<at::ScalarType> dtypes_of(at::TensorList tensors) {
-    std::vector<at::ScalarType> out;
-    for (const at::Tensor& t : tensors) out.push_back(t.scalar_type());
-    return out;
-}
-
 // ------------------------------------------------------------------------------------------------ the ops
 // deepspeed_loco::quantize_bucket (hop 1): `send` uint8 (world, row_bytes) of the wire of `bits` bits whose widths
 // are the gradients' padded partitions; error lists empty, int8 values with their scales, or fp32 values.
@@ -399,21 +347,13 @@ void quantize_bucket(at::TensorList grads, at::TensorList error_values, at::Tens
                      const at::Tensor& send, int64_t world_size, int64_t local_size, int64_t bits, int64_t group_size,
                      double err_beta, bool hadamard, c10::string_view grid, const std::optional<at::Tensor>& stats) {
     LOCO_CHECK(!grads.empty(), "a bucket without gradients");
-    const std::string reason =
-        unsupported(joined({grads, at::TensorList(send), error_values, error_scales}), dtypes_of(grads), true);
-    if (!reason.empty()) {
-        report_fallback("quantize_bucket", reason);
-        static const auto reference = reference_of<decltype(quantize_bucket)>("quantize_bucket");
-        return reference.redispatch(kReference, grads, error_values, error_scales, send, world_size, local_size, bits,
-                                    group_size, err_beta, hadamard, grid, stats);
-    }
     const loco::HopArgs h =
         hop_args(world_size, local_size, bits, group_size, err_beta, hadamard, grid, 0, 0, false);
     std::vector<int64_t> numels;
     for (const at::Tensor& grad : grads) numels.push_back(grad.numel());
     const Wire w = wire_layout(padded_widths(numels, h), h, h.bits, "wire");
     check_pairs(w, h.world, h.group_size, "grads");
-    const at::Device device = send.device();
+    const at::Device device = cuda_device(send, "send");
     const int dtype = dtype_code(grads[0].scalar_type(), "grad");
     const std::vector<at::Tensor> contiguous = contiguous_on(grads, device, "grad", "the gradients of a bucket");
     std::vector<loco::BucketItem> items(grads.size());
@@ -445,21 +385,13 @@ void requantize_bucket(const at::Tensor& recv, at::TensorList error_values, at::
                        const at::Tensor& send, at::IntArrayRef widths, int64_t world_size, int64_t local_size,
                        int64_t bits, int64_t in_bits, int64_t in_blocks, int64_t group_size, double err_beta,
                        c10::string_view grid, const std::optional<at::Tensor>& stats) {
-    const std::string reason =
-        unsupported(joined({at::TensorList(recv), at::TensorList(send), error_values, error_scales}), {}, true);
-    if (!reason.empty()) {
-        report_fallback("requantize_bucket", reason);
-        static const auto reference = reference_of<decltype(requantize_bucket)>("requantize_bucket");
-        return reference.redispatch(kReference, recv, error_values, error_scales, send, widths, world_size,
-                                    local_size, bits, in_bits, in_blocks, group_size, err_beta, grid, stats);
-    }
     const loco::HopArgs h =
         hop_args(world_size, local_size, bits, group_size, err_beta, false, grid, in_bits, in_blocks, true);
     const Wire win = wire_layout(widths, h, h.in_bits, "in_wire");
     const Wire w = wire_layout(widths, h, h.bits, "wire");
     const int64_t nodes = h.world / h.local;
     check_pairs(w, nodes, h.group_size, "widths");
-    const at::Device device = send.device();
+    const at::Device device = cuda_device(send, "send");
     std::vector<loco::BucketItem> items(w.widths.size());
     for (size_t i = 0; i < items.size(); ++i) {
         items[i].cols = w.widths[i];
@@ -486,13 +418,6 @@ void requantize_bucket(const at::Tensor& recv, at::TensorList error_values, at::
 at::Tensor final_mean_bucket(const at::Tensor& recv, at::IntArrayRef numels, int64_t world_size, int64_t bits,
                              int64_t group_size, bool hadamard, c10::string_view grid, int64_t rank,
                              at::ScalarType out_dtype, const std::optional<at::Tensor>& stats) {
-    const std::string reason = unsupported({recv}, {out_dtype}, true);
-    if (!reason.empty()) {
-        report_fallback("final_mean_bucket", reason);
-        static const auto reference = reference_of<decltype(final_mean_bucket)>("final_mean_bucket");
-        return reference.redispatch(kReference, recv, numels, world_size, bits, group_size, hadamard, grid, rank,
-                                    out_dtype, stats);
-    }
     const loco::HopArgs h = hop_args(world_size, 1, bits, group_size, 0.0, hadamard, grid, 0, 0, false);
     const Wire w = wire_layout(padded_widths(numels, h), h, h.bits, "wire");
     check_pairs(w, 1, h.group_size, "numels");
@@ -500,7 +425,7 @@ at::Tensor final_mean_bucket(const at::Tensor& recv, at::IntArrayRef numels, int
     LOCO_CHECK(recv.dim() == 2 && recv.size(0) >= 1 && recv.size(0) <= 0x7fffffffLL,
                "recv must be 2-D with 1 to 2147483647 rows, got ", recv.sizes());
     const int dtype = dtype_code(out_dtype, "out_dtype");
-    const at::Device device = recv.device();
+    const at::Device device = cuda_device(recv, "recv");
     const loco::WireArgs in = wire_args(recv, w, recv.size(0), device, "recv");
     int64_t total = 0;
     for (const int64_t numel : numels) total += ceil_div(numel, h.world);
@@ -535,12 +460,6 @@ at::Tensor final_mean_bucket(const at::Tensor& recv, at::IntArrayRef numels, int
 at::Tensor gather_sample(at::TensorList tensors, const at::Tensor& owners, const at::Tensor& coords,
                          const at::Tensor& scales) {
     TORCH_CHECK(!tensors.empty(), "LoCo sample: no tensors to sample");
-    const std::string reason = unsupported(tensors.vec(), dtypes_of(tensors), false);
-    if (!reason.empty()) {
-        report_fallback("gather_sample", reason);
-        static const auto reference = reference_of<decltype(gather_sample)>("gather_sample");
-        return reference.redispatch(kReference, tensors, owners, coords, scales);
-    }
     const int64_t count = (int64_t)tensors.size(), n = coords.numel();
     auto check_host = [](const at::Tensor& t, at::ScalarType dtype, int64_t size, const char* what) {
         TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == size &&
@@ -550,7 +469,7 @@ at::Tensor gather_sample(at::TensorList tensors, const at::Tensor& owners, const
     check_host(coords, at::kLong, n, "coords");
     check_host(owners, at::kInt, n, "owners");
     check_host(scales, at::kFloat, count, "scales");
-    const at::Device device = tensors[0].device();
+    const at::Device device = cuda_device(tensors[0], "a sampled tensor");
     const int dtype = dtype_code(tensors[0].scalar_type(), "a sampled tensor");
     const std::vector<at::Tensor> contiguous =
         contiguous_on(tensors, device, "a sampled tensor", "the sampled tensors");

@@ -1,6 +1,6 @@
 """The LoCo reduce-scatter of a bucket of gradients: the hop plan's quantized all-to-alls with error feedback."""
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 from torch.profiler import record_function
@@ -9,8 +9,6 @@ from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.layout import Hop, HopPlan, WireLayout, plan_hops
 from deepspeed_loco.ops import kernels_for
 from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
-from deepspeed_loco.runtime.comm.error_sample import MeanErrorSample
-from deepspeed_loco.runtime.comm.noise_stats import ReduceSums
 from deepspeed_loco.utils.logging import logger
 
 
@@ -51,6 +49,21 @@ def profiler_range(hop: Optional[str], step: str) -> str:
     return f"{RANGE_PREFIX}{hop}.{step}" if hop else f"{RANGE_PREFIX}{step}"
 
 
+class ReduceProbe(Protocol):
+    """What the reduces of a measured step report to (the live rho's
+    :class:`~deepspeed_loco.runtime.comm.noise_stats.ReduceSums` is one): the reducer knows only this interface."""
+
+    def stats(self, device) -> Tuple[Sequence[Optional[torch.Tensor]], Optional[torch.Tensor]]:
+        """Per hop the ``stats`` tensor its kernel adds to (or None), and the final mean's: kept on ``device``."""
+
+    def inputs(self, names: Sequence[str], grads: Sequence[torch.Tensor],
+               gather: Callable[..., torch.Tensor]) -> Any:
+        """Called with a bucket's gradients before its first hop (``gather``: the kernels' ``gather_sample``);
+        returns what :meth:`outputs` is given for the same bucket. No host synchronization."""
+
+    def outputs(self, token: Any, means: Sequence[torch.Tensor]) -> None:
+        """Called with the bucket's mean partitions after its final mean. No host synchronization."""
+
 
 class LocoReducer:
     """Reduce-scatters buckets of full gradients to this rank's ZeRO-3 partitions of their mean.
@@ -66,9 +79,9 @@ class LocoReducer:
     ``rank``: this rank's index in the group. :meth:`for_topology` builds all three.
 
     A measured optimizer step (the live rho's, :mod:`deepspeed_loco.runtime.comm.noise_stats`) lies between
-    :meth:`begin_measured_step` and :meth:`end_measured_step`: its reduces add their noise statistics (the ops'
-    ``stats`` outputs and the shared sample of coordinates) to a
-    :class:`~deepspeed_loco.runtime.comm.noise_stats.ReduceSums`; outside one nothing of the kind is computed.
+    :meth:`begin_measured_step` and :meth:`end_measured_step`: its reduces report to the step's
+    :class:`ReduceProbe` (the ops' ``stats`` outputs, the buckets' gradients and means); outside one nothing of the
+    kind is computed.
     """
 
     def __init__(self, plan: HopPlan, state: ErrorFeedbackState, rank: int):
@@ -79,7 +92,7 @@ class LocoReducer:
         self.state = state
         self.rank = rank
         self.stats = WireStats()
-        self._noise: Optional[ReduceSums] = None  # the measured step's sums, between begin and end
+        self._probe: Optional[ReduceProbe] = None  # the measured step's, between begin and end
         self._touched = False
 
     @classmethod
@@ -98,26 +111,23 @@ class LocoReducer:
     @property
     def measuring(self) -> bool:
         """Whether a measured step has begun and not ended: the reduces add their noise statistics."""
-        return self._noise is not None
+        return self._probe is not None
 
-    def begin_measured_step(self, step: int) -> None:
-        """From now until :meth:`end_measured_step`, every reduce adds its noise statistics of optimizer step ``step``
-        (1-based; it picks the shared sample of coordinates, :class:`MeanErrorSample`). RuntimeError while a measured
-        step is open already."""
-        if self._noise is not None:
-            raise RuntimeError(f"LoCo reduce: rank {self.rank} began measuring step {step} inside another measured "
-                               f"step; end that one first (end_measured_step)")
-        self._noise = ReduceSums(len(self.plan.hops), MeanErrorSample(step, self.rank))
+    def begin_measured_step(self, probe: ReduceProbe) -> None:
+        """From now until :meth:`end_measured_step`, every reduce reports to ``probe``. RuntimeError while a
+        measured step is open already."""
+        if self._probe is not None:
+            raise RuntimeError(f"LoCo reduce: rank {self.rank} began a measured step inside another one; end that "
+                               f"one first (end_measured_step)")
+        self._probe = probe
 
-    def end_measured_step(self, device) -> torch.Tensor:
-        """Ends the measured step: its sums (zeros if no reduce ran) followed by its sampled values, one fp32 tensor
-        on ``device`` that the caller owns (:meth:`ReduceSums.take`: what the live rho's all-reduce sums).
-        RuntimeError without :meth:`begin_measured_step`."""
-        if self._noise is None:
+    def end_measured_step(self) -> ReduceProbe:
+        """Ends the measured step and returns its probe. RuntimeError without :meth:`begin_measured_step`."""
+        if self._probe is None:
             raise RuntimeError(f"LoCo reduce: rank {self.rank} ended a measured step it never began "
                                f"(begin_measured_step)")
-        noise, self._noise = self._noise, None
-        return noise.take(device)
+        probe, self._probe = self._probe, None
+        return probe
 
     @torch.no_grad()
     def reduce_scatter(self, names: Sequence[str], grads: Iterable[torch.Tensor]) -> List[torch.Tensor]:
@@ -156,14 +166,11 @@ class LocoReducer:
         buffers = [self.state.buffers_for(n, g.numel(), g.device) for n, g in zip(names, grads)]
         self._touched = any(b is not None for b in buffers)  # the kernels below update the buffers in place
         recv = wire = None
-        noise = self._noise
-        hop_stats, mean_stats = noise.views(device) if noise is not None else ([None] * len(plan.hops), None)
-        sample = noise.sample if noise is not None else None
-        picks = sample.pick(names, numels) if sample is not None else None
-        if picks is not None:
-            sample.take_inputs(picks, grads, kernels.gather_sample)
+        probe = self._probe
+        hop_stats, mean_stats = probe.stats(device) if probe is not None else ([None] * len(plan.hops), None)
+        token = probe.inputs(names, grads, kernels.gather_sample) if probe is not None else None
         for index, hop in enumerate(plan.hops):
-            errors = [b and b.get(hop.name) for b in buffers]  # None on a hop without error feedback
+            errors = [b.get(hop.name) if b else None for b in buffers]  # a hop keeps error for all or none
             args, in_wire, wire = plan.args(index, err_beta), wire, hop.wire(widths, plan.group_size)
             send = wire.empty(hop.rows, device)
             if index == 0:
@@ -181,8 +188,8 @@ class LocoReducer:
             self.stats.sent(hop, wire)
         with record_function(profiler_range(None, "final_mean_bucket")):
             means = kernels.final_mean_bucket(recv, wire, args.mean(), numels, self.rank, dtype, mean_stats)
-        if picks is not None:
-            sample.take_outputs(picks, means)
+        if probe is not None:
+            probe.outputs(token, means)
         return means
 
 

@@ -35,9 +35,9 @@ accumulated step. Absolute powers are in the units of the reduced gradient (an f
 
 Single steps are noisy: :class:`RhoEstimator` averages numerator and denominator over a window of measured steps
 before dividing (as McCandlish et al. do) and gives the ratio estimator's standard error. :class:`LiveRho` runs it in
-a real run: on every ``rho_every``-th step it begins a measured step of the reducer
-(:meth:`~deepspeed_loco.runtime.comm.loco_reduce.LocoReducer.begin_measured_step`), after it ends it and makes the one
-all-reduce, and it logs a line every ``rho_log_every`` steps.
+a real run: on every ``rho_every``-th step it begins a measured step of the reducer (:func:`begin_measured_step`,
+a :class:`ReduceSums` as the reducer's probe), after it ends it and makes the one all-reduce, whose result it copies
+to the host once (the step's one synchronization), and it logs a line every ``rho_log_every`` steps.
 
 With error feedback, ``E`` is the communicated mean's own error: the quantizer's error on the compensated values and
 the remembered error those carry (about ``(1 - beta) / (1 + beta)`` more power than the quantizer's error alone in a
@@ -59,21 +59,32 @@ WINDOW = 10  # measured steps a live estimate averages over
 
 
 class ReduceSums:
-    """One rank's noise statistics of one optimizer step's reduces: the ops' sums, fp64 ``(2H + 1,)`` on the
-    gradients' device, ``[in_1, Q_1, in_2, Q_2, ..., ||out||^2]`` summed over buckets and micro-steps (``in_h``: sum
-    of squares of hop ``h``'s input, ``in_1 = S_r``; allocated as zeros by the first reduce that uses them), and
-    ``sample``, the shared sample of coordinates
-    (:class:`~deepspeed_loco.runtime.comm.error_sample.MeanErrorSample`)."""
+    """One rank's noise statistics of one optimizer step's reduces, the reducer's
+    :class:`~deepspeed_loco.runtime.comm.loco_reduce.ReduceProbe` on a measured step: the ops' sums, fp64
+    ``(2H + 1,)`` on the gradients' device, ``[in_1, Q_1, in_2, Q_2, ..., ||out||^2]`` summed over buckets and
+    micro-steps (``in_h``: sum of squares of hop ``h``'s input, ``in_1 = S_r``; allocated as zeros by the first
+    reduce that uses them), and ``sample``, the shared sample of coordinates
+    (:class:`~deepspeed_loco.runtime.comm.error_sample.MeanErrorSample`). Nothing here synchronizes with the host."""
 
     def __init__(self, hops: int, sample: MeanErrorSample):
         self.hops, self.sample = hops, sample
         self.tensor: Optional[torch.Tensor] = None
 
-    def views(self, device) -> Tuple[List[torch.Tensor], torch.Tensor]:
+    def stats(self, device) -> Tuple[List[torch.Tensor], torch.Tensor]:
         """``(per hop the (2,) view [in_h, Q_h], the (1,) view of ||out||^2)``, the ops' ``stats`` arguments."""
         if self.tensor is None:
             self.tensor = torch.zeros(2 * self.hops + 1, dtype=torch.float64, device=device)
         return [self.tensor[2 * h:2 * h + 2] for h in range(self.hops)], self.tensor[2 * self.hops:]
+
+    def inputs(self, names: Sequence[str], grads: Sequence[torch.Tensor], gather) -> Optional[list]:
+        """Takes the sampled gradient values of a bucket; returns the bucket's picks for :meth:`outputs`."""
+        picks = self.sample.pick(names, [g.numel() for g in grads])
+        self.sample.take_inputs(picks, grads, gather)
+        return picks
+
+    def outputs(self, picks, means: Sequence[torch.Tensor]) -> None:
+        """Takes the sampled mean values of the bucket whose :meth:`inputs` gave ``picks``."""
+        self.sample.take_outputs(picks, means)
 
     def take(self, device) -> torch.Tensor:
         """The sums (zeros if no reduce ran) followed by the sample's vector, one fp64 tensor on ``device`` that
@@ -81,6 +92,18 @@ class ReduceSums:
         tensor, self.tensor = self.tensor, None
         sums = torch.zeros(2 * self.hops + 1, dtype=torch.float64, device=device) if tensor is None else tensor
         return torch.cat([sums.to(device), self.sample.vector(device).double()])
+
+
+def begin_measured_step(reducer, step: int) -> None:
+    """Begins ``reducer``'s measured step for the live rho of optimizer step ``step`` (1-based; it picks the shared
+    sample of coordinates, :class:`MeanErrorSample`): a fresh :class:`ReduceSums` as its probe."""
+    reducer.begin_measured_step(ReduceSums(len(reducer.plan.hops), MeanErrorSample(step, reducer.rank)))
+
+
+def end_measured_step(reducer, device) -> torch.Tensor:
+    """Ends ``reducer``'s measured step: its sums (zeros if no reduce ran) followed by its sampled values, one fp64
+    tensor on ``device`` that the caller owns (:meth:`ReduceSums.take`: what the live rho's all-reduce sums)."""
+    return reducer.end_measured_step().take(device)
 
 
 @dataclass(frozen=True)
@@ -222,17 +245,19 @@ class LiveRho:
     def _begin(self, step: int) -> None:
         """Begins the reducer's measured step if optimizer step ``step`` is one to measure."""
         if self.enabled and step % self.every == 0:
-            self.reducer.begin_measured_step(step)
+            begin_measured_step(self.reducer, step)
 
     def on_step(self, step: int, cleared: bool) -> None:
         """After optimizer step ``step`` (1-based; a step listener of the hook, ``cleared`` is not used: a step that
         cleared the error buffers is measured like any other): if it was measured, one all-reduce of its sums, and
         :attr:`fresh` the updated estimate (else None); the log line when due; begins step ``step + 1``'s
-        measurement if it is one to measure."""
+        measurement if it is one to measure. The one host synchronization of a measured step: the summed totals'
+        copy to the host; an unmeasured step makes none."""
         fresh = None
         if self.reducer.measuring:
-            totals = self.reducer.end_measured_step(self.device)
+            totals = end_measured_step(self.reducer, self.device)
             dist.all_reduce(totals, group=self.group)
+            totals = totals.cpu()
             sample = NoiseSample.from_totals(totals, len(self.reducer.plan.hops), self.world_size, self.micro_steps)
             if sample is None:
                 logger.debug(f"deepspeed-loco: live rho: step {step}'s sums are not finite (overflow); skipped")

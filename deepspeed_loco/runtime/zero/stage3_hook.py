@@ -116,8 +116,10 @@ class LocoHook:
         self.add_step_listener(self.live_rho.on_step)
         self.telemetry: Optional[telemetry.LocoTelemetry] = None
         if monitor is not None:
+            error_norm_every = config.rho_every if config.error_norm_every is None else config.error_norm_every
             self.telemetry = telemetry.LocoTelemetry(monitor, self.reducer, self.topology.world_size,
-                                                     config.error_feedback, self.live_rho)
+                                                     config.error_feedback, self.live_rho, error_norm_every,
+                                                     next_step=self.state.step + 1)
             self.add_reduce_observer(self.telemetry.on_reduce)
             self.add_step_listener(self.telemetry.on_step)
         named = dict(named_params) if named_params is not None else deepspeed_seam.param_names(optimizer)

@@ -7,9 +7,9 @@ rank 0 writes after every optimizer step, with the optimizer step (1-based, the 
   hop's all-to-all during the step (all micro-steps), values and fp32 scales;
 * ``LoCo/bytes_vs_full_precision``: those bytes over what a full-precision reduce-scatter of the same gradients
   sends per rank, ``(W - 1) / W * N * element bytes`` (``N``: gradient elements reduced, unpadded);
-* ``LoCo/error_rel_norm`` (error feedback on): ``||e|| / ||g||``, ``e`` the error buffers of the reduced
-  parameters right after each reduce (int8 buffers dequantized), ``g`` the gradients this rank fed into those
-  reduces; sums of squares over all reduces of the step;
+* ``LoCo/error_rel_norm`` (error feedback on; on the measured steps only, every ``error_norm_every``-th, by default
+  ``rho_every``'s): ``||e|| / ||g||``, ``e`` the error buffers of the reduced parameters right after each reduce
+  (dequantized), ``g`` the gradients this rank fed into those reduces; sums of squares over all reduces of the step;
 * ``LoCo/reset``: 1.0 on a step that cleared the error buffers (every ``reset_T`` steps, or an fp16 overflow),
   else 0.0;
 * on the steps the live rho measures (``rho_every``; :mod:`deepspeed_loco.runtime.comm.noise_stats`), its moving
@@ -19,9 +19,13 @@ rank 0 writes after every optimizer step, with the optimizer step (1-based, the 
 The telemetry object is one of the hook's reduce observers (:meth:`LocoHook.add_reduce_observer`) and one of its
 step listeners (:meth:`LocoHook.add_step_listener`), after the live rho, whose fresh estimate it reads. Without an
 enabled monitor, and on every other rank, no telemetry object exists: nothing observes the reduce or the step.
+
+Off the hot path: the byte counts are host integers the reducer keeps anyway; the squared sums of the error norm are
+computed on the measured steps only, kept on the gradients' device, and read once at the step's end (the one host
+synchronization the telemetry makes, on a measured step only); other steps read no error buffer.
 """
 import math
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -40,31 +44,39 @@ def hop_bytes(reducer) -> Dict[str, int]:
 class LocoTelemetry:
     """Accumulates one optimizer step's figures from the reduces, and writes them to ``monitor`` at the step, with
     the live rho's estimate when ``live_rho`` (a :class:`~deepspeed_loco.runtime.comm.noise_stats.LiveRho`, told of
-    the step before this object) updated it at that step."""
+    the step before this object) updated it at that step. ``error_norm_every``: the error norm's measured steps
+    (every so many optimizer steps, 1-based; 0: never); ``next_step``: the optimizer step the next reduces belong to
+    (a resumed run's)."""
 
-    def __init__(self, monitor, reducer, world_size: int, error_feedback: bool, live_rho: Optional[LiveRho] = None):
+    def __init__(self, monitor, reducer, world_size: int, error_feedback, live_rho: Optional[LiveRho] = None,
+                 error_norm_every: int = 1, next_step: int = 1):
         self.monitor = monitor
         self.reducer = reducer
         self.live_rho = live_rho
         self.world_size = world_size
-        self.error_feedback = error_feedback
+        self.error_feedback = bool(error_feedback)
+        self.error_norm_every = error_norm_every
         self._sent_before = hop_bytes(reducer)
         self._full_precision_bytes = 0.0
-        self._grad_sq = 0.0
-        self._error_sq = 0.0
+        self._squares: List[torch.Tensor] = []  # per reduce of a measured step: fp64 (2,) [||g||^2, ||e||^2]
+        self._measuring = self._measured(next_step)
+
+    def _measured(self, step: int) -> bool:
+        """Whether optimizer step ``step`` writes the error norm (and so its reduces read the error buffers)."""
+        return self.error_feedback and self.error_norm_every > 0 and step % self.error_norm_every == 0
 
     @torch.no_grad()
     def on_reduce(self, names: Sequence[str], grads: Sequence[torch.Tensor],
                   partitions: Sequence[torch.Tensor]) -> None:
         """Counts one reduced bucket, the gradients ``grads`` of the parameters ``names`` (a reduce observer: called
         after the reduce, so that the buffers, read through the reducer's error state, hold its error;
-        ``partitions`` are not used)."""
+        ``partitions`` are not used). On a measured step it adds the bucket's squared sums on the device, with no
+        host synchronization; on other steps it reads no tensor."""
         self._full_precision_bytes += (self.world_size - 1) / self.world_size * sum(
             g.numel() * g.element_size() for g in grads)
-        if self.error_feedback:
-            self._grad_sq += sum(float(g.float().pow(2).sum()) for g in grads)
-            self._error_sq += sum(float(b.dequantize().pow(2).sum()) for name in names
-                                  for b in self.reducer.state.buffers_of(name).values())
+        if self._measuring and grads:
+            errors = [b.dequantize() for name in names for b in self.reducer.state.buffers_of(name).values()]
+            self._squares.append(torch.stack([_squared_sum(grads), _squared_sum(errors, grads[0].device)]))
 
     def on_step(self, step: int, reset: bool) -> None:
         """Writes the events of optimizer step ``step`` (``reset``: it cleared the error buffers; a step listener)
@@ -75,15 +87,25 @@ class LocoTelemetry:
         events = [(f"{PREFIX}{hop}_bytes", float(count), step) for hop, count in sent.items()]
         ratio = sum(sent.values()) / self._full_precision_bytes if self._full_precision_bytes else 0.0
         events.append((f"{PREFIX}bytes_vs_full_precision", ratio, step))
-        if self.error_feedback:
-            rel = (self._error_sq / self._grad_sq)**0.5 if self._grad_sq else 0.0
-            events.append((f"{PREFIX}error_rel_norm", rel, step))
+        if self._measuring:
+            grad_sq, error_sq = torch.stack(self._squares).sum(0).tolist() if self._squares else (0.0, 0.0)
+            events.append((f"{PREFIX}error_rel_norm", (error_sq / grad_sq)**0.5 if grad_sq else 0.0, step))
         events.append((f"{PREFIX}reset", 1.0 if reset else 0.0, step))
         if rho is not None:
             events += rho_events(rho, step)
         self.monitor.write_events(events)
         self._sent_before = sent_now
-        self._full_precision_bytes = self._grad_sq = self._error_sq = 0.0
+        self._full_precision_bytes = 0.0
+        self._squares = []
+        self._measuring = self._measured(step + 1)
+
+
+def _squared_sum(tensors: Sequence[torch.Tensor], device=None) -> torch.Tensor:
+    """``sum ||t||^2`` over ``tensors`` (each norm in fp32, the sum in fp64), a scalar on their device (``device``
+    when there are none); no host synchronization."""
+    if not tensors:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    return torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]).double().square().sum()
 
 
 def rho_events(rho: RhoEstimate, step: int):

@@ -24,8 +24,7 @@ OPS = library.CUDA  # the entry points that call the ops (on CPU tensors the ops
 
 NUMELS = (300, 17, 64)  # tiny: opcheck runs each op several times
 GROUP = 32
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                 reason="needs a CUDA device (fused LoCo kernels)"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # the fused LoCo kernels
 
 
 @pytest.fixture(params=DEVICES)
@@ -209,6 +208,22 @@ def test_entry_points_reject_a_wire_of_other_bits_and_keep_the_reference_errors(
         OPS.quantize_bucket_(grads, [None] * 3, args, wire, wire.empty(4, "cpu").repeat(1, 2)[:, ::2])
 
 
+def test_entry_points_refuse_a_bucket_mixing_parameters_with_and_without_error_buffers():
+    """The error state gives every parameter of a hop its buffers or none: a mixed bucket is a caller's bug, refused
+    naming the parameters without buffers (never computed another way), before any output is written."""
+    grads, values, scales, send = _hop1_args("cpu", 8, False, "symmetric")[:4]
+    errors = [ErrorBuffer(v, s, GROUP) for v, s in zip(values, scales)]
+    errors[1] = None
+    before = [e.values.clone() for e in errors if e is not None]
+    send.fill_(7)
+    with pytest.raises(ValueError, match=r"mixes parameters with and without error buffers \(none for parameters "
+                                         r"\[1\] of 3\)"):
+        OPS.quantize_bucket_(grads, errors, HopArgs(4, 2, 4, GROUP, 0.8),
+                             WireLayout(tuple(padded_partition_size(n, 4, GROUP) for n in NUMELS), 4, GROUP), send)
+    assert bool((send == 7).all())
+    assert all(torch.equal(e.values, b) for e, b in zip([e for e in errors if e is not None], before))
+
+
 def _reduce_step(grads, errors1, errors2, send1, send2):
     """A LoCo reduce step of a 4-rank world (2 nodes x 2) as one rank sees it, its exchanges replaced by the
     identity (the ops' inputs are what matters): hop 1, hop 2, the final mean."""
@@ -261,7 +276,7 @@ def test_limits_have_one_source():
     assert (limits.MAX_PARAMETER_PAIRS, limits.MAX_LAUNCH_PAIRS) == (2 ** 31 - 1 - 256, 2 ** 31 - 1)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (fused LoCo kernels)")
+@pytest.mark.gpu
 def test_the_binding_exports_the_same_limits():
     from deepspeed_loco.ops import loco_cuda
     assert loco_cuda.load().limits() == limits.LIMITS
@@ -276,6 +291,7 @@ def test_kernels_config_key():
         config.LocoConfig.from_dict({"kernels": "fast"})
 
 
+@pytest.mark.slow
 def test_compiled_reducer_has_no_graph_break_and_is_bit_identical(device, monkeypatch):
     """``LocoReducer.reduce_scatter`` itself (the plan's hops through ``kernels_for``'s entry points, profiler ranges,
     error state) under ``torch.compile(fullgraph=True)``: one graph, and the same means and error buffers as eager

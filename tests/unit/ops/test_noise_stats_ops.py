@@ -19,7 +19,7 @@ from deepspeed_loco.ops.quantizer import dequantize_groups, unpack
 NUMELS = (300, 17, 64, 1000)
 GROUP = 32
 WORLD, LOCAL = 4, 2
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (fused LoCo kernels)")
+CUDA = pytest.mark.gpu  # the fused LoCo kernels
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 
 

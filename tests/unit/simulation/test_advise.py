@@ -117,6 +117,7 @@ def _data():
 SETUP = TrainingSetup(_model, _data, loss_fn=_loss, loco={"group_size": 32})
 
 
+@pytest.mark.slow
 def test_advise_end_to_end_gives_a_valid_block_with_its_evidence(tmp_path):
     stages, updates = [], []
     advice = advise(SETUP, 5, candidates=("plain2", "plain4"), steps=50, seeds=2, probe_steps=5,
@@ -208,6 +209,7 @@ def test_an_error_inside_the_callers_model_is_said_with_where_it_arose():
         advise(dataclasses.replace(SETUP, loss_fn=loss_fn), 1)
 
 
+@pytest.mark.slow
 def test_runs_side_by_side_give_the_same_evidence_as_runs_one_at_a_time():
     args = dict(budget_minutes=5, candidates=("plain2", ), steps=50, seeds=2, probe_steps=3)
     alone = advise(SETUP, **args)
@@ -233,6 +235,7 @@ def test_a_measurable_loss_from_loco_closes_the_question_with_plain_qgz():
     assert verdict.accepted and not verdict.error_feedback and not verdict.unresolved
 
 
+@pytest.mark.slow
 def test_an_open_question_gets_more_seeds_while_the_budget_lasts():
     args = dict(budget_minutes=5, candidates=("plain2", ), steps=50, seeds=2, probe_steps=3)
     two = advise(SETUP, **args)
@@ -288,6 +291,7 @@ def test_the_difference_s_side_decides_its_predicates():
     assert Difference.paired("d", {0: 1.0, 1: 2.0}, {0: 0.5, 1: 1.0}).mean == 0.75
 
 
+@pytest.mark.slow
 def test_a_budget_smaller_than_the_probe_is_refused_with_the_smallest_that_answers():
     with pytest.raises(BudgetTooSmall, match=r"budget_minutes = 1e-06 is too small: the probe alone needs about "
                                               r"[0-9.e-]+ minutes") as refused:

@@ -52,6 +52,7 @@ def user_module(tmp_path, monkeypatch, request):
     return name
 
 
+@pytest.mark.slow
 def test_a_users_model_and_data_give_a_valid_block_and_the_files(user_module, tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["--model", f"{user_module}:make_model", "--data", f"{user_module}:batches", "--loss",
@@ -68,6 +69,7 @@ def test_a_users_model_and_data_give_a_valid_block_and_the_files(user_module, tm
         capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_text_gives_byte_windows_and_a_held_out_loss(user_module, tmp_path):
     text = tmp_path / "corpus.txt"
     text.write_text("to be or not to be, that is the question. " * 40)
@@ -173,6 +175,7 @@ def test_help_is_plain_text_with_each_default_once(capsys):
     assert text.count("(default: 8)") == 2 and "(default: what the budget allows)" in text
 
 
+@pytest.mark.slow
 def test_the_console_script_needs_no_loco_lab(user_module, tmp_path):
     """loco_lab (the demo) is not in the wheel: the script's whole path, a refusal included, runs without it."""
     import os

@@ -24,6 +24,7 @@ def _count(png: bytes, colour) -> int:
     return int((_pixels(png) == colour).all(axis=-1).sum())
 
 
+@pytest.mark.slow
 def test_line_chart_draws_every_curve_in_its_colour():
     series = [Series("A", [(i, math.exp(-i / 20)) for i in range(100)], (200, 0, 0)),
               Series("B", [(0, float("nan")), (50, 0.5), (99, 0.1)], (0, 0, 200), markers=True)]

@@ -100,6 +100,7 @@ def _simulated(tmp_path):
     return records, sizes
 
 
+@pytest.mark.slow
 def test_records_of_simulate_results_carry_what_the_table_reads(tmp_path):
     records, sizes = _simulated(tmp_path)
     full, plain, loco = records[:3]
@@ -113,6 +114,7 @@ def test_records_of_simulate_results_carry_what_the_table_reads(tmp_path):
     assert json.loads(json.dumps(records)) == [dict(r, validation=[list(v) for v in r["validation"]]) for r in records]
 
 
+@pytest.mark.slow
 def test_write_report_and_the_cli_give_the_table_the_json_and_the_png(tmp_path, capsys):
     needs_extra("matplotlib", "report")  # loss_curves.png
     records, _ = _simulated(tmp_path)
@@ -137,6 +139,7 @@ def test_the_cli_names_a_file_without_records(tmp_path, capsys):
     assert err.startswith("deepspeed-loco-report: error: ") and "no result records" in err and "\n" not in err
 
 
+@pytest.mark.slow
 def test_every_panel_has_a_y_label_and_names_the_held_out_data_only_when_told(tmp_path):
     records, _ = _simulated(tmp_path)
     named, unnamed = loss_panels(records, held_out="the last 10% of mine.txt"), loss_panels(records)

@@ -42,6 +42,7 @@ def _same(a, b):
     return [dict(r.to_dict(), wall_s=0.0) for r in a] == [dict(r.to_dict(), wall_s=0.0) for r in b]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nodes,local,default_chunk", [(2, 2, 2), (3, 2, 2), (2, 3, 3), (4, 1, 1), (2, 2, None)])
 def test_streaming_nodes_gives_the_same_results_bit_for_bit(nodes, local, default_chunk):
     """Every arm (plain and LoCo, with an observer's plain shadow): losses, validation and every per-step
@@ -84,6 +85,7 @@ class _LiveGradients:
             self.live += nbytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream_nodes", [False, True])
 def test_streaming_keeps_at_most_one_nodes_gradients_alive(monkeypatch, stream_nodes):
     nodes, local = 3, 2

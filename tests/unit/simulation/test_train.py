@@ -50,6 +50,7 @@ def test_full_arm_is_exactly_a_data_parallel_training_loop():
     assert full.grad_rel_errors == [0.0] * STEPS and full.bytes_per_step == full.full_precision_bytes_per_step
 
 
+@pytest.mark.slow
 def test_quantized_arms_send_their_wire_bytes_and_loco_removes_the_bias():
     plain, loco = _run(["plain2", "loco2"])
     params = sum(p.numel() for p in _model().parameters())
@@ -62,6 +63,7 @@ def test_quantized_arms_send_their_wire_bytes_and_loco_removes_the_bias():
     assert loco.sum_rel_errors[-1] < 0.5 * plain.sum_rel_errors[-1]
 
 
+@pytest.mark.slow
 def test_same_seed_same_run_and_eval_is_recorded():
     evals = lambda model: float(model[0].weight.abs().sum())  # noqa: E731
     a, = _run(["loco4h"], eval_fn=evals, eval_every=10, seed=5)
@@ -79,6 +81,7 @@ def test_bad_arm_and_bad_batch_are_clear_errors():
                                               loss_fn=_loss), ["full"], 1))
 
 
+@pytest.mark.slow
 def test_vmap_and_loop_agree_within_rounding():
     """vmap's one batched pass and the per-rank loop compute the same gradients, up to the order in which the CPU's
     matmul kernels sum (bit-identical on some CPUs, not on an AVX-512/AMX Xeon). AdamW turns a gradient's relative
@@ -145,6 +148,7 @@ def test_compile_runs_the_loop_passes_through_the_compiled_model():
     assert compiled.train_losses == eager.train_losses and compiled.grad_rel_errors == eager.grad_rel_errors
 
 
+@pytest.mark.slow
 def test_fidelity_is_measured_before_clipping():
     """Clipping scales the communicated mean in place; the error is of what was communicated, not of the clip."""
     free, = _run(["plain4"])
@@ -153,6 +157,7 @@ def test_fidelity_is_measured_before_clipping():
     assert all(e < 0.2 for e in clipped.grad_rel_errors)
 
 
+@pytest.mark.slow
 def test_rank_chunks_give_the_same_training_as_one_pass():
     whole, = _run(["loco2"])
     for chunk in (1, 3):  # 3 leaves a short last chunk

@@ -27,6 +27,7 @@ def _launch(*job_args: str, world: int = 2):
     return [(proc.wait(timeout=120), proc.stderr.read()[-2000:]) for proc in procs]
 
 
+@pytest.mark.slow
 def test_short_gloo_jobs_all_end_with_return_code_zero():
     """Half of the launches end with the script's own ``destroy_process_group()`` (the subgroup it holds lives on)."""
     failures = []

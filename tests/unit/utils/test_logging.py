@@ -25,6 +25,7 @@ def _ours():
     return [h for h in logger.handlers if h.get_name() == HANDLER_NAME]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first,then", [("deepspeed", HOOK), ("deepspeed_loco.utils.logging", "deepspeed")])
 def test_caplog_captures_log_rank0_whatever_was_imported_first(tmp_path, first, then):
     """A fresh pytest process per import order, as import order is fixed once per process."""
@@ -44,6 +45,7 @@ def test_caplog_captures_log_rank0_whatever_was_imported_first(tmp_path, first, 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_each_record_is_printed_once_with_or_without_a_root_handler(tmp_path):
     script = textwrap.dedent("""
         import logging

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from torch.distributed.elastic.utils.distributed import get_free_port
 
 from deepspeed_loco.utils import turn_on_hint
@@ -42,6 +43,7 @@ def _run_one_rank(tmp_path, install: bool) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_imported_but_not_installed_deepspeeds_rejection_is_followed_by_how_to_turn_loco_on(tmp_path):
     done = _run_one_rank(tmp_path, install=False)
     lines = [line.split("]: ", 1)[-1] for line in done.stderr.splitlines()]  # torch's "[rank0]: " prefix off
@@ -53,6 +55,7 @@ def test_imported_but_not_installed_deepspeeds_rejection_is_followed_by_how_to_t
         assert way in turn_on_hint.HINT
 
 
+@pytest.mark.slow
 def test_installed_the_same_script_trains_with_loco_and_no_hint(tmp_path):
     done = _run_one_rank(tmp_path, install=True)
     assert done.returncode == 0, done.stderr[-3000:]

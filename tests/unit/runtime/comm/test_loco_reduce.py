@@ -254,3 +254,31 @@ def test_a_profile_names_each_kernel_and_exchange_of_each_hop(process_pool):
              profiler_range(None, "final_mean_bucket")]
     assert names[0] == "deepspeed_loco.intra_node.quantize_bucket_"
     assert process_pool(4).run(check_profiler_ranges, 2) == [dict.fromkeys(names, 1)] * 4
+
+
+def test_inter_node_error_feedback_keeps_error_on_the_inter_node_hop_only():
+    """``error_feedback: "inter_node"`` on 2 x 2 ranks: the intra-node hop reduces with no error buffer, the
+    inter-node hop with one. From zero buffers the first step's means and inter-node errors are those of error
+    feedback on every hop, bit for bit (a zero error compensates nothing); the second step's means differ (the
+    intra-node hop's error is not fed back)."""
+    from deepspeed_loco.simulation import SimulatedCluster
+    config = dict(group_size=GROUP, intra_node_bits=4, inter_node_bits=2)
+    inter = SimulatedCluster(LocoConfig(error_feedback="inter_node", **config), 2, 2)
+    every = SimulatedCluster(LocoConfig(error_feedback=True, **config), 2, 2)
+    try:
+        first = [_grads(rank, torch.float32, 1) for rank in range(4)]
+        assert _equal_means(inter.reduce_scatter(first, _names()), every.reduce_scatter(first, _names()))
+        for state_inter, state_every in zip(inter.states, every.states):
+            for name in _names():
+                assert list(state_inter.buffers_of(name)) == ["inter_node"]
+                assert torch.equal(state_inter.buffers_of(name)["inter_node"].dequantize(),
+                                   state_every.buffers_of(name)["inter_node"].dequantize())
+        second = [_grads(rank, torch.float32, 2) for rank in range(4)]
+        assert not _equal_means(inter.reduce_scatter(second, _names()), every.reduce_scatter(second, _names()))
+    finally:
+        inter.close()
+        every.close()
+
+
+def _equal_means(got, want) -> bool:
+    return all(torch.equal(g, w) for rank_g, rank_w in zip(got, want) for g, w in zip(rank_g, rank_w))

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.runtime.comm import noise_stats
 from deepspeed_loco.runtime.comm.loco_reduce import LocoReducer
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from tests.unit.process_pool import ProcessPool
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.gpu
 
 SHAPES = [(7, ), (33, 5), (1000, 3), (256, 384)]
 CASES = [  # dtype, intra bits, inter bits, hadamard, error_bits
@@ -43,15 +44,16 @@ def check_cuda_matches_cpu_reference(local_size, steps=3):
         for step in range(steps):
             grads = [torch.randn(shape, generator=gen).to(dtype) for shape in SHAPES]
             if step == steps - 1:
-                cpu_reducer.begin_measured_step(step)
-                gpu_reducer.begin_measured_step(step)
+                noise_stats.begin_measured_step(cpu_reducer, step)
+                noise_stats.begin_measured_step(gpu_reducer, step)
             want = cpu_reducer.reduce_scatter(names, grads)
             got = gpu_reducer.reduce_scatter(names, [g.cuda() for g in grads])
             for shape, w, g in zip(SHAPES, want, got):
                 if not torch.equal(w, g.cpu()):
                     failures.append(f"{dtype} {intra}/{inter} hadamard={hadamard} error_bits={error_bits} step "
                                     f"{step} {shape}: max diff {float((w.float() - g.cpu().float()).abs().max())}")
-        sums = cpu_reducer.end_measured_step("cpu"), gpu_reducer.end_measured_step("cuda").cpu()
+        sums = (noise_stats.end_measured_step(cpu_reducer, "cpu"),
+                noise_stats.end_measured_step(gpu_reducer, "cuda").cpu())
         if not torch.allclose(sums[1], sums[0], rtol=1e-5, atol=0):
             failures.append(f"{dtype} {intra}/{inter} hadamard={hadamard}: noise sums {sums[1]} vs {sums[0]}")
     return kernels_for(torch.device("cuda")).name, failures

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.ops.loco_reference import gather_sample
 from deepspeed_loco.runtime.comm.error_sample import MeanErrorSample, SampledPowers
 from deepspeed_loco.runtime.comm.noise_stats import NoiseSample, ReduceSums, RhoEstimate, RhoEstimator, describe
 from deepspeed_loco.simulation import SimulatedCluster
@@ -96,6 +97,7 @@ def test_accumulated_micro_steps_give_the_per_micro_step_sample_and_sample_the_f
     assert b.hop_error_sq == pytest.approx(a.hop_error_sq, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits", [(8, 8), (2, 2)])
 def test_sampled_error_noise_and_signal_are_unbiased(bits):
     """g_r = G + the mean of b samples of N(0, sigma^2 I_n), parameters larger than the sample: per trial the live
@@ -207,13 +209,11 @@ def test_log_line_says_what_rho_means(rho, error_feedback, words):
 def test_reduce_sums_lay_out_hops_then_the_mean_then_the_sample():
     sums = ReduceSums(2, MeanErrorSample(1, 0))
     assert sums.take("cpu").tolist() == [0.0] * 5  # no reduce ran
-    hops, mean = sums.views("cpu")
+    hops, mean = sums.stats("cpu")
     hops[1][1] += 3.0
     mean[0] += 7.0
     grad = torch.arange(5.0)
-    picks = sums.sample.pick(["a"], [5])
-    sums.sample.take_inputs(picks, [grad])
-    sums.sample.take_outputs(picks, [partition(grad / 2, 0, 2)])
+    sums.outputs(sums.inputs(["a"], [grad], gather_sample), [partition(grad / 2, 0, 2)])  # the reducer's calls
     assert sums.take("cpu").tolist() == [0.0, 0.0, 0.0, 3.0, 7.0] + grad.tolist() + grad.pow(2).tolist() + [
         0.0, 0.5, 1.0, 0.0, 0.0]  # rank 0 owns coordinates 0 to 2 of the mean
     assert sums.tensor is None

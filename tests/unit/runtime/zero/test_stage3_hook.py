@@ -230,6 +230,7 @@ def test_old_deepspeed_is_refused_at_start_up(monkeypatch):
         deepspeed_seam.check_deepspeed_version()
 
 
+@pytest.mark.slow
 def test_unmodified_script_runs_with_loco_through_the_module_runner(tmp_path):
     """``torchrun ... -m deepspeed_loco.run unmodified_train.py --deepspeed_config cfg.json``, 2 nodes x 2."""
     cfg = _ds_config("loco", loco={"local_world_size": 2})

@@ -1,4 +1,5 @@
-"""LoCo's telemetry through DeepSpeed's own ``csv_monitor``: 4 gloo processes, 2 nodes x 2 ranks, 3 steps."""
+"""LoCo's telemetry through DeepSpeed's own ``csv_monitor`` (4 gloo processes, 2 nodes x 2 ranks, 3 steps, the error
+norm every 2nd step), and on a simulated cluster: the error buffers are read on the measured steps only."""
 import csv
 import math
 from pathlib import Path
@@ -6,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-WORLD, LOCAL, GROUP, STEPS, RESET_T = 4, 2, 32, 3, 2
+WORLD, LOCAL, GROUP, STEPS, RESET_T, ERROR_NORM_EVERY = 4, 2, 32, 3, 2, 2
 BITS = {"intra_node": 8, "inter_node": 4}
 
 
@@ -25,7 +26,8 @@ def train(out_dir, error_feedback=True, monitor=True):
                               "zeropp_loco_param": {"group_size": GROUP, "reset_T": RESET_T,
                                                     "intra_node_bits": BITS["intra_node"],
                                                     "inter_node_bits": BITS["inter_node"],
-                                                    "error_feedback": error_feedback}},
+                                                    "error_feedback": error_feedback,
+                                                    "error_norm_every": ERROR_NORM_EVERY}},
     }
     if monitor:
         cfg["csv_monitor"] = {"enabled": True, "output_path": str(out_dir), "job_name": "job"}
@@ -80,9 +82,10 @@ def test_resets_appear_at_the_reset_T_steps(csv_dir):
     assert _read(csv_dir, "reset") == [(step, float(step % RESET_T == 0)) for step in range(1, STEPS + 1)]
 
 
-def test_error_norm_is_a_small_positive_fraction_of_the_gradient(csv_dir):
-    values = [v for _, v in _read(csv_dir, "error_rel_norm")]
-    assert len(values) == STEPS and all(0.0 < v < 0.5 for v in values)  # 8-/4-bit errors of a fresh gradient
+def test_error_norm_is_a_small_positive_fraction_of_the_gradient_on_its_steps_only(csv_dir):
+    written = _read(csv_dir, "error_rel_norm")
+    assert [step for step, _ in written] == [s for s in range(1, STEPS + 1) if s % ERROR_NORM_EVERY == 0]
+    assert all(0.0 < v < 0.5 for _, v in written)  # 8-/4-bit errors of a fresh gradient
 
 
 def test_without_a_monitor_no_rank_holds_telemetry_and_without_error_feedback_no_error_norm(process_pool, tmp_path):
@@ -91,3 +94,45 @@ def test_without_a_monitor_no_rank_holds_telemetry_and_without_error_feedback_no
     written = sorted(p.name for p in (tmp_path / "plain" / "job").glob("LoCo_*"))
     assert written == ["LoCo_bytes_vs_full_precision.csv", "LoCo_inter_node_bytes.csv", "LoCo_intra_node_bytes.csv",
                        "LoCo_reset.csv"]
+
+
+class _Recorder:
+    """A monitor that keeps what it is given."""
+
+    def __init__(self):
+        self.events = []
+
+    def write_events(self, events):
+        self.events += events
+
+
+def test_the_error_buffers_are_read_on_measured_steps_only(monkeypatch):
+    """``error_norm_every = 3`` from step 1: the reduces of steps 1 and 2 read no error buffer and write no error norm;
+    step 3's read every buffer of its buckets and write ``||e|| / ||g||`` of its reduces exactly (fp64 sums)."""
+    from deepspeed_loco.config import LocoConfig
+    from deepspeed_loco.ops.error_buffer import ErrorBuffer
+    from deepspeed_loco.runtime.zero.telemetry import LocoTelemetry
+    from deepspeed_loco.simulation import SimulatedCluster
+    reads = []
+    dequantize = ErrorBuffer.dequantize
+    monkeypatch.setattr(ErrorBuffer, "dequantize", lambda self: reads.append(self) or dequantize(self))
+    cluster = SimulatedCluster(LocoConfig(group_size=GROUP, intra_node_bits=4, inter_node_bits=4), 2, 2)
+    monitor = _Recorder()
+    telemetry = LocoTelemetry(monitor, cluster.reducers[0], WORLD, True, error_norm_every=3)
+    gen = torch.Generator().manual_seed(0)
+    try:
+        for step in (1, 2, 3):
+            grads = [[torch.randn(300, generator=gen), torch.randn(7, 9, generator=gen)] for _ in range(WORLD)]
+            cluster.reduce_scatter(grads, ["a", "b"])
+            reads.clear()
+            telemetry.on_reduce(["a", "b"], grads[0], [])
+            buffers = [b for name in "ab" for b in cluster.states[0].buffers_of(name).values()]
+            assert len(reads) == (len(buffers) if step == 3 else 0)
+            telemetry.on_step(step, False)
+        norms = [(value, s) for name, value, s in monitor.events if name == "LoCo/error_rel_norm"]
+        error_sq = sum(float(b.dequantize().double().pow(2).sum()) for b in buffers)
+        grad_sq = sum(float(g.double().pow(2).sum()) for g in grads[0])
+        assert len(norms) == 1 and norms[0][1] == 3
+        assert norms[0][0] == pytest.approx((error_sq / grad_sq)**0.5, rel=1e-6)
+    finally:
+        cluster.close()

@@ -1,0 +1,39 @@
+"""benchmarks/monitor_overhead.py: its buckets, and a CPU run (tiny model, reference kernels) in a process of its own
+(it starts a DeepSpeed world): every arm timed against the base of the same run, the monitor arms writing DeepSpeed's
+and LoCo's events, the live rho's all-reduce of 2H + 1 sums and 3 values per sampled coordinate."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_buckets_are_consecutive_parameters_within_the_size(benchmark_module):
+    buckets = benchmark_module("monitor_overhead")._buckets
+    assert buckets([5, 5, 5], 10) == [(0, 2), (2, 3)]
+    assert buckets([12, 3, 4], 10) == [(0, 1), (1, 3)]  # a parameter above the size is a bucket of its own
+    assert buckets([1, 2, 3], 10**9) == [(0, 3)]
+
+
+@pytest.mark.slow
+def test_a_cpu_run_times_every_arm_and_the_monitor_writes_both_kinds_of_events(tmp_path):
+    table = tmp_path / "table.txt"
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, "benchmarks/monitor_overhead.py", "--size", "tiny", "--micro-batch", "2",
+                          "--device", "cpu", "--steps", "4", "--rho-every", "2", "--rounds", "2", "--nodes", "2",
+                          "--local", "2", "--table", str(table)], cwd=ROOT, env=env, text=True, capture_output=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    text = table.read_text()
+    rows = dict(re.findall(r"^\| (\w+) \| [\d.]+ \| [\d.]+ \.\. [\d.]+ \| ([\d.]+) \|", text, re.M))
+    assert list(rows) == ["base", "ds_monitor", "monitor", "rho", "both"] and rows["base"] == "1.0000"
+    from loco_lab.model import SIZES, ByteLlama
+    numels = [p.numel() for p in ByteLlama(SIZES["tiny"]).parameters()]
+    assert f"all-reduce (not timed): {2 * 2 + 1 + 3 * sum(min(n, 256) for n in numels)} floats" in text
+    written = text.rsplit("monitor files written: ", 1)[1].strip().split(", ")
+    for name in ("LoCo_error_rel_norm.csv", "LoCo_rho.csv", "LoCo_intra_node_bytes.csv",
+                 "Train_Samples_train_loss.csv"):
+        assert name in written, written
