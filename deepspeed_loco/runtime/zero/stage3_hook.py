@@ -24,6 +24,7 @@ from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.zero import checkpoint, telemetry
 from deepspeed_loco.runtime.zero.regime_note import regime_note
 from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
+from deepspeed_loco.utils import clean_exit
 from deepspeed_loco.utils.logging import log_rank0, logger
 
 ENGINE_ATTRIBUTE = "loco_hook"
@@ -43,9 +44,28 @@ def resolve_local_size(config: LocoConfig, world_size: int) -> int:
 def check_hpz_partition(ds_config: Mapping, config: LocoConfig) -> None:
     """LoCo's check of ``zero_optimization.zero_hpz_partition_size`` against the job's world size and ranks per
     node (:func:`~deepspeed_loco.runtime.comm.topology.check_hpz_partition`); needs the process group."""
+    _check_hpz_size(ds_config.get("zero_optimization", {}).get("zero_hpz_partition_size", 1), config)
+
+
+def _check_hpz_size(hpz_partition_size: int, config: LocoConfig) -> None:
     world_size = torch.distributed.get_world_size()
-    hpz = ds_config.get("zero_optimization", {}).get("zero_hpz_partition_size", 1)
-    topology.check_hpz_partition(hpz, world_size, resolve_local_size(config, world_size))
+    topology.check_hpz_partition(hpz_partition_size, world_size, resolve_local_size(config, world_size))
+
+
+def before_engine_build(config: LocoConfig, hpz_partition_size: int) -> None:
+    """What an installed DeepSpeed engine constructor checks before it builds an engine from a config with LoCo's
+    block: the DeepSpeed release, and ``zero_hpz_partition_size`` against the layout where the process group is up
+    (DeepSpeed's ``initialize`` set it up; an engine cannot be built without it)."""
+    deepspeed_seam.check_deepspeed_version()
+    if torch.distributed.is_initialized():
+        _check_hpz_size(hpz_partition_size, config)
+
+
+def after_engine_build(engine, config: LocoConfig) -> None:
+    """What an installed DeepSpeed engine constructor does after it built an engine from a config with LoCo's
+    block: attaches LoCo (:func:`attach`) and registers the clean exit (:mod:`deepspeed_loco.utils.clean_exit`)."""
+    clean_exit.register()
+    attach(engine, config)
 
 
 def describe_wire(plan: HopPlan) -> str:
