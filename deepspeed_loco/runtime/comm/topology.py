@@ -63,7 +63,9 @@ class LocoTopology:
         return {name: None if group is None else ProcessGroupExchange(group) for name, group in groups.items()}
 
     def describe(self) -> str:
-        return f"W={self.world_size} (M={self.num_nodes} nodes x L={self.local_size} ranks)"
+        """``W=8 (M=2 nodes x L=4 ranks)``; ``W=2 (M=1 node x L=2 ranks)``."""
+        nodes, ranks = ("node" if self.num_nodes == 1 else "nodes"), ("rank" if self.local_size == 1 else "ranks")
+        return f"W={self.world_size} (M={self.num_nodes} {nodes} x L={self.local_size} {ranks})"
 
     @classmethod
     def build(cls, group: Optional[dist.ProcessGroup] = None, *, local_size: int) -> "LocoTopology":
