@@ -1,5 +1,5 @@
 """Published end-to-end figures, their settings and sources, and the step-time model's prediction of each, with
-and without overlap: ``python3 benchmarks/published.py`` prints the table (``docs/performance.md``, "Validation
+and without overlap: ``python3 benchmarks/published.py`` prints the table (``benchmarks/PERFORMANCE.md``, "Validation
 against published figures"). A figure whose settings could not be pinned carries the reason instead of a
 prediction. The model's default (no overlap) must stay within :data:`TOLERANCE` of every compared figure
 (``tests/benchmarks/test_published.py``)."""

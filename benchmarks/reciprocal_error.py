@@ -5,7 +5,7 @@ The contract quantizes with the IEEE quotient ``c / scale`` (the kernels compute
 This script measures, on the same groups, how often the two give a different code and whether the error
 ``|c - value|`` (relative to the scale) or its RMS grows: random groups (normal, lognormal magnitudes, values
 rounded to bf16, which put many quotients exactly on a rounding boundary) and the adversarial groups of
-``tests/unit/ops/adversarial.py``. It changes nothing; ``docs/kernels.md`` ("What limits each kernel") quotes it.
+``tests/unit/ops/adversarial.py``. It changes nothing; ``deepspeed_loco/csrc/quantization/README.md`` ("What limits each kernel") quotes it.
 
     PYTHONPATH=$PWD python3 benchmarks/reciprocal_error.py
 """

@@ -5,8 +5,9 @@ Two ways in:
 * ``deepspeed_loco.initialize(...)``: a drop-in for ``deepspeed.initialize`` that accepts
   ``zero_optimization.zeropp_loco_param`` and runs LoCo.
 * ``deepspeed_loco.install()``: afterwards plain ``deepspeed.initialize`` (and ``deepspeed.zero.Init``) accept the
-  key, so unmodified scripts and frameworks calling DeepSpeed run LoCo. ``python -m deepspeed_loco.run script.py``
-  does this for a script without touching it.
+  key, so unmodified scripts and frameworks calling DeepSpeed run LoCo, whatever they imported before the call
+  (the engine constructor attaches it). ``python -m deepspeed_loco.run script.py`` does this for a script without
+  touching it.
 
 Importing the package alone changes nothing in DeepSpeed (a plain ``deepspeed.initialize`` still rejects the key);
 it only adds a line after the traceback of a process that ends on that rejection, saying how to turn LoCo on
@@ -14,7 +15,7 @@ it only adds a line after the traceback of a process that ends on that rejection
 """
 import copy
 import inspect
-from typing import Any, Optional
+from typing import Optional
 
 from deepspeed_loco.utils import turn_on_hint
 
@@ -82,24 +83,17 @@ def add_reduce_observer(engine, observer):
 
 def install() -> None:
     """Makes stock DeepSpeed accept ``zeropp_loco_param`` and run LoCo (idempotent): ``deepspeed.initialize``
-    becomes :func:`initialize`, and ``DeepSpeedConfig`` (hence ``deepspeed.zero.Init``) accepts the key."""
-    from deepspeed_loco.runtime.zero import deepspeed_seam
-    deepspeed_seam.install(initialize, _strip_loco_key)
+    becomes :func:`initialize`, ``DeepSpeedConfig`` (hence ``deepspeed.zero.Init``) accepts the key, and every
+    engine built afterwards from a config with the key runs LoCo, also one built by a ``deepspeed.initialize`` that
+    the script imported before this call (``from deepspeed import initialize``)."""
+    from deepspeed_loco.runtime.zero import deepspeed_seam, ds_config, stage3_hook
+    deepspeed_seam.install(initialize, ds_config.split_given_config, stage3_hook.before_engine_build,
+                           stage3_hook.after_engine_build)
 
 
 def uninstall() -> None:
-    """Undoes :func:`install`: stock ``deepspeed.initialize`` and ``DeepSpeedConfig`` again (engines already built
-    keep LoCo; ``loco_hook(engine).detach()`` gives one back its stock reduce)."""
+    """Undoes :func:`install`: stock ``deepspeed.initialize``, ``DeepSpeedConfig`` and engine constructor again
+    (engines already built keep LoCo; ``loco_hook(engine).detach()`` gives one back its stock reduce)."""
     from deepspeed_loco.runtime.zero import deepspeed_seam
     deepspeed_seam.uninstall()
 
-
-def _strip_loco_key(config: Any) -> Any:
-    """A DeepSpeed config (dict or JSON path) with ``zeropp_loco_param`` validated and removed; other values as
-    they are."""
-    from deepspeed_loco.runtime.zero import ds_config
-    if isinstance(config, (str, dict)):
-        stripped, loco = ds_config.split_loco_config(ds_config.load_config(config))
-        if loco is not None:
-            return stripped
-    return config

@@ -5,5 +5,6 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/ensure_env.sh" test,demo,hf
 cd "$root"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-exec python3 -m pytest -q -m "" "$@"  # -m "": every tier (pytest.ini's default is the fast one)
+export PYTHONPATH="$root:$root/scripts/pytest_plugins${PYTHONPATH:+:$PYTHONPATH}"
+# -m "": every tier (pytest.ini's default is the fast one); -p skip_reasons: a line counting the skips by reason
+exec python3 -m pytest -q -m "" -p skip_reasons "$@"

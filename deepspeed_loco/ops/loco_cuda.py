@@ -1,7 +1,7 @@
 """The fused CUDA kernels of the ``deepspeed_loco`` ops: the ``loco_ops`` extension
 (``deepspeed_loco/csrc/quantization``, built by :class:`deepspeed_loco.ops.op_builder.LocoBuilder`). Loading it
 registers the ops' CUDA implementations, one kernel launch per op call, for the CUDA dispatch key
-(``docs/kernels.md``); the module itself exports ``limits()``.
+(``deepspeed_loco/csrc/quantization/README.md``); the module itself exports ``limits()``.
 """
 _extension = None
 

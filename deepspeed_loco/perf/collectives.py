@@ -1,4 +1,4 @@
-"""Latency-bandwidth cost of the collectives of one ZeRO-3 step, as NCCL runs them (docs/performance.md).
+"""Latency-bandwidth cost of the collectives of one ZeRO-3 step, as NCCL runs them (benchmarks/PERFORMANCE.md).
 
 Units: bytes, bytes/s, seconds. Every function returns the time of ONE call.
 

@@ -1,5 +1,5 @@
 """Step time of one ZeRO-3 training step per method: compute, the codec kernels and the collectives
-(docs/performance.md states every assumption). Units: seconds, bytes, bytes/s, FLOPs."""
+(benchmarks/PERFORMANCE.md states every assumption). Units: seconds, bytes, bytes/s, FLOPs."""
 import json
 from dataclasses import dataclass
 from pathlib import Path

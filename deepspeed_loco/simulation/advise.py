@@ -10,6 +10,7 @@ plain open and the findings table (:func:`~deepspeed_loco.findings.read_map`, :f
 "pays" for the setting and model, unless the comparison's mean LoCo - plain lies above 0; the verdict then says
 that the table, not this comparison, decided. The measurements behind the table: ``docs/when_loco_pays.md``.
 """
+import json
 import math
 import statistics
 import time
@@ -147,7 +148,7 @@ class Advice:
     def summary(self) -> str:
         """The recommendation and its evidence in plain sentences."""
         lines = [f"Recommended: {self.recommended}" + ("" if self.finished else " (so far; advise still runs)"),
-                 "  zeropp_loco_param = " + repr(self.config)]
+                 '  "zeropp_loco_param": ' + json.dumps(self.config)]  # JSON: pastes into "zero_optimization"
         lines += ["  " + r for r in self.reasons]
         lines += ["Not resolved within the budget: " + u for u in self.unresolved]
         lines.append(f"Spent {self.spent_s / 60:.1f} of {self.budget_s / 60:.1f} minutes, "

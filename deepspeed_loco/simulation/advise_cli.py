@@ -146,6 +146,7 @@ def run_advise(setup, args: argparse.Namespace, prog: str = PROG, tokens_per_ste
                         parallel=args.parallel, on_update=lambda partial: write_advice(partial, args.out),
                         tokens_per_step=tokens_per_step)
     except AdviseInputError as err:
+        bar.close()  # a bar on the screen ends its line first
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
     finally:
@@ -204,18 +205,20 @@ def positive_number(text: str) -> float:
 
 
 class _Progress:
-    """A tqdm bar over advise's stages (probe, then one comparison per candidate); none without tqdm."""
+    """A tqdm bar over advise's stages (probe, then one comparison per candidate); none without tqdm. The bar appears
+    at the first stage, so an input refused before any stage prints no bar; :meth:`close` ends its line."""
 
     def __init__(self, enabled: bool):
-        self.bar = None
-        if enabled:
+        self.enabled, self.bar = enabled, None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if self.bar is None and self.enabled:
             try:
                 from tqdm import tqdm
             except ImportError:
+                self.enabled = False
                 return
             self.bar = tqdm(unit="run", dynamic_ncols=True, desc="advise")
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
         if self.bar is not None:
             self.bar.set_description(stage)
             self.bar.total = total
@@ -223,8 +226,10 @@ class _Progress:
             self.bar.refresh()
 
     def close(self) -> None:
+        """Ends the bar's line (a second call does nothing)."""
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def test_accelerate_launch_runs_the_example_with_loco_and_the_documented_figures
     log = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, log
     startup = [line for line in (proc.stdout + proc.stderr).splitlines() if "deepspeed-loco active" in line]
-    assert len(startup) == 1 and "W=2 (M=1 nodes x L=2 ranks)" in startup[0], log
+    assert len(startup) == 1 and "W=2 (M=1 node x L=2 ranks)" in startup[0], log
     result = json.loads(out.read_text())
     losses, steps = result["losses"], 20
     assert result["world"] == WORLD and result["rank"] == 0 and len(losses) == steps

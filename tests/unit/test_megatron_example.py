@@ -225,6 +225,6 @@ def test_unmodified_pretrain_gpt_trains_through_the_library_on_two_cpu_ranks(tmp
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     startup = [line for line in output.splitlines() if "deepspeed-loco active" in line]
-    assert len(startup) == 1 and f"active: {mode}; W=2 (M=1 nodes x L=2 ranks)" in startup[0], output[-6000:]
+    assert len(startup) == 1 and f"active: {mode}; W=2 (M=1 node x L=2 ranks)" in startup[0], output[-6000:]
     losses = [float(m) for m in re.findall(r"iteration +\d+/ +3 \|.*?lm loss: ([0-9.E+-]+)", output)]
     assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses), output[-6000:]

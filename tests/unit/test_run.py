@@ -59,7 +59,7 @@ def test_deepspeed_launcher_runs_an_unmodified_megatron_style_script(tmp_path, a
     log = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, log
     startup = [line for line in (proc.stdout + proc.stderr).splitlines() if "deepspeed-loco active" in line]
-    assert len(startup) == 1 and "LoCo error feedback; W=2 (M=1 nodes x L=2 ranks)" in startup[0], log
+    assert len(startup) == 1 and "LoCo error feedback; W=2 (M=1 node x L=2 ranks)" in startup[0], log
     for rank in range(2):
         seen = json.loads((out / f"rank{rank}.json").read_text())
         assert seen["global_steps"] == 3 and len(seen["losses"]) == 3

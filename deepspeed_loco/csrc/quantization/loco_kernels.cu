@@ -3,7 +3,7 @@
 // + pack) and the final dequantize-sum-[unrotate-]mean. No torch header: the binding (loco_binding.cpp) builds the
 // bucket's parameter table on the device and calls the launchers below.
 //
-// Work split (docs/kernels.md): one 1-D grid over every (row, group) pair of every parameter of a bucket; a block
+// Work split (README.md beside this file): one 1-D grid over every (row, group) pair of every parameter of a bucket; a block
 // of kBlock threads belongs to one parameter (found by one thread per table item, item_of_block) and covers
 // kBlock / team consecutive pairs of it in row-major order (so parameters with few groups per row fill blocks too).
 // Each quantization group of S elements is handled by a team of S / (8 * C) threads (1 .. 256), each thread
@@ -96,7 +96,7 @@ constexpr int min_blocks(int chunks) { return chunks > 2 ? LOCO_WIDE_MIN_BLOCKS 
 // Groups each team of hop 1 and hop 2 without rotation takes in turn (default 1). With G > 1 a block covers G times
 // the pairs, in G steps of kBlock / team consecutive pairs (each step as coalesced as one block of G = 1), and the
 // block's parameter lookup and launch set-up are paid once per G groups: a build option to time the set-up's share
-// (docs/kernels.md, "What limits each kernel").
+// (README.md beside this file, "What limits each kernel").
 #if !defined(LOCO_HOP_GROUPS)
 #define LOCO_HOP_GROUPS 1
 #endif

@@ -63,7 +63,8 @@ class LocoTopology:
         return {name: None if group is None else ProcessGroupExchange(group) for name, group in groups.items()}
 
     def describe(self) -> str:
-        return f"W={self.world_size} (M={self.num_nodes} nodes x L={self.local_size} ranks)"
+        """``W=8 (M=2 nodes x L=4 ranks)``; ``W=2 (M=1 node x L=2 ranks)``."""
+        return f"W={self.world_size} ({describe_layout(self.num_nodes, self.local_size)})"
 
     @classmethod
     def build(cls, group: Optional[dist.ProcessGroup] = None, *, local_size: int) -> "LocoTopology":
@@ -98,6 +99,11 @@ def check_layout(world_size: int, local_size: int) -> None:
                               f"(set local_world_size, or launch the same number of ranks on every node)")
 
 
+def describe_layout(nodes: int, local_size: int) -> str:
+    """``M=2 nodes x L=4 ranks``, ``M=1 node x L=2 ranks``: the node layout as the log lines and errors name it."""
+    return f"M={nodes} {'node' if nodes == 1 else 'nodes'} x L={local_size} {'rank' if local_size == 1 else 'ranks'}"
+
+
 def check_hpz_partition(hpz: int, world_size: int, local_size: int) -> None:
     """Raises a clear error unless ``zero_hpz_partition_size`` (ZeRO++ hpZ: each block of ``hpz`` consecutive ranks
     keeps a secondary copy of the weights) is 1 or a divisor of both ``world_size`` (DeepSpeed would quietly shrink
@@ -111,5 +117,5 @@ def check_hpz_partition(hpz: int, world_size: int, local_size: int) -> None:
                               f"{world_size}: set it to {valid}")
     if local_size % hpz != 0:
         raise LocoConfigError(f"zero_optimization.zero_hpz_partition_size = {hpz} does not fit the node layout "
-                              f"(M={world_size // local_size} nodes x L={local_size} ranks): a partition of {hpz} "
+                              f"({describe_layout(world_size // local_size, local_size)}): a partition of {hpz} "
                               f"ranks would span nodes; set it to {valid}")

@@ -2,9 +2,12 @@
 
 What is patched, and how it is undone:
 
-* ``deepspeed.initialize`` and ``DeepSpeedConfig.__init__`` (process-wide, by :func:`install`, undone by
-  :func:`uninstall`): the config key ``zero_optimization.zeropp_loco_param``, which DeepSpeed >= 0.19.8 rejects,
-  is validated and taken out before DeepSpeed parses the config.
+* ``deepspeed.initialize``, ``DeepSpeedConfig.__init__`` and ``DeepSpeedEngine.__init__`` (process-wide, by
+  :func:`install`, undone by :func:`uninstall`): the config key ``zero_optimization.zeropp_loco_param``, which
+  DeepSpeed >= 0.19.8 rejects, is validated and taken out before DeepSpeed parses the config; the config class
+  keeps LoCo's config (:data:`LOCO_CONFIG_ATTRIBUTE`), and the engine constructor, which every path to an engine
+  passes (also a ``deepspeed.initialize`` a script imported before :func:`install`), attaches LoCo to the engine it
+  built from such a config.
 * On one ``DeepSpeedZeroOptimizer_Stage3`` instance (by :class:`OptimizerPatch`, undone by its ``restore``): the
   bucket reduce ``__avg_scatter_grads`` (name-mangled: :attr:`PrivateNames.reduce`), ``step``, ``state_dict`` and
   ``load_state_dict``, and the ``save`` and ``load`` of the engine's checkpoint engine (``engine.checkpoint_engine``,
@@ -16,7 +19,8 @@ What is patched, and how it is undone:
 * Read, never written: the optimizer's ``dp_process_group``, ``dtype``, ``gradient_accumulation_dtype``,
   ``loss_scale``, ``overflow``, ``param_names``, ``gradient_predivide_factor``, ``postscale_gradients`` and its
   partition-group helpers; a ZeRO-3 parameter's ``ds_id``, ``ds_numel`` and ``ds_tensor``; the engine's ``monitor``,
-  ``train_micro_batch_size_per_gpu()`` and ``gradient_accumulation_steps()``. Code outside this module reads them
+  ``train_micro_batch_size_per_gpu()`` and ``gradient_accumulation_steps()``; a config class's
+  ``zero_config.zero_hpz_partition_size``. Code outside this module reads them
   through the named functions at its end (:func:`data_parallel_group`, :func:`param_numel`, ...), never by
   attribute.
 
@@ -37,7 +41,7 @@ import dataclasses
 import functools
 import inspect
 import logging
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -76,7 +80,9 @@ MIN_DEEPSPEED = TESTED_DEEPSPEED[0]
 # value at which it has none: LoCo's reduce applies neither
 REDUCE_SCALING_DEFAULTS: Dict[str, Any] = {"gradient_predivide_factor": 1.0, "prescale_gradients": False}
 
-_STOCK: Dict[str, Any] = {}  # what install() replaced: {"initialize": fn, "config_init": fn}
+_STOCK: Dict[str, Any] = {}  # what install() replaced: {"initialize": fn, "config_init": fn, "engine_init": fn}
+LOCO_CONFIG_ATTRIBUTE = "loco_config"
+"""Set on every ``DeepSpeedConfig`` built while installed: LoCo's validated config taken out of it, or None."""
 
 
 # ------------------------------------------------------------------------------------------------ versions
@@ -125,35 +131,65 @@ def stock_initialize() -> Callable:
     return _STOCK.get("initialize", deepspeed.initialize)
 
 
-def install(initialize: Callable, strip_config: Callable[[Any], Any]) -> None:
-    """Replaces ``deepspeed.initialize`` by ``initialize`` and makes ``DeepSpeedConfig`` take its config through
-    ``strip_config`` (a dict or JSON path to the config DeepSpeed may see). Idempotent."""
+def install(initialize: Callable, split_config: Callable[[Any], Tuple[Any, Any]],
+            before_build: Callable[[Any, int], None], after_build: Callable[[Any, Any], None]) -> None:
+    """Turns LoCo on process-wide (idempotent).
+
+    ``deepspeed.initialize`` becomes ``initialize``. ``DeepSpeedConfig`` takes its config through ``split_config``
+    (a dict or JSON path -> (the config DeepSpeed may see, LoCo's config or None)) and keeps LoCo's under
+    :data:`LOCO_CONFIG_ATTRIBUTE`. ``DeepSpeedEngine.__init__`` (hence every engine class, however the script reached
+    it) hands DeepSpeed the split config too, and for an engine whose config held LoCo's calls
+    ``before_build(loco, zero_hpz_partition_size)`` before DeepSpeed builds it and ``after_build(engine, loco)``
+    after. An engine that ``initialize`` builds gets a config without LoCo's block and is not touched."""
     import deepspeed
     from deepspeed.runtime import config as ds_runtime_config
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
     if _STOCK:
         return
-    stock_init = ds_runtime_config.DeepSpeedConfig.__init__
+    stock_config_init = ds_runtime_config.DeepSpeedConfig.__init__
+    stock_engine_init = DeepSpeedEngine.__init__
+    engine_signature = inspect.signature(stock_engine_init)
 
-    @functools.wraps(stock_init)
+    @functools.wraps(stock_config_init)
     def config_init(self, config, *args, **kwargs):
-        stock_init(self, strip_config(config), *args, **kwargs)
+        stripped, loco = split_config(config)
+        stock_config_init(self, stripped, *args, **kwargs)
+        setattr(self, LOCO_CONFIG_ATTRIBUTE, loco)
 
-    _STOCK.update(initialize=deepspeed.initialize, config_init=stock_init)
+    @functools.wraps(stock_engine_init)
+    def engine_init(engine, *args, **kwargs):
+        call = engine_signature.bind(engine, *args, **kwargs)
+        given = call.arguments
+        config_class = given.get("config_class")
+        loco = getattr(config_class, LOCO_CONFIG_ATTRIBUTE, None)
+        if given.get("config") is not None:  # the raw config the engine keeps (and saves in checkpoints)
+            given["config"], from_raw = split_config(given["config"])
+            loco = loco if loco is not None else from_raw
+        if loco is not None:
+            before_build(loco, int(config_class.zero_config.zero_hpz_partition_size))
+        stock_engine_init(*call.args, **call.kwargs)
+        if loco is not None:
+            after_build(engine, loco)
+
+    _STOCK.update(initialize=deepspeed.initialize, config_init=stock_config_init, engine_init=stock_engine_init)
     deepspeed.initialize = initialize
     ds_runtime_config.DeepSpeedConfig.__init__ = config_init
+    DeepSpeedEngine.__init__ = engine_init
 
 
 def uninstall() -> None:
-    """Restores the stock ``deepspeed.initialize`` and ``DeepSpeedConfig.__init__`` (a no-op if not installed).
-    Engines already built keep LoCo."""
+    """Restores the stock ``deepspeed.initialize``, ``DeepSpeedConfig.__init__`` and ``DeepSpeedEngine.__init__``
+    (a no-op if not installed). Engines already built keep LoCo."""
     import deepspeed
     from deepspeed.runtime import config as ds_runtime_config
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
     if not _STOCK:
         return
     deepspeed.initialize = _STOCK["initialize"]
     ds_runtime_config.DeepSpeedConfig.__init__ = _STOCK["config_init"]
+    DeepSpeedEngine.__init__ = _STOCK["engine_init"]
     _STOCK.clear()
 
 
@@ -447,8 +483,9 @@ def current_device() -> torch.device:
 
 
 __all__ = ["PrivateNames", "PRIVATE_NAMES", "MIN_DEEPSPEED", "TESTED_DEEPSPEED", "REDUCE_SCALING_DEFAULTS", "names_for",
-           "private_names", "check_deepspeed_version", "is_stage3_optimizer", "stock_initialize", "install",
-           "uninstall", "installed", "OptimizerPatch", "StockReduceObservation", "data_parallel_group",
-           "reduce_scaling_not_applied", "param_names", "param_id", "param_numel", "partition_device",
-           "checkpoint_engine", "engine_monitor", "micro_batch_per_rank", "accumulation_steps", "local_device_count",
+           "private_names", "check_deepspeed_version", "is_stage3_optimizer", "stock_initialize",
+           "LOCO_CONFIG_ATTRIBUTE", "install", "uninstall", "installed", "OptimizerPatch", "StockReduceObservation",
+           "data_parallel_group", "reduce_scaling_not_applied", "param_names", "param_id", "param_numel",
+           "partition_device", "checkpoint_engine", "engine_monitor", "micro_batch_per_rank", "accumulation_steps",
+           "local_device_count",
            "current_device"]

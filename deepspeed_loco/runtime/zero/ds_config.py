@@ -29,6 +29,16 @@ def load_config(config: Any) -> Optional[dict]:
     raise TypeError(f"DeepSpeed config must be a dict or a path to a JSON file, got {type(config).__name__}")
 
 
+def split_given_config(config: Any) -> Tuple[Any, Optional[LocoConfig]]:
+    """(the config DeepSpeed may see, the validated LoCo config or None) for a config as a caller gives it to
+    DeepSpeed: a dict or JSON/HJSON path with the block becomes a dict without it; anything else (no block, None,
+    another type) is returned as it is."""
+    if not isinstance(config, (str, Mapping)):
+        return config, None
+    stripped, loco = split_loco_config(load_config(config))
+    return (stripped if loco is not None else config), loco
+
+
 def split_loco_config(ds_config: dict) -> Tuple[dict, Optional[LocoConfig]]:
     """Returns (the config without ``zeropp_loco_param``, the validated LoCo config or None if absent).
 

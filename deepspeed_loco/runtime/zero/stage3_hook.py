@@ -24,6 +24,7 @@ from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.zero import checkpoint, telemetry
 from deepspeed_loco.runtime.zero.regime_note import regime_note
 from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
+from deepspeed_loco.utils import clean_exit
 from deepspeed_loco.utils.logging import log_rank0, logger
 
 ENGINE_ATTRIBUTE = "loco_hook"
@@ -43,9 +44,28 @@ def resolve_local_size(config: LocoConfig, world_size: int) -> int:
 def check_hpz_partition(ds_config: Mapping, config: LocoConfig) -> None:
     """LoCo's check of ``zero_optimization.zero_hpz_partition_size`` against the job's world size and ranks per
     node (:func:`~deepspeed_loco.runtime.comm.topology.check_hpz_partition`); needs the process group."""
+    _check_hpz_size(ds_config.get("zero_optimization", {}).get("zero_hpz_partition_size", 1), config)
+
+
+def _check_hpz_size(hpz_partition_size: int, config: LocoConfig) -> None:
     world_size = torch.distributed.get_world_size()
-    hpz = ds_config.get("zero_optimization", {}).get("zero_hpz_partition_size", 1)
-    topology.check_hpz_partition(hpz, world_size, resolve_local_size(config, world_size))
+    topology.check_hpz_partition(hpz_partition_size, world_size, resolve_local_size(config, world_size))
+
+
+def before_engine_build(config: LocoConfig, hpz_partition_size: int) -> None:
+    """What an installed DeepSpeed engine constructor checks before it builds an engine from a config with LoCo's
+    block: the DeepSpeed release, and ``zero_hpz_partition_size`` against the layout where the process group is up
+    (DeepSpeed's ``initialize`` set it up; an engine cannot be built without it)."""
+    deepspeed_seam.check_deepspeed_version()
+    if torch.distributed.is_initialized():
+        _check_hpz_size(hpz_partition_size, config)
+
+
+def after_engine_build(engine, config: LocoConfig) -> None:
+    """What an installed DeepSpeed engine constructor does after it built an engine from a config with LoCo's
+    block: attaches LoCo (:func:`attach`) and registers the clean exit (:mod:`deepspeed_loco.utils.clean_exit`)."""
+    clean_exit.register()
+    attach(engine, config)
 
 
 def describe_wire(plan: HopPlan) -> str:
@@ -173,24 +193,45 @@ class LocoHook:
 
     def planned_buffer_bytes(self, params) -> int:
         """Error-buffer bytes this rank will hold for ``params`` (ZeRO-3 parameters with ``ds_numel``)."""
-        return sum(self.state.planned_bytes(deepspeed_seam.param_numel(p)) for p in params)
+        return planned_buffer_bytes(self.state, params)
 
     def describe(self, params) -> str:
-        """The start-up line: mode, layout, bits, group size, hadamard, the wire cost of each hop
-        (:func:`describe_wire`), ``err_beta``/``reset_T``, this rank's error-buffer memory, the kernels and how often
-        the live rho is measured (``rho_every``)."""
-        topo, cfg = self.topology, self.config
+        """The start-up line for ``params`` (:func:`describe_active`)."""
+        return describe_active(self.topology, self.config, self.state, params)
+
+
+def planned_buffer_bytes(state: ErrorFeedbackState, params) -> int:
+    """Error-buffer bytes ``state`` will hold on this rank for ``params`` (ZeRO-3 parameters with ``ds_numel``)."""
+    return sum(state.planned_bytes(deepspeed_seam.param_numel(p)) for p in params)
+
+
+def describe_active(topo: LocoTopology, config: LocoConfig, state: ErrorFeedbackState, params) -> str:
+    """The start-up line, saying only what acts: the mode (which hops keep error), the layout, each hop's bits, group
+    size, grid, hadamard, the wire cost of each hop (:func:`describe_wire`); where error feedback acts, ``err_beta``,
+    ``reset_T`` and this rank's error-buffer memory for ``params``; the kernels and how often the live rho is
+    measured (``rho_every``)."""
+    plan, with_error = state.plan, state.hops_with_error
+    if not with_error:
+        mode = "plain qgZ (error feedback off)" if not config.error_feedback else (
+            f"plain qgZ (error_feedback {json.dumps(config.error_feedback)} keeps error on the inter-node hop only, "
+            f"and one node has none: error feedback off)")
+    elif len(with_error) < len(plan.hops):
+        mode = f"LoCo error feedback on the {' and '.join(HOP_LABELS[name] for name in with_error)} hop only"
+    else:
+        mode = "LoCo error feedback"
+    bits = {HOP_LABELS[hop.name].split("-")[0]: hop.bits for hop in plan.hops}  # intra, inter: the hops there are
+    line = (f"deepspeed-loco active: {mode}; {topo.describe()}; bits {'/'.join(bits)} "
+            f"{'/'.join(map(str, bits.values()))}, group {config.group_size}, grid {plan.grid}"
+            f"{' (auto)' if config.quant_grid == 'auto' else ''}, hadamard {'on' if config.hadamard else 'off'}; "
+            f"{describe_wire(plan)}")
+    if with_error:
         numel = sum(deepspeed_seam.param_numel(p) for p in params)
-        buffer_bytes = self.planned_buffer_bytes(params)
-        kernels = kernels_for(deepspeed_seam.current_device(), cfg.kernels).name
-        mode = "LoCo error feedback" if cfg.error_feedback else "plain qgZ (error feedback off)"
-        return (f"deepspeed-loco active: {mode}; {topo.describe()}; bits intra/inter {cfg.intra_node_bits}/"
-                f"{cfg.inter_node_bits}, group {cfg.group_size}, grid {self.plan.grid}"
-                f"{' (auto)' if cfg.quant_grid == 'auto' else ''}, hadamard "
-                f"{'on' if cfg.hadamard else 'off'}; {describe_wire(self.plan)}; err_beta {cfg.err_beta}, reset_T "
-                f"{cfg.reset_T}; error buffers {buffer_bytes / 2**20:.2f} MiB ({buffer_bytes / max(numel, 1):.3f} B "
-                f"per parameter element, {self.state.storage.label}) on this rank; kernels: {kernels}; live rho "
-                f"{f'every {cfg.rho_every} steps' if cfg.rho_every else 'off'}")
+        buffer_bytes = planned_buffer_bytes(state, params)
+        line += (f"; err_beta {config.err_beta}, reset_T {config.reset_T}; error buffers {buffer_bytes / 2**20:.2f} "
+                 f"MiB ({buffer_bytes / max(numel, 1):.3f} B per parameter element, {state.storage.label}) on this "
+                 f"rank")
+    kernels = kernels_for(deepspeed_seam.current_device(), config.kernels).name
+    return f"{line}; kernels: {kernels}; live rho {f'every {config.rho_every} steps' if config.rho_every else 'off'}"
 
 
 def patch_optimizer(optimizer, state: ErrorFeedbackState, names: Mapping[str, torch.Tensor], reduce, after_step):

@@ -1,6 +1,6 @@
 """The CUDA binding's checks, run in a process of their own (``python -m tests.unit.ops.binding_checks``, from the
 repository root, on a machine with a GPU): ``test_loco_kernels.py`` runs this module in a subprocess, so that a check
-that kills the process (as one did on the GPU image, docs/kernels.md) fails that test instead of ending the test run.
+that kills the process (as one did on the GPU image, deepspeed_loco/csrc/quantization/README.md) fails that test instead of ending the test run.
 
 Each case calls a ``deepspeed_loco`` op with at least one CUDA tensor (so the dispatcher picks the kernels) and one
 bad argument, size or tensor, straight into the binding (no Python check runs first). Tensors the kernels cannot take

@@ -348,7 +348,7 @@ def test_dispatcher_config_key(monkeypatch, caplog):
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8, 16, 64, 1024, 2 ** 20, 2 ** 30])
 def test_mean_by_a_power_of_two_world_is_the_product_by_its_reciprocal(world):
-    """The final kernel divides by W = 2^j as a product by 2^-j (docs/kernels.md, "What limits each kernel"): both
+    """The final kernel divides by W = 2^j as a product by 2^-j (deepspeed_loco/csrc/quantization/README.md, "What limits each kernel"): both
     round the same real number once, so the bits agree on every input, subnormal results and signed zeros included."""
     gen = torch.Generator().manual_seed(world)
     bits = torch.randint(-2 ** 31, 2 ** 31, (400000,), generator=gen, dtype=torch.int64).to(torch.int32)

@@ -65,8 +65,32 @@ def test_a_users_model_and_data_give_a_valid_block_and_the_files(user_module, tm
     assert [p["candidate"] for p in advice["probes"]] == ["plain2", "plain8-2h", "plain4"]
     assert advice["comparisons"] and advice["comparisons"][0]["steps"] == 50
     assert advice["noise_scale"]["runs"] == 3  # one estimate from the three candidates' probe runs
+    printed = capsys.readouterr().out
     assert (out / "table.md").read_text().startswith("| setting |") and f"Recommended: {advice['recommended']}" in \
-        capsys.readouterr().out
+        printed
+    # the block as JSON, ready to paste into a ds_config's "zero_optimization"
+    block = next(line for line in printed.splitlines() if line.startswith('  "zeropp_loco_param": '))
+    assert json.loads("{" + block + "}") == {"zeropp_loco_param": advice["config"]}
+
+
+def test_with_the_progress_bar_on_a_refused_input_is_one_line_of_its_own(user_module, tmp_path, capsys):
+    shape = [flag for flag in SHAPE if flag != "--no-progress"]
+    code = _exit_code(["--model", f"{user_module}:make_model", "--data", f"{user_module}:batches", "--loss",
+                       f"{user_module}:loss", "--out", str(tmp_path / "out"), *shape, "--budget-minutes", "-1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("deepspeed-loco-advise: error: advise: budget_minutes = -1.0") and \
+        err.count("\n") == 1, err
+
+
+def test_a_bar_on_the_screen_ends_its_line_when_closed(capsys):
+    pytest.importorskip("tqdm")
+    from deepspeed_loco.simulation.advise_cli import _Progress
+    bar = _Progress(enabled=True)
+    bar("probe", 1, 3)
+    bar.close()
+    bar.close()  # a second close prints nothing more
+    err = capsys.readouterr().err
+    assert "probe" in err and err.endswith("\n") and err.count("\n") == 1
 
 
 @pytest.mark.slow

@@ -134,3 +134,35 @@ def test_kernel_choice_is_one_rank_0_line_and_a_failed_build_is_named_per_rank(p
             assert lines[rank][-1].startswith(f"rank {rank}: deepspeed_loco: PyTorch reference kernels for CUDA")
             assert "(OSError: no nvcc)" in lines[rank][-1]
         assert len(lines[1]) == 1
+
+
+def test_describe_ranks_joins_runs_of_consecutive_ranks():
+    from deepspeed_loco.utils.logging import describe_ranks
+    assert describe_ranks([2]) == "rank 2"
+    assert describe_ranks([3, 1, 2, 0]) == "ranks 0-3"
+    assert describe_ranks([7, 0, 2, 5, 6, 2]) == "ranks 0, 2, 5-7"
+    assert describe_ranks([0, 1, 3]) == "ranks 0, 1, 3"
+
+
+def _said_for_ranks():
+    """Ranks 0, 1 and 3 pass one message, rank 2 another; what each rank's logger recorded."""
+    import torch.distributed as dist
+    from deepspeed_loco.utils.logging import log_rank0_for_ranks
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.addHandler(handler)
+    try:
+        log_rank0_for_ranks("buffers start from zero" if dist.get_rank() != 2 else "another reason")
+        log_rank0_for_ranks(None)  # nobody has anything to say: nothing is logged
+    finally:
+        logger.removeHandler(handler)
+    return [(record.levelno, record.getMessage()) for record in records]
+
+
+def test_a_line_for_every_rank_is_logged_once_by_rank_0_naming_the_ranks(process_pool):
+    said = process_pool(4).run(_said_for_ranks)
+    assert said[0] == [(logging.WARNING, "deepspeed-loco: ranks 0, 1, 3: buffers start from zero"),
+                       (logging.WARNING, "deepspeed-loco: rank 2: another reason")]
+    assert said[1:] == [[], [], []]

@@ -1,6 +1,7 @@
 """``import deepspeed_loco`` without turning LoCo on: DeepSpeed's own rejection of ``zeropp_loco_param`` is followed
-by one line saying how to turn it on; with ``install()`` the same script trains with LoCo. Real processes, real
-DeepSpeed on the CPU (gloo, one rank); the chain and the other errors in-process."""
+by one line saying how to turn it on; with ``install()`` the same script trains with LoCo, also through an
+``initialize`` it imported before the call. Real processes, real DeepSpeed on the CPU (gloo, one rank); the chain
+and the other errors in-process."""
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ CONFIG = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "p
           "zero_optimization": {"stage": 3, "zero_quantized_gradients": True, "zeropp_loco_param": {}}}
 SCRIPT = """
 import sys
+from deepspeed import initialize as imported_first  # bound before install(), as a script's top-level import is
 import deepspeed_loco
 import deepspeed
 import torch
@@ -24,7 +26,7 @@ if {install}:
     deepspeed_loco.install()
 deepspeed.init_distributed(dist_backend="gloo")
 model = torch.nn.Linear(4, 4)
-engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={config!r})
+engine, _, _, _ = (imported_first if {early} else deepspeed.initialize)(model=model, model_parameters=model.parameters(), config={config!r})
 loss = engine(torch.ones(2, 4)).sum()
 engine.backward(loss)
 engine.step()
@@ -33,9 +35,11 @@ print("loco attached:", deepspeed_loco.loco_hook(engine) is not None, flush=True
 DEEPSPEED_REJECTS = "DeepSpeedConfigError: LoCo-Zero++ has been removed"
 
 
-def _run_one_rank(tmp_path, install: bool) -> subprocess.CompletedProcess:
+def _run_one_rank(tmp_path, install: bool, early: bool = False) -> subprocess.CompletedProcess:
+    """The script on one rank: ``install`` calls ``deepspeed_loco.install()``; ``early`` builds the engine with the
+    ``initialize`` imported before it."""
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT.format(install=install, config=CONFIG))
+    script.write_text(SCRIPT.format(install=install, early=early, config=CONFIG))
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(get_free_port()),
                PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
@@ -56,8 +60,9 @@ def test_imported_but_not_installed_deepspeeds_rejection_is_followed_by_how_to_t
 
 
 @pytest.mark.slow
-def test_installed_the_same_script_trains_with_loco_and_no_hint(tmp_path):
-    done = _run_one_rank(tmp_path, install=True)
+@pytest.mark.parametrize("early", [False, True], ids=["deepspeed.initialize", "imported-before-install"])
+def test_installed_the_same_script_trains_with_loco_and_no_hint(tmp_path, early):
+    done = _run_one_rank(tmp_path, install=True, early=early)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "loco attached: True" in done.stdout and turn_on_hint.HINT not in done.stderr
 

@@ -32,7 +32,9 @@ def install_detach_uninstall():
     import deepspeed_loco
     from deepspeed_loco.runtime.zero import deepspeed_seam
 
-    stock_initialize, stock_config_init = deepspeed.initialize, DeepSpeedConfig.__init__
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    stock = deepspeed.initialize, DeepSpeedConfig.__init__, DeepSpeedEngine.__init__
     cfg = _ds_config("loco")
     facts = {"stock_rejects": _rejected(deepspeed.initialize, cfg)}
     deepspeed_loco.install()
@@ -54,7 +56,7 @@ def install_detach_uninstall():
         for name in ("step", "state_dict", "load_state_dict"))
     deepspeed_loco.uninstall()
     deepspeed_loco.uninstall()  # a no-op the second time
-    facts["restored"] = deepspeed.initialize is stock_initialize and DeepSpeedConfig.__init__ is stock_config_init
+    facts["restored"] = (deepspeed.initialize, DeepSpeedConfig.__init__, DeepSpeedEngine.__init__) == stock
     facts["stock_rejects_again"] = _rejected(deepspeed.initialize, cfg)
     return facts
 
@@ -65,6 +67,47 @@ def test_install_uninstall_and_detach_restore_stock_deepspeed(process_pool):
         assert facts["patched"] and facts["config_accepts"] and facts["hooked"] and facts["loco_step"]
         assert facts["detached"]
         assert facts["restored"] and "zeropp_loco_param" in facts["stock_rejects_again"]
+
+
+def _trained_output(initialize, steps: int = 2) -> torch.Tensor:
+    """The model's output on a fixed input after ``steps`` LoCo steps of an engine built by ``initialize``; raises
+    unless LoCo is attached to it and reduced every bucket."""
+    import deepspeed_loco
+
+    model = _model()
+    engine, _, _, _ = initialize(model=model, model_parameters=model.parameters(), config=_ds_config("loco"))
+    hook = deepspeed_loco.loco_hook(engine)
+    if hook is None or "zeropp_loco_param" in engine.config["zero_optimization"]:
+        raise AssertionError(f"LoCo not attached ({hook}) or the engine kept the block")
+    torch.manual_seed(1 + torch.distributed.get_rank())
+    for _ in range(steps):
+        engine.backward(engine(torch.randn(8, 13)).sum())
+        engine.step()
+    if hook.state.step != steps or hook.reducer.stats.reduces == 0:
+        raise AssertionError(f"LoCo took {hook.state.step} steps, {hook.reducer.stats.reduces} reduces")
+    with torch.no_grad():
+        return engine(torch.ones(2, 13))
+
+
+def initialize_imported_before_install():
+    """``from deepspeed import initialize`` first, then ``install()``: the early name is stock DeepSpeed's, and the
+    engine it builds trains exactly as ``deepspeed_loco.initialize``'s."""
+    from deepspeed import initialize
+
+    import deepspeed_loco
+
+    deepspeed_loco.install()
+    try:
+        early = _trained_output(initialize)
+        ours = _trained_output(deepspeed_loco.initialize)
+    finally:
+        deepspeed_loco.uninstall()
+    return {"stock_name": initialize is not deepspeed_loco.initialize, "same": torch.equal(early, ours)}
+
+
+def test_initialize_imported_before_install_trains_with_loco(process_pool):
+    for facts in process_pool(WORLD).run(initialize_imported_before_install):
+        assert facts == {"stock_name": True, "same": True}
 
 
 class StandInStage3:

@@ -142,9 +142,11 @@ def test_start_up_line_and_telemetry_report_the_wire_bytes_per_element_of_each_h
         result = arms[arm][0]
         assert "; W=4 (M=2 nodes x L=2 ranks); bits intra/inter 4/4, group 32, grid symmetric (auto), hadamard off; wire per element: " \
                "intra-node 0.625 B (4-bit + fp32 scale/32), inter-node 0.625 B (4-bit + fp32 scale/32); " \
-               "err_beta" in result["startup"]
+               in result["startup"]
         assert result["stats"].bytes_per_element("intra_node") == result["stats"].bytes_per_element("inter_node") == 0.625
-        assert "B per parameter element, int8) on this rank" in result["startup"]  # the buffers' ErrorStorage.label
+    # the buffers' ErrorStorage.label, and none of it where error feedback is off
+    assert "B per parameter element, int8) on this rank" in arms["loco"][0]["startup"]
+    assert "err_beta" not in arms["plain"][0]["startup"] and "error buffers" not in arms["plain"][0]["startup"]
 
 
 @pytest.mark.parametrize("nodes,local,expected", [
@@ -155,6 +157,34 @@ def test_start_up_line_says_n_a_for_a_hop_the_layout_does_not_have(nodes, local,
     from deepspeed_loco.runtime.zero.stage3_hook import describe_wire
     config = LocoConfig(group_size=32, intra_node_bits=8, inter_node_bits=2)
     assert describe_wire(plan_hops(nodes * local, local, config)) == f"wire per element: {expected}"
+
+
+# (nodes, ranks per node, error_feedback, the mode and layout the line opens with, whether err_beta/buffers show)
+ACTIVE_LINES = [
+    (2, 2, True, "LoCo error feedback; W=4 (M=2 nodes x L=2 ranks); bits intra/inter 4/4,", True),
+    (2, 2, False, "plain qgZ (error feedback off); W=4 (M=2 nodes x L=2 ranks); bits intra/inter 4/4,", False),
+    (2, 2, "inter_node", "LoCo error feedback on the inter-node hop only; W=4 (M=2 nodes x L=2 ranks);", True),
+    (1, 4, True, "LoCo error feedback; W=4 (M=1 node x L=4 ranks); bits intra 4,", True),
+    (1, 4, "inter_node", "plain qgZ (error_feedback \"inter_node\" keeps error on the inter-node hop only, and one "
+     "node has none: error feedback off); W=4 (M=1 node x L=4 ranks); bits intra 4,", False),
+    (4, 1, False, "plain qgZ (error feedback off); W=4 (M=4 nodes x L=1 rank); bits inter 4,", False),
+]
+
+
+@pytest.mark.parametrize("nodes,local,error_feedback,opening,with_error", ACTIVE_LINES)
+def test_start_up_line_says_only_what_acts(nodes, local, error_feedback, opening, with_error):
+    from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
+    from deepspeed_loco.runtime.comm.topology import LocoTopology
+    from deepspeed_loco.runtime.zero.stage3_hook import describe_active, planned_buffer_bytes
+
+    config = LocoConfig(group_size=32, error_feedback=error_feedback)
+    state = ErrorFeedbackState(config, plan_hops(nodes * local, local, config))
+    params = [torch.zeros(1000), torch.zeros(24)]
+    line = describe_active(LocoTopology(nodes * local, local, 0), config, state, params)
+    assert line.startswith(f"deepspeed-loco active: {opening}"), line
+    assert ("err_beta 0.8, reset_T 1024; error buffers" in line) == with_error, line
+    assert (planned_buffer_bytes(state, params) > 0) == with_error  # the line and the state agree on the buffers
+    assert line.endswith("; live rho every 10 steps")
 
 
 def test_plain_arm_holds_no_error_buffers_and_loco_does(arms):
