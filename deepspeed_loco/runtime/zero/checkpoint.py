@@ -53,7 +53,7 @@ from deepspeed_loco.config import INTER_NODE_ONLY, LocoConfig
 from deepspeed_loco.layout import INTER_NODE, INTRA_NODE, plan_hops
 from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
 from deepspeed_loco.runtime.zero import deepspeed_seam
-from deepspeed_loco.utils.logging import logger
+from deepspeed_loco.utils.logging import describe_ranks, logger
 
 STATE_KEY = "deepspeed_loco"
 FORMAT = "deepspeed_loco.error_feedback"
@@ -578,8 +578,9 @@ class LoadDecision:
     """What loading a checkpoint does to the LoCo state. ``kind``: "load" (``plan``, an inline entry to apply; or,
     for a version-3 manifest, ``step`` to set, the buffers of ``restored`` parameters already read in), "reset" (zero
     the buffers, restore ``step`` unless None; ``why`` is logged by this rank, or, when ``everywhere`` is False (a
-    cause every rank shares), once by rank 0) or "error" (raise; ``why`` this rank's problem, ``failed`` the
-    ``(rank, why)`` of every failing rank once the ranks have agreed)."""
+    cause every rank shares), once by rank 0; once the ranks have agreed, ``agreed`` holds every rank's reason with
+    the ranks it concerns, which rank 0 logs once each) or "error" (raise; ``why`` this rank's problem, ``failed``
+    the ``(rank, why)`` of every failing rank once the ranks have agreed)."""
     kind: str
     why: str = ""
     plan: Optional[LoadPlan] = None
@@ -587,6 +588,11 @@ class LoadDecision:
     restored: int = 0
     everywhere: bool = True
     failed: Tuple[Tuple[int, str], ...] = ()
+    agreed: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()  # once the ranks agreed: every distinct reset why, its ranks
+
+
+DROPPED = ("the checkpoint's error-feedback buffers are dropped: this run keeps none (zeropp_loco_param."
+           "error_feedback false)")
 
 
 def decide_load(state, entry: Any, named_params: Mapping[str, torch.Tensor], universal: bool,
@@ -607,6 +613,8 @@ def decide_load(state, entry: Any, named_params: Mapping[str, torch.Tensor], uni
             return _decide_manifest(state, entry, named_params)
         return LoadDecision("load", plan=parse_state_dict(state, entry, named_params))
     except LocoCheckpointMismatch as mismatch:
+        if not state.rows():  # nothing to reset: the saved buffers are simply not used
+            return LoadDecision("reset", DROPPED, step=mismatch.step, everywhere=False)
         return LoadDecision("reset", str(mismatch), step=mismatch.step)
     except LocoCheckpointError as err:
         why = str(err).removeprefix(PREFIX)
@@ -617,6 +625,8 @@ def decide_load(state, entry: Any, named_params: Mapping[str, torch.Tensor], uni
 
 def _decide_manifest(state, entry: Mapping[str, Any], named_params: Mapping[str, torch.Tensor]) -> LoadDecision:
     step, status = _guarded(_parse_manifest, state, entry)
+    if status == IN_FILE and not state.rows():
+        return LoadDecision("reset", DROPPED, step=step, everywhere=False)
     if status == IN_FILE:
         path = os.path.join(os.path.dirname(entry[LOADED_FROM]), entry["file"])
         return LoadDecision("load", step=step, restored=read_error_file(state, named_params, path, entry["token"]))
@@ -635,6 +645,11 @@ def apply_decision(state, decision: LoadDecision, rank: int) -> None:
     raises :class:`LocoCheckpointError` naming every failing rank and its problem, and leaves ``state`` as it is."""
     if decision.kind == "error":
         raise LocoCheckpointError(failure_message(decision.failed or ((rank, decision.why), )))
+    if decision.agreed and rank == 0:  # the ranks agreed: rank 0 says each reason once, naming the ranks it concerns
+        step = decision.step if decision.step is not None else state.step
+        for why, ranks in decision.agreed:
+            logger.warning(f"{PREFIX}{describe_ranks(ranks)}: " + (why if why == DROPPED else
+                           f"error-feedback buffers start from zero: {why} (optimizer step {step})"))
     if decision.kind == "load":
         if decision.plan is not None:
             apply_plan(state, decision.plan)
@@ -647,11 +662,14 @@ def apply_decision(state, decision: LoadDecision, rank: int) -> None:
     state.reset()
     if decision.step is not None:
         state.step = decision.step
+    if decision.agreed:
+        return
     if decision.everywhere:
         logger.warning(f"{PREFIX}rank {rank}: error-feedback buffers start from zero: {decision.why}")
     elif rank == 0:
-        logger.warning(f"{PREFIX}error-feedback buffers start from zero on every rank: {decision.why} (optimizer "
-                       f"step {state.step})")
+        logger.warning(f"{PREFIX}" + (decision.why if decision.why == DROPPED else
+                       f"error-feedback buffers start from zero on every rank: {decision.why} (optimizer step "
+                       f"{state.step})"))
 
 
 SHOWN_FAILURES = 4  # failing ranks a failure message details; the rest are counted

@@ -345,14 +345,22 @@ class OptimizerPatch:
 
     def _agree(self, decision):
         """Every rank raises if one does, so that no rank goes on into a collective the others never reach: one
-        all-gather of each rank's failure (its ``why``, None where it has none) gives every rank the list."""
+        all-gather of each rank's ``(kind, why)`` gives every rank the failures; without one, the resets' reasons
+        with the ranks each concerns (``decision.agreed``), which rank 0 logs once each."""
         group = data_parallel_group(self.optimizer)
         if not dist.is_initialized() or dist.get_world_size(group=group) == 1:
             return decision
         reasons = [None] * dist.get_world_size(group=group)
-        dist.all_gather_object(reasons, decision.why if decision.kind == "error" else None, group=group)
-        failed = tuple((rank, why) for rank, why in enumerate(reasons) if why is not None)
-        return dataclasses.replace(decision, kind="error", failed=failed) if failed else decision
+        dist.all_gather_object(reasons, (decision.kind, decision.why), group=group)
+        failed = tuple((rank, why) for rank, (kind, why) in enumerate(reasons) if kind == "error")
+        if failed:
+            return dataclasses.replace(decision, kind="error", failed=failed)
+        resets = {}
+        for rank, (kind, why) in enumerate(reasons):
+            if kind == "reset":
+                resets.setdefault(why, []).append(rank)
+        agreed = tuple((why, tuple(ranks)) for why, ranks in resets.items())
+        return dataclasses.replace(decision, agreed=agreed) if agreed else decision
 
     def watch_files(self, checkpoint_engine, write: Callable, locate: Callable) -> None:
         """Routes the files the engine's ``checkpoint_engine`` saves and loads through LoCo: a ZeRO-3 optimizer file
