@@ -6,8 +6,10 @@ from dataclasses import asdict
 from typing import Optional, Sequence
 
 from deepspeed_loco.layout.wire import wire_bytes_per_element
+from deepspeed_loco.config import LocoConfig
 from deepspeed_loco.perf.calibration import Calibration
 from deepspeed_loco.perf.memory import memory_table
+from deepspeed_loco.runtime.comm.error_feedback import error_bytes_per_parameter
 from deepspeed_loco.perf.model import (DEFAULT_KERNELS, GPUS, INTER_LATENCY_US, INTRA_LATENCY_US, METHODS, Cluster,
                                        Workload, load_kernel_costs, predict)
 
@@ -39,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
                    help="assume communication fully overlaps compute, a lower bound on the step (default: off, the "
                         "variant that reproduces the published ZeRO++ gains, benchmarks/published.py)")
+    p.add_argument("--error-feedback", dest="error_feedback", choices=("true", "inter_node"), default="true",
+                   help="LoCo methods: which hops keep error (zeropp_loco_param.error_feedback), for the error state "
+                        "per GPU the prediction reports")
+    p.add_argument("--error-bits", dest="error_bits", type=int, choices=(4, 8, 32), default=8,
+                   help="LoCo methods: zeropp_loco_param.error_bits, for the error state per GPU")
     p.add_argument("--calibration", default=None,
                    help="JSON written by 'benchmarks/calibrate.py --out': the engine's host seconds per step, and "
                         "the GPU's measured rate, which stands for --tflops when that is not given")
@@ -82,6 +89,12 @@ def run_predict(args, parser) -> dict:
         group = method.grad_group or args.hidden
         result["wire_bytes_per_element"] = [wire_bytes_per_element(bits, group) for bits in method.grad_bits]
     result["kernels_source"] = kernels.source if method.kernels else None
+    if method.name.startswith("loco"):  # LoCo's error state per GPU: it does not shrink with the GPUs
+        config = LocoConfig(intra_node_bits=method.grad_bits[0], inter_node_bits=method.grad_bits[1],
+                            error_feedback=True if args.error_feedback == "true" else args.error_feedback,
+                            error_bits=args.error_bits)
+        result["error_state_bytes_per_gpu"] = args.params * error_bytes_per_parameter(
+            args.gpus, args.gpus_per_node, config)
     return result
 
 

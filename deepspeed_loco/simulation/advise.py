@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.config import INTER_NODE_ONLY, LocoConfig
 from deepspeed_loco.findings import LOCO_PAYS, LOCO_UNPROVEN, MAP_DOC, UPDATE_BURST, UPDATE_BURST_WARNING, read_map
 from deepspeed_loco.layout import resolve_grid, wire_bytes_per_element
 from deepspeed_loco.simulation.arms import parse_arm, zeropp_loco_param
@@ -25,6 +25,7 @@ from deepspeed_loco.simulation.burst import update_burst, window_means
 from deepspeed_loco.simulation.differences import Difference
 from deepspeed_loco.simulation.side_by_side import Finished, Job, SideBySide, Task
 from deepspeed_loco.simulation.spec import TrainingSetup
+from deepspeed_loco.runtime.comm.error_feedback import error_bytes_per_parameter
 from deepspeed_loco.simulation.train import check_loss_call, gradient_noise_scale
 from deepspeed_loco.utils.logging import logger
 from deepspeed_loco.utils.sizes import parameter_count
@@ -117,6 +118,7 @@ class Advice:
     parallel: int = 1
     noise_scale: Optional[NoiseScale] = None
     finished: bool = True
+    error_memory: List[str] = field(default_factory=list)  # what the block's error state costs per GPU (sentences)
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -150,6 +152,7 @@ class Advice:
         lines = [f"Recommended: {self.recommended}" + ("" if self.finished else " (so far; advise still runs)"),
                  '  "zeropp_loco_param": ' + json.dumps(self.config)]  # JSON: pastes into "zero_optimization"
         lines += ["  " + r for r in self.reasons]
+        lines += ["  " + m for m in self.error_memory]
         lines += ["Not resolved within the budget: " + u for u in self.unresolved]
         lines.append(f"Spent {self.spent_s / 60:.1f} of {self.budget_s / 60:.1f} minutes, "
                      f"{self.parallel} run{'s' if self.parallel > 1 else ''} at a time.")
@@ -229,7 +232,7 @@ def advise(setup: TrainingSetup, budget_minutes: float, candidates: Sequence[str
         def advice(config, label, finished=True):
             return Advice(config, label, probes, comparisons, reasons, unresolved, budget_s,
                           time.monotonic() - started, LocoConfig.from_dict(config).group_size, parallel, noise,
-                          finished)
+                          finished, error_memory_lines(config, params, setup.nodes, setup.local))
 
         fallback = parse_arm("plain4")
         if on_update:
@@ -504,6 +507,22 @@ def _burst_warning(comparison: Optional[Comparison]) -> str:
     return (f" Warning: LoCo's updates in the first 100 steps were larger than plain qgZ's by more than "
             f"{UPDATE_BURST_WARNING}x on seed {seeds} ({UPDATE_BURST.reason}): watch LoCo's first steps in a "
             f"real run.")
+
+
+def error_memory_lines(block: Dict[str, Any], params: int, nodes: int, local: int) -> List[str]:
+    """What the recommended ``block``'s error state costs per GPU for a model of ``params`` parameters on ``nodes`` x
+    ``local`` ranks (large tensors: the padding of partitions to whole groups left out), and the leanest option's; none
+    without error feedback."""
+    config = LocoConfig.from_dict(block)
+    if config.error_feedback is False:
+        return []
+    world = nodes * local
+    lean = LocoConfig.from_dict({**block, "error_feedback": INTER_NODE_ONLY, "error_bits": 4})
+    mine, leanest = (error_bytes_per_parameter(world, local, c) * params for c in (config, lean))
+    return [f"LoCo's error state with this block: {mine / 2**20:.1f} MiB per GPU for this model at {nodes} x {local} "
+            f"ranks ({mine / params:.3f} B per parameter; it does not shrink with more GPUs); error_feedback: "
+            f'"inter_node", error_bits: 4 would hold {leanest / 2**20:.1f} MiB (every option and size: python -m '
+            f"deepspeed_loco.perf memory)"]
 
 
 def _final_loss(result) -> float:

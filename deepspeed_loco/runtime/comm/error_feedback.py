@@ -35,8 +35,8 @@ def error_feedback_off_reason(plan: HopPlan, error_feedback) -> Optional[str]:
         return None
     if not plan.hops:
         return "a world of one rank has no hop to compensate"
-    return (f'error_feedback "{INTER_NODE}" on one node: there is no inter-node hop, so no hop keeps error '
-            f"(plain qgZ); use error_feedback: true to compensate the intra-node hop")
+    return (f'error_feedback "{INTER_NODE}" on one node: there is no inter-node hop, so no hop keeps error and '
+            f"this run is plain qgZ; error_feedback: true compensates the intra-node hop")
 
 
 class ErrorFeedbackState:

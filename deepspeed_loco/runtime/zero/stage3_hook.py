@@ -23,7 +23,7 @@ from deepspeed_loco.runtime.comm import topology
 from deepspeed_loco.runtime.comm.topology import LocoTopology
 from deepspeed_loco.runtime.zero import checkpoint, telemetry
 from deepspeed_loco.runtime.zero.regime_note import regime_note
-from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
+from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState, error_feedback_off_reason
 from deepspeed_loco.utils import clean_exit
 from deepspeed_loco.utils.logging import log_rank0, logger
 
@@ -279,6 +279,9 @@ def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
                   "communicated, so LoCo does nothing in this run", logging.WARNING)
     else:
         log_rank0(hook.describe(params))
+        off = error_feedback_off_reason(hook.plan, config.error_feedback)
+        if off:  # error feedback asked for, and no hop of this layout keeps error
+            log_rank0(f"deepspeed-loco: zeropp_loco_param.{off}", logging.WARNING)
         note = regime_note(hook.plan, config.error_feedback, sum(deepspeed_seam.param_numel(p) for p in params))
         if note:
             log_rank0(note)

@@ -50,3 +50,15 @@ def test_predict_adds_the_per_parameter_gpu_time_of_this_gpus_partition(tmp_path
         assert predicted["step_s"] >= predicted["compute_s"] + predicted["gpu_fixed_s"]
     assert predicted["step_s"] == pytest.approx(predicted["compute_s"] + predicted["gpu_fixed_s"]
                                                 + predicted["exposed_s"])
+
+
+@pytest.mark.parametrize("feedback,bits", [("true", 8), ("inter_node", 4)])
+def test_predict_reports_loco_error_state_per_gpu_for_loco_methods_only(capsys, feedback, bits):
+    from deepspeed_loco.config import LocoConfig
+    from deepspeed_loco.runtime.comm.error_feedback import error_bytes_per_parameter
+    main(ARGS + ["--method", "loco4", "--error-feedback", feedback, "--error-bits", str(bits)])
+    out = json.loads(capsys.readouterr().out)
+    config = LocoConfig(error_feedback=True if feedback == "true" else feedback, error_bits=bits)
+    assert out["error_state_bytes_per_gpu"] == pytest.approx(18e9 * error_bytes_per_parameter(384, 16, config))
+    main(ARGS + ["--method", "plain4"])
+    assert "error_state_bytes_per_gpu" not in json.loads(capsys.readouterr().out)

@@ -300,3 +300,15 @@ def test_a_budget_smaller_than_the_probe_is_refused_with_the_smallest_that_answe
     # comparison held at the shortest one, 50 steps over 2 seeds: the budget would otherwise buy minutes of steps)
     answered = advise(SETUP, 5, candidates=("plain2", ), probe_steps=3, steps=50, seeds=2)
     assert answered.probes[0].candidate == "plain2" and answered.comparisons[0].steps == 50
+
+
+def test_the_advice_states_the_blocks_error_memory_per_gpu_and_the_leanest_options():
+    from deepspeed_loco.runtime.comm.error_feedback import error_bytes_per_parameter
+    from deepspeed_loco.simulation.advise import error_memory_lines
+    block = {"intra_node_bits": 2, "inter_node_bits": 2, "error_feedback": True, "quant_grid": "auto"}
+    (line, ) = error_memory_lines(block, 10_000_000, 8, 8)
+    mine = error_bytes_per_parameter(64, 8, LocoConfig.from_dict(block)) * 1e7
+    lean = error_bytes_per_parameter(64, 8, LocoConfig(error_feedback="inter_node", error_bits=4)) * 1e7
+    assert f"{mine / 2**20:.1f} MiB per GPU for this model at 8 x 8 ranks" in line
+    assert f"would hold {lean / 2**20:.1f} MiB" in line and mine / lean > 17
+    assert error_memory_lines(dict(block, error_feedback=False), 10_000_000, 8, 8) == []

@@ -97,3 +97,19 @@ def test_a_reducer_refuses_a_state_of_another_plan(other):
         LocoReducer(plan, _state(config, 8, 2), rank=0)
     # the algorithm's settings live in the state: another err_beta is the same plan
     assert LocoReducer(plan, _state(LocoConfig(group_size=GROUP, err_beta=0.5), 4, 2), rank=0).state.err_beta == 0.5
+
+
+@pytest.mark.parametrize("world,local,feedback,hops,off", [
+    (8, 4, True, ("intra_node", "inter_node"), None),
+    (8, 4, "inter_node", ("inter_node", ), None),
+    (8, 1, "inter_node", ("inter_node", ), None),  # one rank a node: the inter-node hop is the only hop
+    (4, 4, "inter_node", (), "no inter-node hop"),  # one node: nothing keeps error
+    (8, 4, False, (), None),  # not asked for: nothing to warn about
+    (1, 1, True, (), "one rank"),
+])
+def test_hops_with_error_and_why_error_feedback_is_off(world, local, feedback, hops, off):
+    from deepspeed_loco.runtime.comm.error_feedback import error_feedback_off_reason, hops_with_error
+    plan = plan_hops(world, local, LocoConfig(error_feedback=feedback))
+    assert hops_with_error(plan, feedback) == hops
+    reason = error_feedback_off_reason(plan, feedback)
+    assert (reason is None) if off is None else (off in reason)
