@@ -19,7 +19,7 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 from map_statistics import tost  # noqa: E402
 from whole_runs import correct_holm, holm_text, load, paired, trajectory, with_seeds  # noqa: E402
