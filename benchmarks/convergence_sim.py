@@ -174,14 +174,13 @@ class Experiments(StepObserver):
 
     ``kept_hops``: None (every hop, the library's behaviour), or the hop names (``"intra_node"``, ``"inter_node"``)
     whose error buffers carry over steps; the others' are zeroed after every reduce, which leaves that hop plain
-    qgZ. ``from_step``: before this optimizer step every buffer is zeroed after each reduce (plain qgZ); from it
-    on error feedback runs as ``kept_hops`` says (1: from the start). ``zero_at``: every buffer is zeroed after the
-    reduce of this optimizer step (once; 0: never): a resume from a checkpoint saved without error state. ``diagnostics``: every LoCo arm's rank
-    gradients also go through plain qgZ with the same bits (a shadow cluster), and each step appends to
-    ``released[arm key]`` the share of coordinates LoCo sent nonzero where plain qgZ sent zero (its "released
-    fraction"; an arm without diagnostics has no entry).
-
-    Raises ValueError for a hop that the ``world x local`` layout does not have, or ``from_step < 1``."""
+    qgZ. ``from_step``: before this optimizer step every buffer is zeroed after each reduce (plain qgZ); from it on
+    error feedback runs as ``kept_hops`` says (1: from the start). ``zero_at``: every buffer is zeroed after the
+    reduce of this optimizer step (once; 0: never): a resume from a checkpoint saved without error state.
+    ``diagnostics``: every LoCo arm's rank gradients also go through plain qgZ with the same bits (a shadow
+    cluster), and each step appends to ``released[arm key]`` the share of coordinates LoCo sent nonzero where plain
+    qgZ sent zero (its "released fraction"; an arm without diagnostics has no entry). Raises ValueError for a hop
+    that the ``world x local`` layout does not have, or ``from_step < 1``."""
 
     def __init__(self, world: int, local: int, kept_hops=None, from_step: int = 1, diagnostics: bool = False,
                  zero_at: int = 0):

@@ -121,7 +121,8 @@ def markdown(result) -> str:
         lines.append(f"| {name} | {s['share']:.2f} (n={s['n']}) | {interval} | "
                      f"{'**yes**' if s['keeps_80'] else 'not shown'} |")
     lines += ["", "## Family K: option minus today's LoCo 2/2 (Holm over 2; equivalence within +-0.003 at the "
-              "family's rate)", "", "| option | minus LoCo 2/2 | Holm | TOST p (x 2) | equivalent |", "|---|---|---|---|---|"]
+              "family's rate)", "", "| option | minus LoCo 2/2 | Holm | TOST p (x 2) | equivalent |",
+              "|---|---|---|---|---|"]
     for name, cell in result["kept"].items():
         tost_text = f"{min(1.0, cell['tost_p'] * 2):.2g}" if "tost_p" in cell else "-"
         lines.append(f"| {name} | {_cell(cell)} | {holm_text(cell, len(result['kept']))} | {tost_text} | "

@@ -22,7 +22,7 @@ import tarfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-import whole_runs  # noqa: E402  (a sibling: the script's folder is on the path when it runs, or while the tests load it)
+import whole_runs  # noqa: E402  (a sibling: its folder is on the path when it runs, and while the tests load it)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout this script is in
 RUNS = "benchmarks/results/whole_runs/runs"
