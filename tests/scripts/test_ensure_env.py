@@ -72,6 +72,7 @@ def test_a_torch_too_old_for_setup_py_is_an_error_and_never_replaced(tmp_path):
     assert not any(" pip " in f" {line} " for line in calls.read_text().splitlines())
 
 
+@pytest.mark.slow
 def test_with_everything_installed_nothing_is_missing_and_pip_is_not_called(tmp_path):
     """This suite runs, so the core and the test command's extras are installed: ensure_env.sh finds nothing to
     install and never starts pip (a python3 that records its arguments says so). Run without the extras (pytest

@@ -1,3 +1,4 @@
+import pytest
 """scripts/pytest_plugins/skip_reasons.py, the plugin scripts/test.sh loads: the summary says why tests skipped, in
 one line counting each reason, and pytest's own counts stay the last line. A real pytest run in a subprocess."""
 import os
@@ -33,12 +34,14 @@ def _pytest(tmp_path, *args) -> list:
     return done.stdout.strip().splitlines()
 
 
+@pytest.mark.slow
 def test_the_skips_are_counted_by_reason_and_pytests_counts_stay_last(tmp_path):
     lines = _pytest(tmp_path)
     assert lines[-2] == "skipped: 3 needs a CUDA device (fused LoCo kernels), 1 transformers is not installed"
     assert lines[-1].startswith("1 passed, 4 skipped in ")
 
 
+@pytest.mark.slow
 def test_without_skips_there_is_no_line(tmp_path):
     lines = _pytest(tmp_path, "-k", "runs")
     assert not any(line.startswith("skipped:") for line in lines) and lines[-1].startswith("1 passed, 4 deselected")

@@ -55,6 +55,7 @@ def test_xlim_starts_the_x_axis_where_asked():
     assert whole > 3 * cut  # only the legend's swatch is left of the early curve
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("count, columns, grid", [(4, 2, (2, 2)), (3, 2, (2, 2)), (2, None, (1, 2)), (1, 3, (1, 1))])
 def test_panels_go_in_rows_of_the_columns_asked(count, columns, grid):
     panels = [Panel(f"p{i}", "step", "loss", [Series("A", [(0, 1.0), (1, 0.5)], (200, 0, 0))]) for i in range(count)]

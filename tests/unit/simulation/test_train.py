@@ -137,6 +137,7 @@ def _counting_backend(graph, example_inputs):
     return graph.forward
 
 
+@pytest.mark.slow
 def test_compile_runs_the_loop_passes_through_the_compiled_model():
     """With ``compile``, the ranks' passes go through ``torch.compile`` (the backend sees the model's graph) and,
     with a backend that runs the traced graph on the eager kernels, train exactly as without it."""
@@ -167,6 +168,7 @@ def test_rank_chunks_give_the_same_training_as_one_pass():
         _run(["full"], rank_chunk=0)
 
 
+@pytest.mark.slow
 def test_gradient_spread_is_of_the_exact_gradients():
     full, plain = _run(["full", "plain2"])
     assert full.world_size == WORLD and full.rank_batch == MICRO

@@ -104,6 +104,7 @@ def test_the_rejection_is_found_through_the_exception_chain_and_nothing_else_is(
     assert not turn_on_hint.rejects_loco_key(None)
 
 
+@pytest.mark.slow
 def test_the_hook_calls_the_one_it_found_and_adds_the_line_only_for_the_rejection(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(turn_on_hint, "_previous", lambda *args: seen.append(args[1]))
