@@ -1,10 +1,11 @@
-import pytest
 """scripts/pytest_plugins/skip_reasons.py, the plugin scripts/test.sh loads: the summary says why tests skipped, in
 one line counting each reason, and pytest's own counts stay the last line. A real pytest run in a subprocess."""
 import os
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLUGINS = os.path.join(REPO, "scripts", "pytest_plugins")
