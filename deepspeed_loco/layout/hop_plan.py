@@ -133,11 +133,11 @@ class HopPlan:
         feedback)."""
         return {hop.name: hop.rows for hop in self.hops}
 
-    def error_bytes(self, numel: int, storage: ErrorStorage, hops: Optional[Iterable[str]] = None) -> int:
-        """Bytes of the error buffers of the hops named ``hops`` (default: every hop), stored as ``storage``, for a
-        gradient of ``numel`` elements."""
+    def error_bytes(self, numel: int, storage: ErrorStorage, hops: Iterable[str]) -> int:
+        """Bytes of the error buffers of the hops named ``hops``, stored as ``storage``, for a gradient of ``numel``
+        elements."""
         cols = padded_partition_size(numel, self.world_size, self.group_size)
-        kept = set(self.rows()) if hops is None else set(hops)
+        kept = set(hops)
         rows = sum(count for hop, count in self.rows().items() if hop in kept)
         return rows * storage.row_bytes(cols, self.group_size)
 

@@ -21,11 +21,9 @@ def error_bytes_per_parameter(world_size: int, local_size: int, config: LocoConf
     """Bytes of error state one rank holds per parameter of the model for ``config`` on ``world_size`` ranks,
     ``local_size`` per node, for large tensors (their partitions' padding to whole groups left out): over the hops
     that keep error, ``rows / W`` values per parameter times the storage's bytes per value, scales included."""
-    plan = plan_hops(world_size, local_size, config)
-    storage = ErrorStorage.of_bits(config.error_bits)
-    kept = hops_with_error(plan, config.error_feedback)
-    rows = sum(count for hop, count in plan.rows().items() if hop in kept)
-    return rows / world_size * storage.row_bytes(config.group_size, config.group_size) / config.group_size
+    state = ErrorFeedbackState(config, plan_hops(world_size, local_size, config))
+    group = config.group_size
+    return sum(state.rows().values()) / world_size * state.storage.row_bytes(group, group) / group
 
 
 def error_feedback_off_reason(plan: HopPlan, error_feedback) -> Optional[str]:
@@ -58,6 +56,8 @@ class ErrorFeedbackState:
         self.config = config
         self.plan = plan
         self.step = 0
+        kept = hops_with_error(plan, config.error_feedback)  # the plan and the config are frozen: derived once
+        self._rows: Dict[str, int] = {hop: rows for hop, rows in plan.rows().items() if hop in kept}
         self._buffers: Dict[str, Dict[str, ErrorBuffer]] = {}
         self._numels: Dict[str, int] = {}
 
@@ -82,16 +82,16 @@ class ErrorFeedbackState:
     def rows(self) -> Mapping[str, int]:
         """Error-buffer rows per hop name, of the hops that keep error (``error_feedback``: every hop, none, or only
         ``inter_node``); empty without error feedback."""
-        return {hop: rows for hop, rows in self.plan.rows().items() if hop in self.hops_with_error}
+        return self._rows
 
     @property
     def hops_with_error(self) -> Tuple[str, ...]:
         """Names of the plan's hops that keep an error buffer, in hop order (``error_feedback``)."""
-        return hops_with_error(self.plan, self.config.error_feedback)
+        return tuple(self._rows)
 
     def planned_bytes(self, numel: int) -> int:
         """Error-buffer bytes this rank will hold for a gradient of ``numel`` elements (0 without buffers)."""
-        return self.plan.error_bytes(numel, self.storage, self.hops_with_error) if self.rows() else 0
+        return self.plan.error_bytes(numel, self.storage, self._rows)
 
     def buffers_for(self, name: str, numel: int, device) -> Optional[Dict[str, ErrorBuffer]]:
         """Buffers of parameter ``name`` (whose gradient has ``numel`` elements), allocated as zeros on ``device``
