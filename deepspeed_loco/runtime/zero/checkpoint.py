@@ -241,27 +241,6 @@ def saved_bytes(config: LocoConfig, world_size: int, local_size: int, numel: int
     return state.planned_bytes(numel) if config.checkpoint_error_state else 0
 
 
-SIZE_OPTIONS = (("true", dict(error_feedback=True, error_bits=8)), ("true", dict(error_feedback=True, error_bits=4)),
-                ('"inter_node"', dict(error_feedback=INTER_NODE_ONLY, error_bits=8)),
-                ('"inter_node"', dict(error_feedback=INTER_NODE_ONLY, error_bits=4)),
-                ("true, checkpoint_error_state false", dict(error_feedback=True, checkpoint_error_state=False)))
-
-
-def size_table(models=(("7B", 7 * 10**9), ("70B", 70 * 10**9)), worlds=(64, 512), local_size: int = 8) -> str:
-    """The per-rank LoCo checkpoint size of each option of :data:`SIZE_OPTIONS` (``group_size`` 256), as a Markdown
-    table: bytes per parameter, and GB (10^9 bytes) per rank for each model (one tensor of its size) and world."""
-    columns = [f"{label}, W={world}" for label, _ in models for world in worlds]
-    lines = ["| error_feedback | error_bits | bytes/param | " + " | ".join(f"GB per rank, {c}" for c in columns) + " |",
-             "|---" * (3 + len(columns)) + "|"]
-    for label, option in SIZE_OPTIONS:
-        config = LocoConfig(**option)
-        per_param = saved_bytes(config, worlds[0], local_size, 10**9) / 10**9
-        sizes = [saved_bytes(config, world, local_size, numel) / 1e9 for _, numel in models for world in worlds]
-        bits = config.error_bits if config.checkpoint_error_state else "-"
-        lines.append(f"| {label} | {bits} | {per_param:.4f} | " + " | ".join(f"{s:.2f}" for s in sizes) + " |")
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------------------------------------------- loading
 def read_error_file(state, named_params: Mapping[str, torch.Tensor], path: str, token: str,
                     chunk_bytes: int = CHUNK_BYTES) -> int:
@@ -689,5 +668,5 @@ MISSING = object()  # a checkpoint file without a LoCo entry
 
 __all__ = ["LocoCheckpointError", "LocoCheckpointMismatch", "STATE_KEY", "FORMAT_VERSION", "CHUNK_BYTES", "manifest",
            "write_entry", "locate", "error_file_name", "write_error_file", "read_error_file", "saved_bytes",
-           "size_table", "load_state_dict", "parse_state_dict", "apply_plan", "LoadDecision", "decide_load",
+           "load_state_dict", "parse_state_dict", "apply_plan", "LoadDecision", "decide_load",
            "apply_decision", "failure_message", "MISSING"]

@@ -758,10 +758,19 @@ def test_saved_bytes_are_the_bytes_a_save_writes(option, tmp_path):
     assert entry["bytes"] == 8 + 8 + header + expected + 4 * records + 8
 
 
-def test_the_size_table_has_a_row_per_option():
-    table = checkpoint.size_table().splitlines()
-    assert len(table) == 2 + len(checkpoint.SIZE_OPTIONS)
-    assert table[-1].startswith("| true, checkpoint_error_state false | - | 0.0000 | 0.00 |")
+@pytest.mark.parametrize("option", [dict(error_bits=8), dict(error_bits=4), dict(error_feedback="inter_node"),
+                                    dict(error_feedback="inter_node", error_bits=4),
+                                    dict(checkpoint_error_state=False)])
+def test_a_ranks_checkpoint_holds_its_error_state_per_gpu_or_nothing(option):
+    """Per parameter of a large tensor (whole groups per partition), a rank's checkpoint holds what
+    ``python -m deepspeed_loco.perf memory`` states for the rank's error state, and nothing with
+    ``checkpoint_error_state: false`` (the table in docs/checkpointing.md)."""
+    from deepspeed_loco.runtime.comm.error_feedback import error_bytes_per_parameter
+    config = LocoConfig(**option)
+    numel = 512 * 256 * 1000
+    per_parameter = checkpoint.saved_bytes(config, 512, 8, numel) / numel
+    expected = error_bytes_per_parameter(512, 8, config) if config.checkpoint_error_state else 0
+    assert per_parameter == pytest.approx(expected, rel=1e-12)
 
 
 def _set(path, value):
