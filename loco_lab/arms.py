@@ -1,6 +1,6 @@
 """The demo's run settings and the DeepSpeed config of each arm (the arms themselves are the library's)."""
 from dataclasses import dataclass, replace
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from deepspeed_loco.simulation.arms import GRAMMAR, KINDS, Arm, parse_arm, parse_arms, zeropp_loco_param  # noqa: F401
 from deepspeed_loco.simulation.records import record_arm  # noqa: F401  (the demo's records are the library's)
@@ -41,6 +41,8 @@ class RunSpec:
     fidelity: bool = True  # measure the communicated gradient against the exact mean (demo/fidelity.py)
     text: Optional[str] = None  # the user's own training text (a file or a folder of .txt); None: the bundled plays
     quant_grid: str = "auto"
+    # further zeropp_loco_param keys of every qgZ arm, as (key, value) pairs: e.g. (("error_bits", 4),)
+    loco_settings: Tuple[Tuple[str, Any], ...] = ()
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -70,8 +72,9 @@ def ds_config(spec: RunSpec, arm: Arm) -> dict:
         "contiguous_gradients": True,
         "reduce_bucket_size": 50_000_000,
     }
-    loco = zeropp_loco_param(arm, err_beta=spec.err_beta, reset_T=spec.reset_T, group_size=spec.group_size,
-                             quant_grid=spec.quant_grid, local_world_size=spec.local)
+    settings = dict(err_beta=spec.err_beta, reset_T=spec.reset_T, group_size=spec.group_size,
+                    quant_grid=spec.quant_grid, local_world_size=spec.local)
+    loco = zeropp_loco_param(arm, **{**settings, **dict(spec.loco_settings)})
     if loco is not None:
         zero["zero_quantized_gradients"] = True
         zero["zeropp_loco_param"] = loco

@@ -12,6 +12,7 @@ import sys
 import time
 import traceback
 from datetime import timedelta
+from typing import Optional
 
 LOCO_MARKERS = ("deepspeed-loco", "LoCo")
 
@@ -137,6 +138,7 @@ def train_arm(spec, arm, index, corpus, rank, world, queue) -> dict:
         if hook is None:
             raise RuntimeError(f"{arm.label}: deepspeed_loco.initialize returned an engine without a LoCo hook")
     _note("engine ready")
+    memory = CudaMemory.start(device)
     probe = GradientFidelity.attach(engine) if spec.fidelity else None
     start_bytes = _wire_bytes(hook)
 
@@ -168,6 +170,7 @@ def train_arm(spec, arm, index, corpus, rank, world, queue) -> dict:
             validation.append((step + 1, evaluate(engine, corpus, spec, rank, world, device)))
 
     _note("training done")
+    memory_bytes = memory.over_ranks() if memory is not None else None
     mean_losses = torch.tensor(losses, dtype=torch.float64, device=device)
     dist.all_reduce(mean_losses)
     mean_losses = (mean_losses / world).tolist()
@@ -204,6 +207,7 @@ def train_arm(spec, arm, index, corpus, rank, world, queue) -> dict:
         "bytes_per_step": bytes_per_step,
         "full_precision_bytes_per_step": (world - 1) / world * elem_bytes * numel,
         "error_buffer_bytes": buffer_bytes,
+        "cuda_memory_bytes": memory_bytes,
         "reduces": reduces,
     }
     if probe is not None:
@@ -212,6 +216,33 @@ def train_arm(spec, arm, index, corpus, rank, world, queue) -> dict:
         engine.destroy()
     del engine, model, hook, probe
     return result
+
+
+class CudaMemory:
+    """This rank's CUDA memory over an arm's training (each process has its own caching allocator, so ranks
+    sharing a GPU are counted apart): bytes allocated once the engine is ready (before the first step creates
+    LoCo's error buffers) and after the last step, and the peak in between."""
+
+    def __init__(self, device):
+        import torch
+        self.device = device
+        self.ready = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+    @classmethod
+    def start(cls, device) -> "Optional[CudaMemory]":
+        """Starts counting on a CUDA ``device``; None on any other."""
+        return cls(device) if device.type == "cuda" else None
+
+    def over_ranks(self) -> dict:
+        """``{"ready", "trained", "peak"}``: each the largest over ranks, in bytes; ``trained - ready`` is what
+        training left allocated (LoCo's error buffers, DeepSpeed's own lasting buffers), ``peak - ready`` its most."""
+        import torch
+        import torch.distributed as dist
+        values = torch.tensor([self.ready, torch.cuda.memory_allocated(self.device),
+                               torch.cuda.max_memory_allocated(self.device)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        return dict(zip(("ready", "trained", "peak"), (int(v) for v in values.tolist())))
 
 
 def evaluate(engine, corpus, spec, rank, world, device) -> float:

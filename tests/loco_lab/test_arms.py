@@ -115,6 +115,15 @@ def test_ds_config_per_hop_bits_and_hadamard_pass_the_real_config(token):
     assert (config.group_size, config.local_world_size) == (128, 2)
 
 
+def test_ds_config_takes_loco_settings_over_the_spec_and_keeps_plain_arms_plain():
+    spec = RunSpec(model=SIZES["tiny"], arms=(), err_beta=0.8,
+                   loco_settings=(("error_bits", 4), ("error_feedback", "inter_node"), ("err_beta", 0.5)))
+    loco = LocoConfig.from_dict(ds_config(spec, parse_arm("loco2"))["zero_optimization"]["zeropp_loco_param"])
+    assert (loco.error_bits, loco.error_feedback, loco.err_beta) == (4, "inter_node", 0.5)
+    plain = LocoConfig.from_dict(ds_config(spec, parse_arm("plain2"))["zero_optimization"]["zeropp_loco_param"])
+    assert plain.error_feedback is False and plain.err_beta == 0.5
+
+
 def test_ds_config_of_full_has_no_loco_block():
     spec = RunSpec(model=SIZES["tiny"], arms=(Arm("full"), ))
     zero = ds_config(spec, Arm("full"))["zero_optimization"]
