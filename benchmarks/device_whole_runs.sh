@@ -20,8 +20,9 @@
 #      (.corpus_large.tar.xz), in A's order and with its ARMS_/SEEDS_ variables; no yardsticks.
 #   L: the lean error states (benchmarks/results/lean_error_state/README.md): the 10.8M model at 64 sequences on the
 #      bundled plays (.corpus/, a folder): the four 2/2 arms seed by seed (SEEDS, default "0 1 2 3 4"), then the
-#      8/2 + Hadamard pair seed by seed, then the zeroed-at-500 runs (SEEDS_ZERO); first the int4/int8 error
-#      kernels' timing (benchmarks/kernels.py, into $OUT).
+#      8/2 + Hadamard pair seed by seed, then the zeroed-at-500 runs (SEEDS_ZERO); PARTS (default "two eight
+#      zero") picks which of the three this lease launches; first the int4/int8 error kernels' timing
+#      (benchmarks/kernels.py, into $OUT).
 # COMPILE=0 forces eager; PAR: the most runs side by side (default 6; stage A: fewer where RUN_SECONDS, the lease's
 # seconds left after the launch, would not let them finish).
 set -uo pipefail
@@ -138,18 +139,23 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
                        --matrix "lbL_b4096:$steps:$seeds:plain4:$S,resume_from=100,stop_at=400") ;;
         C)
             plain_and_loco_then_full m125_s1000 "${SEEDS:-0,1,2}" "size=125m,$every,micro_batch=4,lr=0.001" ;;
-        L)  # benchmarks/results/lean_error_state/README.md: the map's 1000-step W = 16 regime, seed by seed
+        L)  # benchmarks/results/lean_error_state/README.md: the map's 1000-step W = 16 regime, seed by seed; PARTS
+            # (default "two eight zero"): which of its three parts this lease launches, in that order
             M="size=medium,text=$corpus,quant_grid=auto,nodes=2,local=8,micro_batch=4,warmup=100,eval_every=100"
-            for seed in ${SEEDS:-0 1 2 3 4}; do  # the 2/2 options first, seed by seed
+            parts=" ${PARTS:-two eight zero} "
+            for seed in ${SEEDS:-0 1 2 3 4}; do  # two: the 2/2 options, seed by seed
+                [[ $parts == *" two "* ]] || break
                 matrices+=(--matrix "le_base:$steps:$seed:plain2,loco2:$M"
                            --matrix "le_e4:$steps:$seed:loco2:$M,error_bits=4"
                            --matrix "le_inter:$steps:$seed:loco2:$M,error_feedback=inter_node")
             done
-            for seed in ${SEEDS:-0 1 2 3 4}; do  # then the 8/2 + Hadamard pair
+            for seed in ${SEEDS:-0 1 2 3 4}; do  # eight: the 8/2 + Hadamard pair
+                [[ $parts == *" eight "* ]] || break
                 matrices+=(--matrix "le_base:$steps:$seed:plain8-2h:$M"
                            --matrix "le_inter:$steps:$seed:loco8-2h:$M,error_feedback=inter_node")
             done
-            matrices+=(--matrix "le_zero500:$steps:${SEEDS_ZERO:-0,1,2,3,4}:loco2:$M,zero_errors_at=500") ;;
+            [[ $parts == *" zero "* ]] && matrices+=(--matrix "le_zero500:$steps:${SEEDS_ZERO:-0,1,2,3,4}:loco2:$M,zero_errors_at=500")
+            [ ${#matrices[@]} -gt 0 ] || { echo "PARTS=$PARTS: name one or more of two, eight, zero"; exit 1; } ;;
     esac
     setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "$par" --budget 100000 \
         --out "$W/runs.jsonl" --logs "$W/logs" "${matrices[@]}" >"$W/launch.log" 2>&1 </dev/null &
