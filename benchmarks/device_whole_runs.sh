@@ -23,6 +23,8 @@
 #      8/2 + Hadamard pair seed by seed, then the zeroed-at-500 runs (SEEDS_ZERO); PARTS (default "two eight
 #      zero") picks which of the three this lease launches; first the int4/int8 error kernels' timing
 #      (benchmarks/kernels.py, into $OUT).
+#   L7: item 7 of that study: the 116M model at 2/2 in stage C's window (.corpus_large.tar.xz), plain and LoCo 2/2
+#      (SEEDS, default 0,1,2), and LoCo 2/2 with LEAN's settings (e.g. error_bits=4) where LEAN is set.
 # COMPILE=0 forces eager; PAR: the most runs side by side (default 6; stage A: fewer where RUN_SECONDS, the lease's
 # seconds left after the launch, would not let them finish).
 set -uo pipefail
@@ -59,10 +61,10 @@ if [ "$mode" = start ]; then
     # a stage's runs pool over leases only on the same text: the archive its first runs read, unless CORPUS_SHA256
     # names another (the study's README); checked before the set-up starts a build
     case $stage in
-        A|C) corpus=.corpus_large want=8574aa051dbae1500cc490d4ef140b5fb7277b78b33d909665e16b711d17cc5b ;;
+        A|C|L7) corpus=.corpus_large want=8574aa051dbae1500cc490d4ef140b5fb7277b78b33d909665e16b711d17cc5b ;;
         B) corpus=.corpus_xl want=863d311bb60313cdc9f320831272a3b7540e4afed02f6f4eb51b4323695d3a16 ;;
         L) corpus=.corpus want= ;;  # the bundled plays as a folder (the regime map's text), no archive
-        *) echo "STAGE=$stage: it must be A, B, C or L"; exit 1 ;;
+        *) echo "STAGE=$stage: it must be A, B, C, L or L7"; exit 1 ;;
     esac
     if [ -n "$want" ]; then
         want=${CORPUS_SHA256:-$want}
@@ -156,6 +158,10 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
             done
             [[ $parts == *" zero "* ]] && matrices+=(--matrix "le_zero500:$steps:${SEEDS_ZERO:-0,1,2,3,4}:loco2:$M,zero_errors_at=500")
             [ ${#matrices[@]} -gt 0 ] || { echo "PARTS=$PARTS: name one or more of two, eight, zero"; exit 1; } ;;
+        L7)  # item 7 of the same study: the 116M model at 2/2 in stage C's window; LEAN: the lean arm's settings
+            S7="size=125m,$every,micro_batch=4,lr=0.001"
+            matrices+=(--matrix "le116:$steps:${SEEDS:-0,1,2}:plain2,loco2:$S7")
+            [ -n "${LEAN:-}" ] && matrices+=(--matrix "le116_lean:$steps:${SEEDS:-0,1,2}:loco2:$S7,$LEAN") ;;
     esac
     setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "$par" --budget 100000 \
         --out "$W/runs.jsonl" --logs "$W/logs" "${matrices[@]}" >"$W/launch.log" 2>&1 </dev/null &

@@ -6,9 +6,11 @@ plain2) / mean(loco2 - plain2)``, with Fieller's 95% interval for a ratio of pai
 inter-node-only LoCo 2/2 minus today's LoCo 2/2 (Holm over 2), with equivalence within +-0.003 nats at the family's
 rate. LoCo 8/2 + Hadamard with inter-node error minus plain 8/2 + Hadamard. Item 5: the run whose buffers were zeroed
 after step 500 minus the uninterrupted LoCo 2/2, at the end (equivalence within +-0.003) and over steps 600-1000.
+Item 7 (``--item 7``, the 116M model): LoCo 2/2 and the lean option each minus plain 2/2 (Holm over 2), the lean
+option minus LoCo 2/2 (equivalence within +-0.003), both differences every 50 steps.
 
     python3 benchmarks/lean_error_state.py --runs benchmarks/results/lean_error_state/runs/*.jsonl \\
-        --out benchmarks/results/lean_error_state/analysis
+        --out benchmarks/results/lean_error_state/analysis [--item 7]
 
 Writes ``analysis.md`` and ``analysis.json``.
 """
@@ -38,7 +40,9 @@ OPTIONS = {  # family G: name -> arm (tag:key), in the plan's order
 }
 SHARED = ("LoCo 2/2, error_bits 4", "LoCo 2/2, error_feedback inter_node")  # the share of LoCo 2/2's gain, family K
 ZEROED = "le_zero500:loco2"
-TAGS = ("le_base", "le_e4", "le_inter", "le_zero500")
+TAGS = ("le_base", "le_e4", "le_inter", "le_zero500", "le116", "le116_lean")
+PLAIN_116, LOCO_116, LEAN_116 = "le116:plain2", "le116:loco2", "le116_lean:loco2"  # item 7
+MIN_SEEDS_116 = 3
 
 
 def load_arms(paths):
@@ -90,6 +94,18 @@ def analyse(arms):
             "zeroed_trajectory": along, "seeds": seeds}
 
 
+def analyse_116m(arms):
+    """Item 7's family as plain data: LoCo 2/2 and the lean option each minus plain 2/2 at step 1000 (Holm over 2),
+    the lean option minus LoCo 2/2 (equivalence within +-MARGIN), and both differences every 50 steps."""
+    differences = {"LoCo 2/2 - plain 2/2": (LOCO_116, PLAIN_116), "lean - plain 2/2": (LEAN_116, PLAIN_116)}
+    family = {name: with_seeds(paired(arms, a, b)) for name, (a, b) in differences.items()}
+    correct_holm(family)
+    lean_vs_loco = _equivalence(with_seeds(paired(arms, LEAN_116, LOCO_116)), rate_factor=1)
+    return {"family": family, "lean_minus_loco": lean_vs_loco,
+            "trajectory": trajectory(arms, differences, range(50, 1001, 50)),
+            "seeds": {arm: sorted(runs) for arm, runs in arms.items() if arm.startswith("le116")}}
+
+
 def _equivalence(cell, rate_factor: int):
     """Adds the two one-sided tests within +-MARGIN, judged at 0.05 / ``rate_factor`` (the family's rate)."""
     values = list(cell["per_seed"].values())
@@ -99,11 +115,33 @@ def _equivalence(cell, rate_factor: int):
     return cell
 
 
-def _cell(cell) -> str:
+def _cell(cell, min_seeds: int = MIN_SEEDS) -> str:
     if cell["n"] < 2:
         return f"{cell['n']} seed(s): no interval"
     text = f"{cell['mean']:+.4f} [{cell['low']:+.4f}, {cell['high']:+.4f}] (n={cell['n']})"
-    return text + ("" if cell["n"] >= MIN_SEEDS else f"; fewer than {MIN_SEEDS} seeds: decides nothing")
+    return text + ("" if cell["n"] >= min_seeds else f"; fewer than {min_seeds} seeds: decides nothing")
+
+
+def _tost_text(cell) -> str:
+    if "tost_p" not in cell:
+        return ""
+    return f"; TOST within +-{MARGIN}: p {cell['tost_p']:.2g}, " \
+           f"{'**equivalent**' if cell.get('equivalent') else 'not shown'}"
+
+
+def markdown_116m(result) -> str:
+    family = result["family"]
+    lines = ["# Does the 2-bit gain reach 116M? (item 7): analysis", "",
+             "Held-out loss at step 1000, paired within seed, mean [95% t interval] (`README.md`, item 7).", "",
+             "| difference | at step 1000 | Holm over 2 |", "|---|---|---|"]
+    lines += [f"| {name} | {_cell(cell, MIN_SEEDS_116)} | {holm_text(cell, len(family))} |"
+              for name, cell in family.items()]
+    lean = result["lean_minus_loco"]
+    lines += ["", f"lean - LoCo 2/2: {_cell(lean, MIN_SEEDS_116)}{_tost_text(lean)}", "",
+              "| step | difference | mean [95%] |", "|---|---|---|"]
+    lines += [f"| {c['step']} | {c['difference']} | {_cell(c, MIN_SEEDS_116)} |" for c in result["trajectory"]]
+    lines += ["", "Seeds per arm: " + "; ".join(f"{arm} {seeds}" for arm, seeds in result["seeds"].items())]
+    return "\n".join(lines) + "\n"
 
 
 def markdown(result) -> str:
@@ -131,9 +169,7 @@ def markdown(result) -> str:
     lines += ["", "## 8/2 + Hadamard", "", f"inter_node error - plain 8/2 + Hadamard: "
               f"{_cell(result['hadamard_inter_minus_plain'])} (one comparison, uncorrected)", "",
               "## Resuming without error state (item 5)", "",
-              f"buffers zeroed after step 500 - uninterrupted LoCo 2/2, at step 1000: {_cell(z)}"
-              + (f"; TOST within +-{MARGIN}: p {z['tost_p']:.2g}, "
-                 f"{'**equivalent**' if z.get('equivalent') else 'not shown'}" if "tost_p" in z else ""), "",
+              f"buffers zeroed after step 500 - uninterrupted LoCo 2/2, at step 1000: {_cell(z)}{_tost_text(z)}", "",
               "| step | zeroed - LoCo 2/2 |", "|---|---|"]
     lines += [f"| {c['step']} | {_cell(c)} |" for c in result["zeroed_trajectory"]]
     lines += ["", "Seeds per arm: " + "; ".join(f"{arm} {seeds}" for arm, seeds in result["seeds"].items())]
@@ -144,14 +180,18 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--item", type=int, choices=(6, 7), default=6,
+                        help="6: the options at 10.8M (default); 7: the 116M model")
     args = parser.parse_args(argv)
-    result = analyse(load_arms(args.runs))
+    analyse_item, markdown_item = (analyse, markdown) if args.item == 6 else (analyse_116m, markdown_116m)
+    result = analyse_item(load_arms(args.runs))
+    text = markdown_item(result)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "analysis.md"), "w") as f:
-        f.write(markdown(result))
+        f.write(text)
     with open(os.path.join(args.out, "analysis.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
-    print(markdown(result))
+    print(text)
 
 
 if __name__ == "__main__":

@@ -63,3 +63,25 @@ def test_fieller_bounds_are_where_the_t_statistic_equals_its_quantile(les):
         var = sum((v - mean) ** 2 for v in d) / (len(d) - 1) / len(d)
         assert mean * mean == pytest.approx(t2 * var, rel=1e-9)
     assert les.fieller([1.0, 2.0, 3.0], [0.1, -0.1, 0.05])[1:] == (None, None)
+
+
+def test_item_7_reads_the_116m_differences_and_says_a_missing_lean_arm_is_not_run(les):
+    """LoCo 2/2 0.004 above plain at every step, the lean arm 0.001 above LoCo: the family, the equivalence and the
+    trajectory every 50 steps read them; without the lean arm's runs its cell is reported as not run."""
+    steps = list(range(50, 1001, 50))
+    arms = {}
+    for seed in (0, 1, 2):
+        for arm, offset in {"le116:plain2": 0.0, "le116:loco2": 0.004, "le116_lean:loco2": 0.005}.items():
+            curve = {s: 3.0 - s / 1000 + 0.02 * seed + offset + 0.0002 * seed * (arm != "le116:plain2")
+                     for s in steps}
+            tag, key = arm.split(":")
+            arms.setdefault(arm, {})[seed] = {"tag": tag, "key": key, "seed": seed,
+                                              "validation": sorted(curve.items()), "final_val_loss": curve[1000]}
+    result = les.analyse_116m(arms)
+    assert result["family"]["LoCo 2/2 - plain 2/2"]["mean"] == pytest.approx(0.0042, abs=1e-12)
+    assert result["lean_minus_loco"]["mean"] == pytest.approx(0.001, abs=1e-12)
+    assert result["lean_minus_loco"]["equivalent"]
+    assert [c["step"] for c in result["trajectory"]][:2] == [50, 100] and len(result["trajectory"]) == 40
+    assert "Holm over 2" in les.markdown_116m(result)
+    without_lean = les.analyse_116m({k: v for k, v in arms.items() if not k.startswith("le116_lean")})
+    assert "not run yet" in les.markdown_116m(without_lean).splitlines()[6]
