@@ -11,6 +11,9 @@ option minus LoCo 2/2 (equivalence within +-0.003), both differences every 50 st
 
     python3 benchmarks/lean_error_state.py --runs benchmarks/results/lean_error_state/runs/*.jsonl \\
         --out benchmarks/results/lean_error_state/analysis [--item 7]
+    # the CPU preview (600 steps, buffers zeroed after step 300):
+    python3 benchmarks/lean_error_state.py --runs benchmarks/results/lean_error_state/cpu_w4/runs.jsonl \\
+        --zeroed le_zero300:loco2 --zero-step 300 --out benchmarks/results/lean_error_state/cpu_w4
 
 Writes ``analysis.md`` and ``analysis.json``.
 """
@@ -45,9 +48,9 @@ PLAIN_116, LOCO_116, LEAN_116 = "le116:plain2", "le116:loco2", "le116_lean:loco2
 MIN_SEEDS_116 = 3
 
 
-def load_arms(paths):
-    """``{"tag:key": {seed: run}}`` of every tag of the study."""
-    return {f"{tag}:{key}": runs for tag in TAGS for key, runs in load(paths, tag).items()}
+def load_arms(paths, tags=TAGS):
+    """``{"tag:key": {seed: run}}`` of every tag of ``tags``."""
+    return {f"{tag}:{key}": runs for tag in tags for key, runs in load(paths, tag).items()}
 
 
 def fieller(numerators, denominators, confidence: float = 0.95):
@@ -69,8 +72,9 @@ def fieller(numerators, denominators, confidence: float = 0.95):
     return ratio, (qb - root) / qa, (qb + root) / qa
 
 
-def analyse(arms):
-    """Every family of the plan as plain data (cells of :func:`whole_runs.with_seeds`)."""
+def analyse(arms, zeroed: str = ZEROED, zero_step: int = 500):
+    """Every family of the plan as plain data (cells of :func:`whole_runs.with_seeds`); ``zeroed``: the arm whose
+    buffers were zeroed after step ``zero_step`` (its trajectory: every evaluation after it)."""
     gain = {name: with_seeds(paired(arms, arm, PLAIN)) for name, arm in OPTIONS.items()}
     correct_holm(gain)
     shares = {}
@@ -87,11 +91,12 @@ def analyse(arms):
         _equivalence(cell, rate_factor=len(kept))
     hadamard = with_seeds(paired(arms, OPTIONS["8/2 + Hadamard, error_feedback inter_node"], OPTIONS[
         "plain 8/2 + Hadamard"]))
-    zeroed = _equivalence(with_seeds(paired(arms, ZEROED, LOCO)), rate_factor=1)
-    along = trajectory(arms, {"zeroed after 500 - LoCo 2/2": (ZEROED, LOCO)}, range(600, 1001, 100))
+    zeroed_cell = _equivalence(with_seeds(paired(arms, zeroed, LOCO)), rate_factor=1)
+    steps = sorted({step for run in arms.get(zeroed, {}).values() for step, _ in run["validation"] if step > zero_step})
+    along = trajectory(arms, {f"zeroed after {zero_step} - LoCo 2/2": (zeroed, LOCO)}, steps)
     seeds = {arm: sorted(runs) for arm, runs in arms.items()}
-    return {"gain": gain, "shares": shares, "kept": kept, "hadamard_inter_minus_plain": hadamard, "zeroed": zeroed,
-            "zeroed_trajectory": along, "seeds": seeds}
+    return {"gain": gain, "shares": shares, "kept": kept, "hadamard_inter_minus_plain": hadamard,
+            "zeroed": zeroed_cell, "zero_step": zero_step, "zeroed_trajectory": along, "seeds": seeds}
 
 
 def analyse_116m(arms):
@@ -146,7 +151,7 @@ def markdown_116m(result) -> str:
 
 def markdown(result) -> str:
     lines = ["# Lean error states at 2/2: analysis", "",
-             "Held-out loss at step 1000, paired within seed, mean [95% t interval]; the plan's families "
+             "Held-out loss at the last step, paired within seed, mean [95% t interval]; the plan's families "
              "(`README.md`).", "", "## Family G: each option minus plain 2/2 (Holm over 5)", "",
              "| option | minus plain 2/2 | Holm |", "|---|---|---|"]
     for name, cell in result["gain"].items():
@@ -169,7 +174,8 @@ def markdown(result) -> str:
     lines += ["", "## 8/2 + Hadamard", "", f"inter_node error - plain 8/2 + Hadamard: "
               f"{_cell(result['hadamard_inter_minus_plain'])} (one comparison, uncorrected)", "",
               "## Resuming without error state (item 5)", "",
-              f"buffers zeroed after step 500 - uninterrupted LoCo 2/2, at step 1000: {_cell(z)}{_tost_text(z)}", "",
+              f"buffers zeroed after step {result['zero_step']} - uninterrupted LoCo 2/2, at the last step: "
+              f"{_cell(z)}{_tost_text(z)}", "",
               "| step | zeroed - LoCo 2/2 |", "|---|---|"]
     lines += [f"| {c['step']} | {_cell(c)} |" for c in result["zeroed_trajectory"]]
     lines += ["", "Seeds per arm: " + "; ".join(f"{arm} {seeds}" for arm, seeds in result["seeds"].items())]
@@ -182,9 +188,16 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("--item", type=int, choices=(6, 7), default=6,
                         help="6: the options at 10.8M (default); 7: the 116M model")
+    parser.add_argument("--zeroed", default=ZEROED, help="item 6: the zeroed arm, TAG:KEY (default %(default)s)")
+    parser.add_argument("--zero-step", dest="zero_step", type=int, default=500,
+                        help="item 6: the step after which its buffers were zeroed (default %(default)s)")
     args = parser.parse_args(argv)
-    analyse_item, markdown_item = (analyse, markdown) if args.item == 6 else (analyse_116m, markdown_116m)
-    result = analyse_item(load_arms(args.runs))
+    if args.item == 6:
+        tags = tuple(dict.fromkeys(TAGS + (args.zeroed.split(":")[0], )))
+        result = analyse(load_arms(args.runs, tags), args.zeroed, args.zero_step)
+        markdown_item = markdown
+    else:
+        result, markdown_item = analyse_116m(load_arms(args.runs)), markdown_116m
     text = markdown_item(result)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "analysis.md"), "w") as f:

@@ -85,3 +85,15 @@ def test_item_7_reads_the_116m_differences_and_says_a_missing_lean_arm_is_not_ru
     assert "Holm over 2" in les.markdown_116m(result)
     without_lean = les.analyse_116m({k: v for k, v in arms.items() if not k.startswith("le116_lean")})
     assert "not run yet" in les.markdown_116m(without_lean).splitlines()[6]
+
+
+def test_the_zeroed_arm_and_its_step_are_arguments_and_its_trajectory_follows_the_runs(les):
+    """A 600-step preview whose buffers were zeroed after step 300: its cell and every evaluation after 300."""
+    arms = {arm: {seed: dict(run, validation=[(s, v) for s, v in run["validation"] if s <= 600],
+                             final_val_loss=dict(run["validation"])[600])
+                  for seed, run in runs.items()} for arm, runs in _arms().items()}
+    arms["le_zero300:loco2"] = arms.pop("le_zero500:loco2")
+    result = les.analyse(arms, zeroed="le_zero300:loco2", zero_step=300)
+    assert [c["step"] for c in result["zeroed_trajectory"]] == [400, 500, 600]
+    assert result["zeroed"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert "zeroed after step 300" in les.markdown(result)
