@@ -175,6 +175,8 @@ def measure(args) -> dict:
     from deepspeed_loco.runtime.comm import noise_stats
 
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:  # torch.cuda.set_device needs an index
+        device = torch.device("cuda", torch.cuda.current_device())
     init_world(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     with tempfile.TemporaryDirectory() as out_dir:

@@ -41,12 +41,18 @@ class WireLayout:
     def empty(self, rows: int, device: torch.device) -> torch.Tensor:
         return torch.empty(rows, self.row_bytes, dtype=torch.uint8, device=device)
 
-    def views(self, buffer: torch.Tensor, index: int, offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Parameter ``index``'s ``(data uint8 (rows, width*bits//8), scale fp32 (rows, width//group_size))``.
-        ``buffer``'s rows must be contiguous bytes (the scales are viewed in place as fp32); ValueError otherwise."""
+    def check_buffer(self, buffer: torch.Tensor, name: str = "") -> None:
+        """ValueError naming ``name`` unless ``buffer`` is 2-D with rows of contiguous bytes (the scales are viewed
+        in place as fp32): what every implementation of the ops requires of a wire buffer."""
         if buffer.dim() != 2 or (buffer.shape[1] > 1 and buffer.stride(1) != 1):
-            raise ValueError(f"wire buffer: expected rows of contiguous bytes (uint8, shape (rows, {self.row_bytes}), "
-                             f"unit stride along a row), got shape {tuple(buffer.shape)} strides {buffer.stride()}")
+            raise ValueError(f"wire buffer{' ' + name if name else ''}: expected rows of contiguous bytes (uint8, "
+                             f"shape (rows, {self.row_bytes}), unit stride along a row), got shape "
+                             f"{tuple(buffer.shape)} strides {buffer.stride()}")
+
+    def views(self, buffer: torch.Tensor, index: int, offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Parameter ``index``'s ``(data uint8 (rows, width*bits//8), scale fp32 (rows, width//group_size))``;
+        ValueError for a ``buffer`` :meth:`check_buffer` refuses."""
+        self.check_buffer(buffer)
         width = self.widths[index]
         data = buffer[:, packed_bytes(offset, self.bits):packed_bytes(offset + width, self.bits)]
         scales = buffer[:, self.data_bytes:].view(torch.float32)

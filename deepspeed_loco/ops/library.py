@@ -215,6 +215,7 @@ class OpEntryPoints:
         """``wire``'s widths are the gradients' padded partitions (``HopPlan.widths``); runs ``quantize_bucket``."""
         lists = _error_lists(errors)
         _check_wire(wire, args, args.bits, "wire")
+        wire.check_buffer(send, "send")
         limits.check_launch(wire.widths, args.world_size, args.group_size, "grads")
         self.ops.quantize_bucket(list(grads), lists[0], lists[1], send, args.world_size, args.local_size, args.bits,
                                  args.group_size, args.err_beta, args.hadamard, args.grid, stats)
@@ -228,6 +229,8 @@ class OpEntryPoints:
         _check_wire(in_wire, args, args.in_bits, "in_wire")
         if in_wire.widths != wire.widths:
             raise ValueError("LoCo ops: in_wire and wire must have the same parameter widths")
+        in_wire.check_buffer(recv, "recv")
+        wire.check_buffer(send, "send")
         limits.check_launch(wire.widths, args.world_size // args.local_size, args.group_size, "widths")
         self.ops.requantize_bucket(recv, lists[0], lists[1], send, list(wire.widths), args.world_size,
                                    args.local_size, args.bits, args.in_bits, args.in_blocks, args.group_size,
@@ -238,6 +241,7 @@ class OpEntryPoints:
                           stats: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
         """Runs ``final_mean_bucket``; the partitions returned are views of one flat tensor (in parameter order)."""
         _check_wire(wire, args, args.bits, "wire")
+        wire.check_buffer(recv, "recv")
         limits.check_launch(wire.widths, 1, args.group_size, "numels")
         flat = self.ops.final_mean_bucket(recv, list(numels), args.world_size, args.bits, args.group_size,
                                           args.hadamard, args.grid, rank, out_dtype, stats)

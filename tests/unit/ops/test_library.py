@@ -204,7 +204,7 @@ def test_entry_points_reject_a_wire_of_other_bits_and_keep_the_reference_errors(
     with pytest.raises(ValueError, match="wire has 8 bits"):
         OPS.quantize_bucket_(grads, [None] * 3, args, WireLayout((96, 32, 32), 8, GROUP), send)
     wire = WireLayout(tuple(padded_partition_size(n, 4, GROUP) for n in NUMELS), 4, GROUP)
-    with pytest.raises(ValueError, match="wire buffer: expected rows of contiguous bytes"):
+    with pytest.raises(ValueError, match="wire buffer send: expected rows of contiguous bytes"):
         OPS.quantize_bucket_(grads, [None] * 3, args, wire, wire.empty(4, "cpu").repeat(1, 2)[:, ::2])
 
 

@@ -360,7 +360,7 @@ def test_a_wire_buffer_without_contiguous_rows_is_refused_naming_it(cuda):
     grads = [_values(300, gen).cuda(), _values(70, gen).cuda()]
     wire = WireLayout(_widths([g.numel() for g in grads], 4, 32), 4, 32)
     errors = [_to_cuda(_error_buffer(4, w, 32, 8, gen)) for w in wire.widths]
-    with pytest.raises(ValueError, match="wire buffer: expected rows of contiguous bytes"):
+    with pytest.raises(ValueError, match="wire buffer send: expected rows of contiguous bytes"):
         strided = wire.empty(4, "cuda").repeat(1, 2)[:, ::2]
         cuda.quantize_bucket_(grads, errors, HopArgs(4, 2, 4, 32, 0.8), wire, strided)
 
