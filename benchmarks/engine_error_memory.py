@@ -56,12 +56,16 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def formula_bytes(model_size: str, world: int, local: int, config: LocoConfig) -> tuple:
-    """``(exact, rate)``: the plan's error bytes for every parameter tensor of the model on one rank, and the
-    per-parameter rate times the parameter count (no padding)."""
+def tensor_numels(model_size: str) -> list:
+    """Element counts of the demo model's parameter tensors, in order."""
+    return [p.numel() for p in ByteLlama(SIZES[model_size]).parameters()]
+
+
+def formula_bytes(numels, world: int, local: int, config: LocoConfig) -> tuple:
+    """``(exact, rate)``: the plan's error bytes on one rank for parameter tensors of ``numels`` elements (padding
+    included), and the per-parameter rate (bytes per parameter, no padding)."""
     state = ErrorFeedbackState(config, plan_hops(world, local, config))
-    numels = [p.numel() for p in ByteLlama(SIZES[model_size]).parameters()]
-    return sum(state.planned_bytes(n) for n in numels), sum(numels) * error_bytes_per_parameter(world, local, config)
+    return sum(state.planned_bytes(n) for n in numels), error_bytes_per_parameter(world, local, config)
 
 
 def grown(result: dict) -> tuple:
@@ -75,6 +79,7 @@ def grown(result: dict) -> tuple:
 def table(size: str, spec: RunSpec, plain: dict, rows: list) -> str:
     """The report: one row per ``(option, result)`` of ``rows`` against the ``plain`` arm's result."""
     plain_trained, plain_peak = grown(plain)
+    numels = tensor_numels(size)
     mb = lambda v: "n/a" if v is None else f"{v / MB:.2f}"  # noqa: E731
     lines = [f"model {size} ({plain['parameters'] / 1e6:.2f}M parameters), W = {spec.world_size} "
              f"({spec.nodes} x {spec.local}), {spec.device}, {spec.steps} steps of {spec.micro_batch} sequences a rank; "
@@ -83,14 +88,13 @@ def table(size: str, spec: RunSpec, plain: dict, rows: list) -> str:
              "| peak, added | trained added / formula |", "|---|---|---|---|---|---|---|---|---|"]
     for (feedback, bits), result in rows:
         config = LocoConfig(error_feedback=feedback, error_bits=bits, group_size=spec.group_size)
-        exact, by_rate = formula_bytes(size, spec.world_size, spec.local, config)
+        exact, rate = formula_bytes(numels, spec.world_size, spec.local, config)
         trained, peak = grown(result)
         added = None if trained is None else trained - plain_trained
         added_peak = None if peak is None else peak - plain_peak
         ratio = "n/a" if added is None else f"{added / exact:.4f}"
-        rate = error_bytes_per_parameter(spec.world_size, spec.local, config)
         held = result["error_buffer_bytes"]
-        lines.append(f"| {LABEL[feedback]}:{bits} | {rate:.4f} | {mb(exact)} | {mb(by_rate)} | {mb(held)} | "
+        lines.append(f"| {LABEL[feedback]}:{bits} | {rate:.4f} | {mb(exact)} | {mb(rate * sum(numels))} | {mb(held)} | "
                      f"{held - exact} | {mb(added)} | {mb(added_peak)} | {ratio} |")
     return "\n".join(lines)
 

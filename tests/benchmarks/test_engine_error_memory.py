@@ -15,16 +15,19 @@ def test_options_parse_and_a_bad_one_names_what_is_valid(benchmark_module):
 
 
 def test_the_exact_formula_pads_and_the_rate_does_not(benchmark_module):
-    formula = benchmark_module("engine_error_memory").formula_bytes
-    exact, by_rate = formula("tiny", 4, 2, LocoConfig(group_size=64))
-    lean, lean_rate = formula("tiny", 4, 2, LocoConfig(group_size=64, error_feedback=INTER_NODE_ONLY, error_bits=4))
-    assert exact >= by_rate > 0 and lean >= lean_rate > 0 and lean < exact
+    module = benchmark_module("engine_error_memory")
+    numels = module.tensor_numels("tiny")
+    exact, rate = module.formula_bytes(numels, 4, 2, LocoConfig(group_size=64))
+    lean, lean_rate = module.formula_bytes(numels, 4, 2, LocoConfig(group_size=64, error_feedback=INTER_NODE_ONLY,
+                                                                   error_bits=4))
+    by_rate, lean_by_rate = rate * sum(numels), lean_rate * sum(numels)
+    assert exact >= by_rate > 0 and lean >= lean_by_rate > 0 and lean < exact
 
 
 def test_the_table_subtracts_the_plain_arms_growth(benchmark_module):
     module = benchmark_module("engine_error_memory")
     spec = module.RunSpec(model=module.SIZES["tiny"], arms=(), nodes=2, local=2, group_size=64, device="cuda")
-    exact, _ = module.formula_bytes("tiny", 4, 2, LocoConfig(group_size=64))
+    exact, _ = module.formula_bytes(module.tensor_numels("tiny"), 4, 2, LocoConfig(group_size=64))
     plain = {"parameters": 140_000, "cuda_memory_bytes": {"ready": 1000, "trained": 1500, "peak": 9000}}
     loco = {"error_buffer_bytes": exact,
             "cuda_memory_bytes": {"ready": 2000, "trained": 2500 + exact, "peak": 10_000 + 2 * exact}}
