@@ -22,7 +22,7 @@
 #      bundled plays (.corpus/, a folder): the four 2/2 arms seed by seed (SEEDS, default "0 1 2 3 4"), then the
 #      8/2 + Hadamard pair seed by seed, then the zeroed-at-500 runs (SEEDS_ZERO); PARTS (default "two eight
 #      zero") picks which of the three this lease launches; first the int4/int8 error kernels' timing
-#      (benchmarks/kernels.py, into $OUT).
+#      (benchmarks/kernels.py, into $OUT) unless KERNEL_TIMING=0.
 #   L7: item 7 of that study: the 116M model at 2/2 in stage C's window (.corpus_large.tar.xz), plain and LoCo 2/2
 #      (SEEDS, default 0,1,2), and LoCo 2/2 with LEAN's settings (e.g. error_bits=4) where LEAN is set.
 # COMPILE=0 forces eager; PAR: the most runs side by side (default 6; stage A: fewer where RUN_SECONDS, the lease's
@@ -111,7 +111,7 @@ ms = min(r['ms_per_step'] for r in b if bool(r['compile']) == bool('$compile'))
 n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(${PAR:-6}, n - n % 2)))")
     fi
     kernels_ready
-    if [ "$stage" = L ]; then  # the int4 error kernels' timing on a quiet GPU, before the runs start
+    if [ "$stage" = L ] && [ "${KERNEL_TIMING:-1}" = 1 ]; then  # the int4 error kernels' timing on a quiet GPU first
         timeout 150 python3 benchmarks/kernels.py --configs 4/4 8/2 --no-baseline --largest-only --reps 30 \
             --json "$OUT/kernels.json" >"$OUT/kernels.txt" 2>&1
         echo "kernels.py exit $?"; sed -n '/int4 \/ int8/,$p' "$OUT/kernels.txt"
