@@ -76,10 +76,10 @@ def grown(result: dict) -> tuple:
     return memory["trained"] - memory["ready"], memory["peak"] - memory["ready"]
 
 
-def table(size: str, spec: RunSpec, plain: dict, rows: list) -> str:
-    """The report: one row per ``(option, result)`` of ``rows`` against the ``plain`` arm's result."""
+def table(size: str, numels: list, spec: RunSpec, plain: dict, rows: list) -> str:
+    """The report: one row per ``(option, result)`` of ``rows`` against the ``plain`` arm's result; ``numels``: the
+    model's parameter tensors' element counts (:func:`tensor_numels`)."""
     plain_trained, plain_peak = grown(plain)
-    numels = tensor_numels(size)
     mb = lambda v: "n/a" if v is None else f"{v / MB:.2f}"  # noqa: E731
     lines = [f"model {size} ({plain['parameters'] / 1e6:.2f}M parameters), W = {spec.world_size} "
              f"({spec.nodes} x {spec.local}), {spec.device}, {spec.steps} steps of {spec.micro_batch} sequences a rank; "
@@ -110,18 +110,18 @@ def main(argv=None) -> int:
                    group_size=args.group_size, nodes=args.nodes, local=args.local, device=device, backend="gloo",
                    dtype="bf16" if device == "cuda" else "fp32", eval_every=10**9, eval_windows=args.nodes * args.local,
                    out_dir=out, fidelity=False)
+    numels = tensor_numels(size)
     plain, = launch(spec.with_arms([parse_arm("plain2")]))
     rows = []
-    for feedback, bits in args.options:
+    for feedback, bits in args.options:  # the table so far after each option: a run cut short keeps what it measured
         option_spec = dataclasses.replace(spec, loco_settings=(("error_feedback", feedback), ("error_bits", bits)))
         result, = launch(option_spec.with_arms([parse_arm("loco2")]))
         rows.append(((feedback, bits), result))
-        print(f"{LABEL[feedback]}:{bits} done", flush=True)
-    report = table(size, spec, plain, rows)
-    print(report)
-    if args.table:
-        with open(args.table, "w") as f:
-            f.write(report + "\n")
+        report = table(size, numels, spec, plain, rows)
+        print(report if len(rows) == 1 else report.splitlines()[-1], flush=True)
+        if args.table:
+            with open(args.table, "w") as f:
+                f.write(report + "\n")
     return 0
 
 

@@ -31,7 +31,7 @@ def test_the_table_subtracts_the_plain_arms_growth(benchmark_module):
     plain = {"parameters": 140_000, "cuda_memory_bytes": {"ready": 1000, "trained": 1500, "peak": 9000}}
     loco = {"error_buffer_bytes": exact,
             "cuda_memory_bytes": {"ready": 2000, "trained": 2500 + exact, "peak": 10_000 + 2 * exact}}
-    row = module.table("tiny", spec, plain, [((True, 8), loco)]).splitlines()[-1].split(" | ")
+    row = module.table("tiny", module.tensor_numels("tiny"), spec, plain, [((True, 8), loco)]).splitlines()[-1].split(" | ")
     assert row[0] == "| true:8" and row[5] == "0"  # held - exact, in bytes
     assert float(row[6]) == pytest.approx(exact / 1e6, abs=0.006) and row[-1] == "1.0000 |"
     assert float(row[7]) == pytest.approx(2 * exact / 1e6, abs=0.006)
