@@ -13,8 +13,9 @@ classes. The arms, run in the same process on the same model:
 ``base``      monitor off, live rho off (``rho_every: 0``)
 ``ds_monitor`` DeepSpeed's csv monitor on, writing what DeepSpeed's engine writes per step (train loss, learning rate),
               without LoCo's telemetry: the monitor's own cost
-``monitor``   ``ds_monitor`` and LoCo's telemetry (its error norm every ``--rho-every`` steps: ``error_norm_every``'s
-              default follows ``rho_every``)
+``monitor``   ``ds_monitor`` and LoCo's telemetry (its byte counts every ``--telemetry-every`` steps, default
+              ``telemetry_every``'s; its error norm every ``--rho-every`` steps: ``error_norm_every``'s default
+              follows ``rho_every``)
 ``rho``       the live rho every ``--rho-every`` steps (default 10, ``rho_every``'s default), monitor off
 ``both``      ``monitor`` and ``rho``
 
@@ -46,6 +47,7 @@ RHO_ARMS = ("rho", "both")
 
 
 def parse_args(argv=None):
+    from deepspeed_loco.config import LocoConfig
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="125m", help="bundled model size (loco_lab.model.SIZES; 125m: 116.4M)")
     p.add_argument("--micro-batch", dest="micro_batch", type=int, default=16, help="sequences per rank per step")
@@ -55,11 +57,16 @@ def parse_args(argv=None):
     p.add_argument("--bucket", type=int, default=500_000_000, help="gradient elements per reduce (bucket)")
     p.add_argument("--rho-every", dest="rho_every", type=int, default=10,
                    help="live rho and error norm: measured every this many optimizer steps")
+    p.add_argument("--telemetry-every", dest="telemetry_every", type=int, default=LocoConfig().telemetry_every,
+                   help="LoCo's telemetry: byte counts and resets written every this many optimizer steps "
+                        "(zeropp_loco_param.telemetry_every; default its default)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per arm and round (a multiple of --rho-every)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before the first round")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--device", default="cuda")
     p.add_argument("--table", help="also write the table to this file")
+    p.add_argument("--profile", help="also write each arm's torch.profiler table of one measured step's run of "
+                                     "--rho-every steps to this file")
     args = p.parse_args(argv)
     if args.rho_every < 1 or args.steps < 1 or args.steps % args.rho_every:
         p.error(f"--steps {args.steps} must be a positive multiple of --rho-every {args.rho_every} (>= 1): every arm "
@@ -113,6 +120,7 @@ class Rank:
         self.x = torch.randint(0, 256, (args.micro_batch, self.cfg.seq_len), device=device)
         self.samples = 0
         self.steps = 0
+        self.hook_seconds = 0.0  # host time in the reduce observers and step listeners, since start-up
 
     def arm(self, name: str):
         """``(observers, listeners)`` of arm ``name``: fresh live rho and telemetry objects from the next step (a
@@ -127,7 +135,7 @@ class Rank:
         observers, listeners = [], [live_rho.on_step]
         if name in TELEMETRY_ARMS:
             telemetry = LocoTelemetry(self.monitor, self.reducer, self.reducer.plan.world_size, True, live_rho,
-                                      every, next_step=self.steps + 1)
+                                      every, next_step=self.steps + 1, every=self.args.telemetry_every)
             observers.append(telemetry.on_reduce)
             listeners.append(telemetry.on_step)
         return observers, listeners
@@ -142,15 +150,19 @@ class Rank:
             for start, stop in self.buckets:
                 names, grads = self.names[start:stop], [p.grad for p in self.params[start:stop]]
                 partitions = self.reducer.reduce_scatter(names, grads)
+                began = time.perf_counter()
                 for observe in observers:
                     observe(names, grads, partitions)
+                self.hook_seconds += time.perf_counter() - began
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         self.samples += self.args.micro_batch
         reset = self.reducer.state.on_optimizer_step()
+        began = time.perf_counter()
         for listen in listeners:
             listen(self.steps, reset)
+        self.hook_seconds += time.perf_counter() - began
         if arm in MONITOR_ARMS:  # DeepSpeed's engine: the loss at the boundary, then the learning rate
             self.monitor.write_events([("Train/Samples/train_loss", loss.item(), self.samples),
                                        ("Train/Samples/lr", self.optimizer.param_groups[0]["lr"], self.samples)])
@@ -189,24 +201,49 @@ def measure(args) -> dict:
         rank.step("base", [], [])
         floats = noise_stats.end_measured_step(rank.reducer, device).numel()
         times = {arm: [] for arm in ARMS}
+        hook_ms = {arm: [] for arm in ARMS}
         for r in range(args.rounds):
             for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
                 observers, listeners = rank.arm(arm)
                 while rank.steps % args.rho_every:  # every arm starts at a step count aligned with the measured ones
                     rank.step("base", [], [])
                 sync()
-                start = time.perf_counter()
+                start, hook_before = time.perf_counter(), rank.hook_seconds
                 for _ in range(args.steps):
                     rank.step(arm, observers, listeners)
                 sync()
                 times[arm].append(1000 * (time.perf_counter() - start) / args.steps)
+                hook_ms[arm].append(1000 * (rank.hook_seconds - hook_before) / args.steps)
+        if args.profile:
+            write_profiles(rank, args, sync, args.profile)
         written = sorted(os.listdir(os.path.join(out_dir, "monitor_overhead")))
     return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "kernels": kernels_for(device).name, "size": args.size,
             "params": sum(p.numel() for p in rank.params), "tensors": len(rank.params),
             "buckets": len(rank.buckets), "micro_batch": args.micro_batch, "layout": f"{args.nodes} x {args.local}",
-            "bits": args.bits, "rho_every": args.rho_every, "steps": args.steps, "rounds": args.rounds,
-            "ms": times, "all_reduce_floats": floats, "written": written}
+            "bits": args.bits, "rho_every": args.rho_every, "telemetry_every": args.telemetry_every,
+            "steps": args.steps, "rounds": args.rounds,
+            "ms": times, "hook_ms": hook_ms, "all_reduce_floats": floats, "written": written}
+
+
+def write_profiles(rank: Rank, args, sync, path: str) -> None:
+    """Per arm, ``torch.profiler``'s table of ``--rho-every`` steps (one measured step) after one untimed such run,
+    the ops sorted by their total time on the device (on the CPU without one), into ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rank.device.type == "cuda" else [])
+    sort = "cuda_time_total" if rank.device.type == "cuda" else "cpu_time_total"
+    with open(path, "w") as f:
+        for arm in ARMS:
+            observers, listeners = rank.arm(arm)
+            for _ in range(args.rho_every):
+                rank.step(arm, observers, listeners)
+            sync()
+            with profile(activities=activities) as prof:
+                for _ in range(args.rho_every):
+                    rank.step(arm, observers, listeners)
+                sync()
+            f.write(f"## {arm}: {args.rho_every} steps, one measured\n\n")
+            f.write(prof.key_averages().table(sort_by=sort, row_limit=25) + "\n\n")
 
 
 def table(r: dict) -> str:
@@ -215,14 +252,17 @@ def table(r: dict) -> str:
     for arm in ARMS:
         ms = statistics.median(r["ms"][arm])
         spread = f"{min(r['ms'][arm]):.2f} .. {max(r['ms'][arm]):.2f}"
-        rows.append(f"| {arm} | {ms:.2f} | {spread} | {ms / base:.4f} | {ms / base - 1:+.2%} |")
+        rows.append(f"| {arm} | {ms:.2f} | {spread} | {ms / base:.4f} | {ms / base - 1:+.2%} | "
+                    f"{statistics.median(r['hook_ms'][arm]):.3f} |")
     head = (f"{r['device']} ({r['kernels']}): {r['size']} model ({r['params'] / 1e6:.1f}M parameters, {r['tensors']} "
             f"tensors, {r['buckets']} bucket(s)), micro-batch {r['micro_batch']}, rank 1 of {r['layout']}, "
-            f"{r['bits']} bits, LoCo (int8 error); live rho and error norm every {r['rho_every']} steps; "
+            f"{r['bits']} bits, LoCo (int8 error); live rho and error norm every {r['rho_every']} steps, telemetry's "
+            f"byte counts every {r['telemetry_every']}; "
             f"{r['steps']} steps per arm and round, {r['rounds']} round(s); the live rho's all-reduce (not timed): "
             f"{r['all_reduce_floats']} floats")
-    return "\n".join([head, "", "| arm | ms per step (median of rounds) | rounds' range | / base | extra |",
-                      "|---|---|---|---|---|"] + rows + ["", f"monitor files written: {', '.join(r['written'])}"])
+    return "\n".join([head, "", "| arm | ms per step (median of rounds) | rounds' range | / base | extra | host ms in "
+                      "LoCo's observers and listeners per step |", "|---|---|---|---|---|---|"] + rows
+                     + ["", f"monitor files written: {', '.join(r['written'])}"])
 
 
 def main(argv=None) -> None:

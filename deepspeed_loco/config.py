@@ -83,6 +83,9 @@ class LocoConfig(BaseModel):
     error_norm_every: with a DeepSpeed monitor on, rank 0's telemetry writes ``LoCo/error_rel_norm`` (it reads the
         error buffers) on every ``error_norm_every``-th optimizer step only; 0: never; None (the default):
         ``rho_every``'s steps, so that the measured steps coincide.
+    telemetry_every: with a DeepSpeed monitor on, rank 0 writes LoCo's byte counts and resets every
+        ``telemetry_every``-th optimizer step, per step over the steps since its previous write (the error norm and
+        the live rho on their own steps); 1: every step.
     """
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, validate_default=True)
 
@@ -104,6 +107,8 @@ class LocoConfig(BaseModel):
     rho_log_every: Annotated[int, _rule("an integer >= 0 (optimizer steps between log lines; 0: never)", ge=0)] = 100
     error_norm_every: Annotated[Optional[int], _rule("an integer >= 0 (0: never), or null for rho_every's steps",
                                                      ge=0)] = None
+    telemetry_every: Annotated[int, _rule("an integer >= 1 (optimizer steps between writes of the byte counts)",
+                                          ge=1)] = 10
     checkpoint_error_state: Annotated[bool, _rule("true or false")] = True
 
     def __init__(self, **values: Any):

@@ -37,6 +37,8 @@ def test_upstream_config_is_accepted_unchanged():
     ("rho_every", 2.0, "integer >= 0"),
     ("rho_log_every", -5, "integer >= 0 (optimizer steps between log lines; 0: never)"),
     ("rho_log_every", False, "integer >= 0"),
+    ("telemetry_every", 0, "integer >= 1 (optimizer steps between writes of the byte counts)"),
+    ("telemetry_every", 1.5, "integer >= 1"),
 ])
 def test_bad_value_names_the_key_and_what_is_valid(key, value, hint):
     with pytest.raises(LocoConfigError) as err:
@@ -95,9 +97,9 @@ def test_to_dict_round_trips_every_key():
     assert cfg.to_dict()["local_world_size"] == 2 and cfg.to_dict()["err_beta"] == 0.5
 
 
-def test_live_rho_defaults_measure_every_10_steps_and_log_every_100():
+def test_live_rho_defaults_measure_every_10_steps_and_log_every_100_and_telemetry_writes_every_10():
     cfg = LocoConfig()
-    assert (cfg.rho_every, cfg.rho_log_every) == (10, 100)
+    assert (cfg.rho_every, cfg.rho_log_every, cfg.telemetry_every) == (10, 100, 10)
     assert (LocoConfig(rho_every=0, rho_log_every=0).rho_every, LocoConfig(rho_every=1).rho_every) == (0, 1)
 
 

@@ -14,8 +14,8 @@ coordinate the mean's error is ``out - g_sum / W`` and the sampling-noise power 
 over the sample estimate, without bias, ``||mean - exact mean||^2`` (every rank's and hop's error together, however
 they correlate, and for LoCo the remembered error it carries), ``tr(Sigma) / (W b)`` and ``||exact mean||^2``.
 """
+import hashlib
 import math
-import zlib
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -35,18 +35,22 @@ def sample_indices(name: str, numel: int, step: int) -> Tuple[torch.Tensor, floa
     return sample_many([name], [numel], step)[0]
 
 
+def _uniform(key: str) -> float:
+    """A number uniform in ``[0, 1)`` drawn from ``key`` (53 bits of its BLAKE2b hash): the same on every rank."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 11) / 2**53
+
+
 def sample_many(names: Sequence[str], numels: Sequence[int], step: int) -> List[Tuple[torch.Tensor, float]]:
     """:func:`sample_indices` of each parameter, the large ones' coordinates computed together: every tensor of more
     than ``PER_TENSOR`` elements gets ``PER_TENSOR`` coordinates a stride ``numel / PER_TENSOR`` apart from an offset
-    uniform in ``[0, stride)`` drawn from ``crc32(name:step)``."""
+    uniform in ``[0, stride)`` drawn from ``name:step`` (:func:`_uniform`)."""
     picks: List[Optional[Tuple[torch.Tensor, float]]] = [
         (torch.arange(numel), 1.0) if numel <= PER_TENSOR else None for numel in numels]
     large = [i for i, pick in enumerate(picks) if pick is None]
     if large:
         strides = torch.tensor([numels[i] / PER_TENSOR for i in large], dtype=torch.float64)
-        generator = torch.Generator()
-        offsets = torch.cat([torch.rand(1, generator=generator.manual_seed(zlib.crc32(f"{names[i]}:{step}".encode())),
-                                        dtype=torch.float64) for i in large]) * strides
+        offsets = torch.tensor([_uniform(f"{names[i]}:{step}") for i in large], dtype=torch.float64) * strides
         grid = offsets[:, None] + torch.arange(PER_TENSOR, dtype=torch.float64) * strides[:, None]
         rows = torch.minimum(grid.long(), torch.tensor([numels[i] - 1 for i in large])[:, None])
         for row, i, stride in zip(rows, large, strides.tolist()):

@@ -139,7 +139,7 @@ class LocoHook:
             error_norm_every = config.rho_every if config.error_norm_every is None else config.error_norm_every
             self.telemetry = telemetry.LocoTelemetry(monitor, self.reducer, self.topology.world_size,
                                                      config.error_feedback, self.live_rho, error_norm_every,
-                                                     next_step=self.state.step + 1)
+                                                     next_step=self.state.step + 1, every=config.telemetry_every)
             self.add_reduce_observer(self.telemetry.on_reduce)
             self.add_step_listener(self.telemetry.on_step)
         named = dict(named_params) if named_params is not None else deepspeed_seam.param_names(optimizer)

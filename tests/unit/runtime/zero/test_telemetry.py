@@ -27,7 +27,8 @@ def train(out_dir, error_feedback=True, monitor=True):
                                                     "intra_node_bits": BITS["intra_node"],
                                                     "inter_node_bits": BITS["inter_node"],
                                                     "error_feedback": error_feedback,
-                                                    "error_norm_every": ERROR_NORM_EVERY}},
+                                                    "error_norm_every": ERROR_NORM_EVERY,
+                                                    "telemetry_every": 1}},
     }
     if monitor:
         cfg["csv_monitor"] = {"enabled": True, "output_path": str(out_dir), "job_name": "job"}
@@ -110,12 +111,13 @@ def test_the_error_buffers_are_read_on_measured_steps_only(monkeypatch):
     """``error_norm_every = 3`` from step 1: the reduces of steps 1 and 2 read no error buffer and write no error norm;
     step 3's read every buffer of its buckets and write ``||e|| / ||g||`` of its reduces exactly (fp64 sums)."""
     from deepspeed_loco.config import LocoConfig
-    from deepspeed_loco.ops.error_buffer import ErrorBuffer
+    from deepspeed_loco.runtime.zero import telemetry as telemetry_module
     from deepspeed_loco.runtime.zero.telemetry import LocoTelemetry
     from deepspeed_loco.simulation import SimulatedCluster
     reads = []
-    dequantize = ErrorBuffer.dequantize
-    monkeypatch.setattr(ErrorBuffer, "dequantize", lambda self: reads.append(self) or dequantize(self))
+    read = telemetry_module.error_squared_sum
+    monkeypatch.setattr(telemetry_module, "error_squared_sum",
+                        lambda buffers, device: reads.extend(buffers) or read(buffers, device))
     cluster = SimulatedCluster(LocoConfig(group_size=GROUP, intra_node_bits=4, inter_node_bits=4), 2, 2)
     monitor = _Recorder()
     telemetry = LocoTelemetry(monitor, cluster.reducers[0], WORLD, True, error_norm_every=3)
@@ -127,7 +129,7 @@ def test_the_error_buffers_are_read_on_measured_steps_only(monkeypatch):
             reads.clear()
             telemetry.on_reduce(["a", "b"], grads[0], [])
             buffers = [b for name in "ab" for b in cluster.states[0].buffers_of(name).values()]
-            assert len(reads) == (len(buffers) if step == 3 else 0)
+            assert [id(b) for b in reads] == ([id(b) for b in buffers] if step == 3 else [])
             telemetry.on_step(step, False)
         norms = [(value, s) for name, value, s in monitor.events if name == "LoCo/error_rel_norm"]
         error_sq = sum(float(b.dequantize().double().pow(2).sum()) for b in buffers)
@@ -136,3 +138,41 @@ def test_the_error_buffers_are_read_on_measured_steps_only(monkeypatch):
         assert norms[0][0] == pytest.approx((error_sq / grad_sq)**0.5, rel=1e-6)
     finally:
         cluster.close()
+
+
+def test_every_kth_step_writes_the_byte_counts_per_step_and_the_resets_since_the_last_write():
+    """``every = 3`` over 7 steps (a reset at step 2, the error norm every 2nd step): the byte counts and resets at
+    steps 3 and 6 only, per step over the 3 steps before; the error norm on its own steps; steps with nothing to
+    write do not call the monitor."""
+    from deepspeed_loco.config import LocoConfig
+    from deepspeed_loco.runtime.zero.telemetry import LocoTelemetry, hop_bytes
+    from deepspeed_loco.simulation import SimulatedCluster
+    cluster = SimulatedCluster(LocoConfig(group_size=GROUP, intra_node_bits=4, inter_node_bits=4), 2, 2)
+    calls = []
+    monitor = _Recorder()
+    monitor.write_events = lambda events: calls.append(list(events))
+    telemetry = LocoTelemetry(monitor, cluster.reducers[0], WORLD, True, error_norm_every=2, every=3)
+    gen = torch.Generator().manual_seed(0)
+    sent = []
+    try:
+        for step in range(1, 8):
+            grads = [[torch.randn(300, generator=gen)] for _ in range(WORLD)]
+            cluster.reduce_scatter(grads, ["a"])
+            telemetry.on_reduce(["a"], grads[0], [])
+            sent.append(sum(hop_bytes(cluster.reducers[0]).values()))
+            telemetry.on_step(step, step == 2)
+    finally:
+        cluster.close()
+    steps = sorted({s for events in calls for _, _, s in events})
+    assert steps == [2, 3, 4, 6]  # step 5 and 7: nothing due
+    by_name = {}
+    for events in calls:
+        for name, value, s in events:
+            by_name.setdefault(name, []).append((s, value))
+    assert [s for s, _ in by_name["LoCo/error_rel_norm"]] == [2, 4, 6]
+    assert by_name["LoCo/reset"] == [(3, 1.0), (6, 0.0)]
+    per_step = sent[0]  # every step sends the same bytes
+    assert sent == [per_step * k for k in range(1, 8)]
+    totals = [value for name, values in by_name.items() if name.endswith("node_bytes") for value in values]
+    assert sorted(s for s, _ in totals) == [3, 3, 6, 6]
+    assert sum(v for _, v in totals) == pytest.approx(2 * per_step)  # per step, both hops, at steps 3 and 6
