@@ -260,7 +260,7 @@ QUOTES = [  # (file, passage): each {A[key]} / {C[key]} is the recomputed number
                "different cards for 4 of 5 seeds)"),
     (FINDINGS, "where LoCo 4/4 - plain 4/4 at the end was {C[P]} over 3 seeds (a gain larger than {C[bound]} "
                "excluded; no early cost resolved: {C[T_100_450]} over steps 100-450)"),
-    (FINDINGS, "no resolved gain, a gain >{A[bound_rounded]} nats excluded ("),
+    (FINDINGS, "no gain resolved, >{A[bound_rounded]} excluded ("),
     (EVIDENCE, "LoCo - plain at step 1000 {A[P]} (not resolved; equivalence within +-0.003 not shown, two one-sided "
                "tests p = {A[tost_p]}), flat over the last half ({A[slope_lp]} per 100 steps); plain - full "
                "{A[E_plain]}, LoCo - full {A[E_loco]} (Holm-adjusted p {A[E_loco_holm]} over the 2"),

@@ -11,7 +11,7 @@ import argparse
 import json
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 LOCO_PAYS = "pays"  # LoCo - plain resolved below 0
 LOCO_UNPROVEN = "unproven"  # no gain resolved, and runs that started behind
@@ -30,7 +30,10 @@ class Finding:
     what was measured, with its numbers; ``note``: the same in a few words with its window, for the start-up note;
     ``horizon_steps``: None, or the shortest schedule (optimizer steps) over which the reading was resolved; ``id``:
     the row's key in the evidence file. A row whose batch range starts above 0 is read only where the batch is
-    known; one from 0 up to a bound is read also where it is unknown (its note names the bound)."""
+    known; one from 0 up to a bound is read also where it is unknown (its note names the bound). ``options``:
+    ``(key, value)`` pairs of ``zeropp_loco_param`` the row holds for alone (e.g. ``error_feedback: "inter_node"``):
+    such a row is read only for a run given with those values, and wins there over a row without options;
+    ``action``: what the start-up note asks for (empty: the reading's own)."""
     id: str
     reading: str
     intra_bits: Tuple[int, int]
@@ -42,6 +45,8 @@ class Finding:
     note: str = ""
     tokens_per_step: Tuple[int, Optional[int]] = (0, None)
     horizon_steps: Optional[int] = None
+    options: Tuple[Tuple[str, Any], ...] = ()
+    action: str = ""
 
     @property
     def batch_bounded(self) -> bool:
@@ -60,9 +65,13 @@ class Finding:
         return hop_ok and self.hadamard in (None, hadamard) and self.grid in (None, grid)
 
     def matches(self, bits: Sequence[int], hadamard: bool, grid: str, params: int,
-                tokens_per_step: Optional[int]) -> bool:
-        """Whether a run of these hops (intra-node first), settings and size falls in this row (see the class)."""
+                tokens_per_step: Optional[int], options: Optional[Mapping[str, Any]] = None) -> bool:
+        """Whether a run of these hops (intra-node first), settings, size and ``zeropp_loco_param`` ``options``
+        (None: not given) falls in this row (see the class)."""
         if tokens_per_step is None and self.tokens_per_step[0] > 0:
+            return False
+        if self.options and (options is None or not all(_same(options.get(key, _ABSENT), value)
+                                                         for key, value in self.options)):
             return False
         return (self.same_setting(bits, hadamard, grid) and _within(params, self.params)
                 and (tokens_per_step is None or _within(tokens_per_step, self.tokens_per_step)))
@@ -73,6 +82,14 @@ class Threshold:
     """A line drawn on a statistic: ``value`` and, in one line, why there."""
     value: float
     reason: str
+
+
+_ABSENT = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of one type (a JSON ``true`` is not the number 1)."""
+    return type(a) is type(b) and a == b
 
 
 def _within(value: int, bounds: Tuple[int, Optional[int]]) -> bool:
@@ -89,10 +106,15 @@ def _pair(row: Dict[str, Any], key: str) -> Tuple[Any, Any]:
 
 def _finding(row: Dict[str, Any]) -> Finding:
     """A row of the JSON as a :class:`Finding`, its reading and grid checked."""
+    options = row.get("options", {})
+    if not isinstance(options, dict):
+        raise ValueError(f"findings.json: row {row.get('id')!r}: options = {options!r} must be an object of "
+                         f"zeropp_loco_param keys and values")
     finding = Finding(id=row["id"], reading=row["reading"], intra_bits=_pair(row, "intra_bits"),
                       inter_bits=_pair(row, "inter_bits"), hadamard=row["hadamard"], grid=row["grid"],
                       params=_pair(row, "params"), summary=row["summary"], note=row.get("note", ""),
-                      tokens_per_step=_pair(row, "tokens_per_step"), horizon_steps=row.get("horizon_steps"))
+                      tokens_per_step=_pair(row, "tokens_per_step"), horizon_steps=row.get("horizon_steps"),
+                      options=tuple(sorted(options.items())), action=row.get("action", ""))
     if finding.reading not in READINGS or finding.grid not in GRIDS:
         raise ValueError(f"findings.json: row {finding.id!r}: reading {finding.reading!r} must be one of {READINGS} "
                          f"and grid {finding.grid!r} one of {GRIDS}")
@@ -112,13 +134,16 @@ UPDATE_BURST_WARNING = UPDATE_BURST.value
 
 
 def read_map(bits: Sequence[int], hadamard: bool, grid: str, params: int, tokens_per_step: Optional[int] = None,
-             table: Sequence[Finding] = MAP) -> Optional[Finding]:
+             table: Sequence[Finding] = MAP, options: Optional[Mapping[str, Any]] = None) -> Optional[Finding]:
     """The row of ``table`` (default: :data:`MAP`) for a run whose hops send ``bits`` (intra-node first; one entry
     for a one-hop run) with ``hadamard`` on the resolved ``grid`` for a model of ``params`` parameters at a global
-    batch of ``tokens_per_step`` tokens (None: unknown, so rows bounded in batch are not read), or None where nothing
-    was measured or resolved for that setting. A row bounded in batch wins over an unbounded one where both match;
-    two matching rows of one kind are an error of the table (ValueError)."""
-    rows = [row for row in table if row.matches(list(bits), hadamard, grid, params, tokens_per_step)]
+    batch of ``tokens_per_step`` tokens (None: unknown, so rows bounded in batch are not read) with the
+    ``zeropp_loco_param`` values ``options`` (None: not given, so rows holding for some options alone are not read),
+    or None where nothing was measured or resolved for that setting. A row holding for the run's options wins over
+    one without options, then a row bounded in batch over an unbounded one, where both match; two matching rows of
+    one kind are an error of the table (ValueError)."""
+    rows = [row for row in table if row.matches(list(bits), hadamard, grid, params, tokens_per_step, options)]
+    rows = [row for row in rows if row.options] or rows
     bounded = [row for row in rows if row.batch_bounded]
     rows = bounded or rows
     if len(rows) > 1:
@@ -152,10 +177,12 @@ def table_text(table: Sequence[Finding] = MAP) -> str:
     for row in table:
         hops = f"bits intra {row.intra_bits[0]}-{row.intra_bits[1]}, inter {row.inter_bits[0]}-{row.inter_bits[1]}"
         hadamard = {None: "either", True: "on", False: "off"}[row.hadamard]
-        lines += ["", f"[{row.id}] {row.reading}: {hops}, Hadamard {hadamard}, grid {row.grid or 'either'}",
+        only = "".join(f", {key} {json.dumps(value)}" for key, value in row.options)
+        lines += ["", f"[{row.id}] {row.reading}: {hops}, Hadamard {hadamard}, grid {row.grid or 'either'}{only}",
                   f"  window: parameters {span(row.params)}, tokens a step {span(row.tokens_per_step)}"
                   + (f", schedules of {row.horizon_steps}+ steps" if row.horizon_steps else "")]
         lines += [f"  in short: {row.note}"] * bool(row.note) + [f"  {row.summary}"]
+        lines += [f"  so: {row.action}"] * bool(row.action)
     lines += ["", "Outside every window: not measured; measure your own model with deepspeed-loco-advise and watch "
               "the live rho (zeropp_loco_param.rho_every)."]
     return "\n".join(lines) + "\n"

@@ -44,8 +44,9 @@ def test_rows_never_overlap_over_every_setting():
     sizes = (1, SMALL, GAIN_MAX_PARAMS, GAIN_MAX_PARAMS + 1, LARGE)
     batches = (None, 16384, LARGEST_2BIT_MAP_BATCH, LARGEST_2BIT_MAP_BATCH + 1, 1 << 20)
     settings = itertools.product(hops, (False, True), ("midrise", "symmetric"), sizes, batches)
-    for bits, hadamard, grid, params, tokens in settings:
-        read_map(bits, hadamard, grid, params, tokens)  # raises where two rows match
+    options = [None] + [{"error_feedback": f, "error_bits": b} for f in (True, False, "inter_node") for b in (4, 8, 32)]
+    for (bits, hadamard, grid, params, tokens), given in itertools.product(settings, options):
+        read_map(bits, hadamard, grid, params, tokens, options=given)  # raises where two rows match
 
 
 def test_loco_at_2_bits_is_unproven_above_the_largest_batch_the_map_measured_it_at():
@@ -81,8 +82,10 @@ def test_every_row_closes_its_window_to_what_was_measured():
     """No row reads beyond the largest model and global batch it was measured at: outside, "not measured"."""
     for row in MAP:
         assert row.params[1] is not None and row.tokens_per_step[1] is not None, row.id
-        assert read_map([row.intra_bits[0], row.inter_bits[0]], bool(row.hadamard), row.grid or "symmetric",
-                        row.params[1] + 1, row.tokens_per_step[1]) is not row
+        setting = ([row.intra_bits[0], row.inter_bits[0]], bool(row.hadamard), row.grid or "symmetric")
+        options = dict(row.options) or None
+        assert read_map(*setting, row.params[1], row.tokens_per_step[1], options=options) is row
+        assert read_map(*setting, row.params[1] + 1, row.tokens_per_step[1], options=options) is not row
 
 
 def test_the_table_prints_every_row_with_its_window_from_the_installed_package():
@@ -109,3 +112,21 @@ def test_a_malformed_row_is_refused_naming_it():
         load(table(reading="great"))
     with pytest.raises(ValueError, match="row 'x': params = \\[0\\] must be a \\[low, high\\] pair"):
         load(table(params=[0]))
+    with pytest.raises(ValueError, match="row 'x': options = \\['inter_node'\\] must be an object"):
+        load(table(options=["inter_node"]))
+
+
+def test_a_row_for_some_options_is_read_only_for_runs_given_with_them_and_wins_there():
+    """The lean-error-state rows: ``error_feedback: "inter_node"`` (any storage) and 4-bit errors on both hops; a
+    run whose options are not given, or differ (the JSON's true is not 1), reads the setting's general row."""
+    general = read_map([2, 2], False, "midrise", SMALL)
+    inter = read_map([2, 2], False, "midrise", SMALL, options={"error_feedback": "inter_node", "error_bits": 8})
+    int4 = read_map([2, 2], False, "midrise", SMALL, options={"error_feedback": True, "error_bits": 4})
+    assert general.reading == LOCO_PAYS and not general.options
+    assert inter.reading == LOCO_UNPROVEN and dict(inter.options) == {"error_feedback": "inter_node"} and inter.action
+    assert int4.reading == LOCO_PAYS and dict(int4.options) == {"error_feedback": True, "error_bits": 4}
+    for options in ({"error_feedback": True, "error_bits": 8}, {"error_feedback": 1, "error_bits": 4},
+                    {"error_feedback": False, "error_bits": 4}):
+        assert read_map([2, 2], False, "midrise", SMALL, options=options) is general
+    # beyond the study's batch the general row again
+    assert read_map([2, 2], False, "midrise", SMALL, 32768, options={"error_feedback": "inter_node"}) is general

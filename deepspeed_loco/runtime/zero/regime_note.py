@@ -6,6 +6,7 @@ measured for it, gets "not in the measurements" and where to look; every other r
 command that prints the whole table."""
 from typing import Optional
 
+from deepspeed_loco.config import INTER_NODE_ONLY
 from deepspeed_loco.findings import LOCO_IDLE, LOCO_PAYS, LOCO_UNPROVEN, MAP, measured_window, read_map
 from deepspeed_loco.layout import HopPlan
 from deepspeed_loco.utils.sizes import parameter_count
@@ -20,20 +21,27 @@ NOT_MEASURED = "measure it: deepspeed-loco-advise, the live rho (rho_every)"
 NOTE_MAX_CHARS = 250  # the note is one line a user reads at start-up
 
 
-def regime_note(plan: HopPlan, error_feedback: bool, params: int,
-                tokens_per_step: Optional[int] = None) -> Optional[str]:
-    """The note for a run of ``plan``'s hops with ``error_feedback`` on or off training ``params`` parameters at a
-    global batch of ``tokens_per_step`` tokens (None: unknown), or None (no hop, a setting never measured, or one
-    whose measurement agrees with the run)."""
+FEEDBACK_WORDS = {True: "LoCo error feedback", INTER_NODE_ONLY: "inter-node LoCo",
+                  False: "no LoCo error feedback"}
+
+
+def regime_note(plan: HopPlan, error_feedback, params: int, tokens_per_step: Optional[int] = None,
+                error_bits: int = 8) -> Optional[str]:
+    """The note for a run of ``plan``'s hops with ``zeropp_loco_param.error_feedback`` (True, False or
+    ``"inter_node"``) and ``error_bits`` training ``params`` parameters at a global batch of ``tokens_per_step``
+    tokens (None: unknown), or None (no hop, a setting never measured, or one whose measurement agrees with the run).
+    A row measured for the run's error-state options alone (``findings.Finding.options``) wins over the setting's
+    general row, and its own action over the reading's."""
     bits = [hop.bits for hop in plan.hops]  # intra-node first
     rows = [row for row in MAP if row.same_setting(bits, plan.hadamard, plan.grid)]
     if not rows:
         return None
-    finding = read_map(bits, plan.hadamard, plan.grid, params, tokens_per_step)
-    head = (f"deepspeed-loco: {'LoCo error feedback' if error_feedback else 'no LoCo error feedback'} at "
-            f"{'/'.join(map(str, bits))} bits{' + Hadamard' if plan.hadamard else ''} for {parameter_count(params)}")
+    finding = read_map(bits, plan.hadamard, plan.grid, params, tokens_per_step,
+                       options={"error_feedback": error_feedback, "error_bits": error_bits})
+    head = (f"deepspeed-loco: {FEEDBACK_WORDS[error_feedback]} at {'/'.join(map(str, bits))} bits"
+            f"{' + Hadamard' if plan.hadamard else ''} for {parameter_count(params)}")
     if finding is None:  # a setting measured elsewhere: said where LoCo runs (plain qgZ needs no evidence of ours)
         return (f"{head}: not in the measurements ({TABLE_COMMAND}: {measured_window(rows)}); {NOT_MEASURED}"
                 if error_feedback else None)
-    action = ACTIONS.get((finding.reading, error_feedback))
+    action = finding.action or ACTIONS.get((finding.reading, bool(error_feedback)))
     return f"{head}: in the measurements ({TABLE_COMMAND}) {finding.note}; {action}" if action else None

@@ -282,7 +282,8 @@ def attach(engine, config: LocoConfig) -> Optional[LocoHook]:
         off = error_feedback_off_reason(hook.plan, config.error_feedback)
         if off:  # error feedback asked for, and no hop of this layout keeps error
             log_rank0(f"deepspeed-loco: zeropp_loco_param.{off}", logging.WARNING)
-        note = regime_note(hook.plan, config.error_feedback, sum(deepspeed_seam.param_numel(p) for p in params))
+        note = regime_note(hook.plan, config.error_feedback, sum(deepspeed_seam.param_numel(p) for p in params),
+                           error_bits=config.error_bits)
         if note:
             log_rank0(note)
     setattr(engine, ENGINE_ATTRIBUTE, hook)

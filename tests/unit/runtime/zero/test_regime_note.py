@@ -17,7 +17,8 @@ GAIN_MAX_PARAMS = next(row for row in MAP if row.reading == LOCO_PAYS).params[1]
 
 def _note(world, local, params=SMALL, tokens_per_step=None, **keys):
     config = LocoConfig.from_dict(keys)
-    note = regime_note(plan_hops(world, local, config), config.error_feedback, params, tokens_per_step)
+    note = regime_note(plan_hops(world, local, config), config.error_feedback, params, tokens_per_step,
+                       error_bits=config.error_bits)
     assert note is None or (len(note) <= NOTE_MAX_CHARS and "\n" not in note and f"({TABLE_COMMAND}" in note)
     assert note is None or MAP_DOC not in note  # a pip user has no docs/ folder
     return note
@@ -101,3 +102,33 @@ def test_a_models_size_reads_as_its_count_never_as_zero_millions(params, said):
 def test_a_small_models_note_states_its_size():
     note = _note(8, 4, params=3_217, intra_node_bits=2, inter_node_bits=2, error_feedback=False)
     assert "at 2/2 bits for 3,217 parameters: in the measurements" in note and "0.0M" not in note
+
+
+def test_inter_node_error_only_at_two_bits_says_it_kept_none_of_the_gain_and_what_did():
+    """The lean-error-state study's rows, read for the options they were measured with alone: ``"inter_node"``
+    (any storage) gets its own note and action; 4-bit errors on both hops, like int8, get none (the map agrees)."""
+    row = read_map([2, 2], False, "midrise", SMALL, options={"error_feedback": "inter_node", "error_bits": 4})
+    for bits in (8, 4):
+        note = _note(8, 4, intra_node_bits=2, inter_node_bits=2, error_feedback="inter_node", error_bits=bits)
+        assert note.startswith("deepspeed-loco: inter-node LoCo at 2/2 bits for 10.8M parameters")
+        assert row.note in note and note.endswith(row.action) and "error_bits: 4" in row.action
+    assert _note(8, 4, intra_node_bits=2, inter_node_bits=2, error_feedback=True, error_bits=4) is None
+    # beyond the study's model: the setting's general row, with the reading's action
+    note = _note(8, 4, params=GAIN_MAX_PARAMS + 1, intra_node_bits=2, inter_node_bits=2, error_feedback="inter_node")
+    assert row.note not in note and "advise" in note
+
+
+def test_inter_node_error_only_where_the_map_found_no_effect_says_what_it_costs():
+    note = _note(8, 4, intra_node_bits=4, inter_node_bits=4, error_feedback="inter_node")
+    assert note.startswith("deepspeed-loco: inter-node LoCo at 4/4 bits") and "error_feedback: false" in note
+
+
+def test_every_note_fits_one_line_over_every_setting_and_option():
+    """Every setting, option and size a note can name: at most ``NOTE_MAX_CHARS`` (``_note`` checks)."""
+    import itertools
+    bits = [(2, 2), (4, 4), (8, 2), (8, 8), (2, 4), (4, 2), (3, 3)]
+    for (intra, inter), feedback, error_bits, hadamard, params, (world, local) in itertools.product(
+            bits, (True, False, "inter_node"), (4, 8, 32), (False, True), (3_217, SMALL, LARGE, 7 * 10**9),
+            ((16, 8), (16, 1), (2, 2))):
+        _note(world, local, params=params, intra_node_bits=intra, inter_node_bits=inter, error_feedback=feedback,
+              error_bits=error_bits, hadamard=hadamard)
