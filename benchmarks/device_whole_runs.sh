@@ -118,7 +118,7 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
         echo "kernels.py exit $?"; sed -n '/int4 \/ int8/,$p' "$OUT/kernels.txt"
     fi
     if [ "${MONITOR:-0}" = 1 ]; then  # issue 58's whole-step overhead on the quiet GPU, before the runs start
-        timeout 200 python3 benchmarks/monitor_overhead.py --size 125m --micro-batch 16 --rounds 5 \
+        timeout 200 python3 benchmarks/monitor_overhead.py --size 125m --micro-batch 16 --rounds 5 --count-ops \
             --table "$OUT/monitor_table.txt" --profile "$OUT/monitor_profile.txt" >"$OUT/monitor_log.txt" 2>&1
         echo "monitor_overhead.py exit $?"; cat "$OUT/monitor_table.txt" 2>/dev/null
     fi

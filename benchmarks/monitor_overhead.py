@@ -65,6 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--device", default="cuda")
     p.add_argument("--table", help="also write the table to this file")
+    p.add_argument("--count-ops", dest="count_ops", action="store_true",
+                   help="also count the ops each arm dispatches over --rho-every steps beyond the base arm's")
     p.add_argument("--profile", help="also write each arm's torch.profiler table of one measured step's run of "
                                      "--rho-every steps to this file")
     args = p.parse_args(argv)
@@ -216,6 +218,7 @@ def measure(args) -> dict:
                 hook_ms[arm].append(1000 * (rank.hook_seconds - hook_before) / args.steps)
         if args.profile:
             write_profiles(rank, args, sync, args.profile)
+        ops = count_ops(rank, args) if args.count_ops else None
         written = sorted(os.listdir(os.path.join(out_dir, "monitor_overhead")))
     return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "kernels": kernels_for(device).name, "size": args.size,
@@ -223,7 +226,36 @@ def measure(args) -> dict:
             "buckets": len(rank.buckets), "micro_batch": args.micro_batch, "layout": f"{args.nodes} x {args.local}",
             "bits": args.bits, "rho_every": args.rho_every, "telemetry_every": args.telemetry_every,
             "steps": args.steps, "rounds": args.rounds,
-            "ms": times, "hook_ms": hook_ms, "all_reduce_floats": floats, "written": written}
+            "ms": times, "hook_ms": hook_ms, "ops": ops, "all_reduce_floats": floats, "written": written}
+
+
+def count_ops(rank: Rank, args) -> dict:
+    """Per arm, ``(computing, views)``: the ops dispatched by its run of ``--rho-every`` steps (one measured), less
+    the base arm's; a computing op is a kernel launch on a GPU, a view only host work. Machine-independent."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Dispatched(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.kinds = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.kinds["views" if func.is_view else "computing"] += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = {}
+    for arm in ARMS:
+        observers, listeners = rank.arm(arm)
+        while rank.steps % args.rho_every:
+            rank.step("base", [], [])
+        with Dispatched() as dispatched:
+            for _ in range(args.rho_every):
+                rank.step(arm, observers, listeners)
+        counts[arm] = dispatched.kinds
+    return {arm: (counts[arm]["computing"] - counts["base"]["computing"],
+                  counts[arm]["views"] - counts["base"]["views"]) for arm in ARMS}
 
 
 def write_profiles(rank: Rank, args, sync, path: str) -> None:
@@ -260,8 +292,14 @@ def table(r: dict) -> str:
             f"byte counts every {r['telemetry_every']}; "
             f"{r['steps']} steps per arm and round, {r['rounds']} round(s); the live rho's all-reduce (not timed): "
             f"{r['all_reduce_floats']} floats")
+    counts = []
+    if r["ops"]:
+        counts = ["", f"ops dispatched over {r['rho_every']} steps (one measured) beyond the base arm's (with "
+                      f"{r['kernels']}: on the CPU the reference kernels' own ops count too):", "",
+                  "| arm | computing (a kernel launch each on a GPU) | views (host work only) |", "|---|---|---|"]
+        counts += [f"| {arm} | {computing} | {views} |" for arm, (computing, views) in r["ops"].items()]
     return "\n".join([head, "", "| arm | ms per step (median of rounds) | rounds' range | / base | extra | host ms in "
-                      "LoCo's observers and listeners per step |", "|---|---|---|---|---|---|"] + rows
+                      "LoCo's observers and listeners per step |", "|---|---|---|---|---|---|"] + rows + counts
                      + ["", f"monitor files written: {', '.join(r['written'])}"])
 
 

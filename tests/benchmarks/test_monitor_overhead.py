@@ -24,7 +24,7 @@ def test_a_cpu_run_times_every_arm_and_the_monitor_writes_both_kinds_of_events(t
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, "benchmarks/monitor_overhead.py", "--size", "tiny", "--micro-batch", "2",
                           "--device", "cpu", "--steps", "4", "--rho-every", "2", "--telemetry-every", "2", "--rounds",
-                          "2", "--nodes", "2", "--local", "2", "--table", str(table), "--profile",
+                          "2", "--nodes", "2", "--local", "2", "--table", str(table), "--count-ops", "--profile",
                           str(tmp_path / "profile.txt")], cwd=ROOT, env=env, text=True, capture_output=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -32,6 +32,9 @@ def test_a_cpu_run_times_every_arm_and_the_monitor_writes_both_kinds_of_events(t
     rows = dict(re.findall(r"^\| (\w+) \| [\d.]+ \| [\d.]+ \.\. [\d.]+ \| ([\d.]+) \| [+-][\d.]+% \| [\d.]+ \|$",
                            text, re.M))
     assert list(rows) == ["base", "ds_monitor", "monitor", "rho", "both"] and rows["base"] == "1.0000"
+    ops = dict(re.findall(r"^\| (\w+) \| (-?\d+) \| -?\d+ \|$", text, re.M))
+    assert list(ops) == list(rows) and ops["base"] == "0"
+    assert ops["ds_monitor"] == "2"  # DeepSpeed's engine reads the loss to the host once a step: 2 steps
     profiles = (tmp_path / "profile.txt").read_text()
     assert re.findall(r"^## (\w+): 2 steps, one measured$", profiles, re.M) == list(rows)
     from loco_lab.model import SIZES, ByteLlama
