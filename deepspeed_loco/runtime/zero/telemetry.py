@@ -1,4 +1,4 @@
-"""LoCo's per-step telemetry, written through DeepSpeed's own monitor (``engine.monitor``).
+"""LoCo's telemetry, written through DeepSpeed's own monitor (``engine.monitor``).
 
 When the ds_config enables a DeepSpeed monitor (``tensorboard``, ``wandb``, ``csv_monitor``, ``comet``), global
 rank 0 writes after optimizer steps, with the optimizer step (1-based, the count ``reset_T`` uses) as x. On every
