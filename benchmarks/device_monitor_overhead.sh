@@ -2,7 +2,7 @@
 # One device call for benchmarks/monitor_overhead.py on one GPU: install the carried wheelhouse (.whl/,
 # benchmarks/device_wheelhouse.sh), build the LoCo CUDA kernels once, then time the 116M model's step with DeepSpeed's
 # monitor (and LoCo's telemetry) on and off and the live rho on and off, saving table.txt and log.txt under $OUT.
-# Further arguments go to monitor_overhead.py (default: --size 125m --micro-batch 16, 4 rounds of 30 steps per arm).
+# Further arguments go to monitor_overhead.py (default: --size 125m --micro-batch 16, 5 rounds of 30 steps per arm).
 # Usage (repository root):
 #   OUT=$OUT bash benchmarks/device_monitor_overhead.sh [--rho-every 1 --steps 20 ...]
 set -uo pipefail

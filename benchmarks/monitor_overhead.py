@@ -61,8 +61,9 @@ def parse_args(argv=None):
                    help="LoCo's telemetry: byte counts and resets written every this many optimizer steps "
                         "(zeropp_loco_param.telemetry_every; default its default)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per arm and round (a multiple of --rho-every)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps before the first round")
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps before the first round (at least through "
+                                                         "the first measured step)")
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--device", default="cuda")
     p.add_argument("--table", help="also write the table to this file")
     p.add_argument("--count-ops", dest="count_ops", action="store_true",
@@ -196,7 +197,9 @@ def measure(args) -> dict:
     with tempfile.TemporaryDirectory() as out_dir:
         rank = Rank(args, device, out_dir)
         observers, listeners = rank.arm("both")
-        for _ in range(args.warmup):
+        # untimed: --warmup steps, and on through a measured step, so that what a first measured step does once
+        # (the process group's first all-reduce, the allocator's first blocks) is not timed in the first round
+        while rank.steps < max(args.warmup, args.rho_every + 1):
             rank.step("both", observers, listeners)
         rank.arm("base")
         noise_stats.begin_measured_step(rank.reducer, rank.steps + 1)  # the size of the live rho's all-reduce
