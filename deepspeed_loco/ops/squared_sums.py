@@ -14,6 +14,7 @@ import torch
 
 from deepspeed_loco.layout.formats import ErrorStorage
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
+from deepspeed_loco.ops.quantizer import unpack
 
 RUN_VALUES = 1 << 24  # values one run of launches reads at most
 
@@ -60,10 +61,11 @@ def squared_sum(tensors: Sequence[torch.Tensor], device, limit: int = RUN_VALUES
 
 @lru_cache(maxsize=None)
 def _nibble_squares(device: str) -> torch.Tensor:
-    """fp32 ``(256,)``: for every byte of 4-bit storage, the sum of the squares of its two signed codes."""
-    byte = torch.arange(256)
-    signed = lambda n: torch.where(n >= 8, n - 16, n)  # noqa: E731
-    return (signed(byte & 15).square() + signed(byte >> 4).square()).to(device=device, dtype=torch.float32)
+    """fp32 ``(256,)``: for every byte of 4-bit storage, the sum of the squares of its two signed codes, decoded by
+    the storage's own :func:`~deepspeed_loco.ops.quantizer.unpack` (each byte the first of a 4-byte word)."""
+    words = torch.zeros(256, 4, dtype=torch.uint8)
+    words[:, 0] = torch.arange(256, dtype=torch.uint8)
+    return unpack(words, 4)[:, :2].float().square().sum(1).to(device)
 
 
 def _code_squares(codes: torch.Tensor, storage: ErrorStorage) -> torch.Tensor:
