@@ -126,12 +126,15 @@ class Rank:
         self.hook_seconds = 0.0  # host time in the reduce observers and step listeners, since start-up
 
     def arm(self, name: str):
-        """``(observers, listeners)`` of arm ``name``: fresh live rho and telemetry objects from the next step (a
-        measured step the previous arm's live rho began is dropped)."""
+        """``(observers, listeners)`` of arm ``name``: fresh live rho and telemetry objects from the next step, after
+        base steps up to a step count aligned with the measured ones (a measured step the previous arm's live rho
+        began is dropped)."""
         from deepspeed_loco.runtime.comm.noise_stats import LiveRho
         from deepspeed_loco.runtime.zero.telemetry import LocoTelemetry
         if self.reducer.measuring:
             self.reducer.end_measured_step()
+        while self.steps % self.args.rho_every:
+            self.step("base", [], [])
         every = self.args.rho_every
         live_rho = LiveRho(self.reducer, None, every if name in RHO_ARMS else 0, 0, self.args.micro_batch, 1,
                            self.device, next_step=self.steps + 1)
@@ -210,8 +213,6 @@ def measure(args) -> dict:
         for r in range(args.rounds):
             for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
                 observers, listeners = rank.arm(arm)
-                while rank.steps % args.rho_every:  # every arm starts at a step count aligned with the measured ones
-                    rank.step("base", [], [])
                 sync()
                 start, hook_before = time.perf_counter(), rank.hook_seconds
                 for _ in range(args.steps):
@@ -251,8 +252,6 @@ def count_ops(rank: Rank, args) -> dict:
     counts = {}
     for arm in ARMS:
         observers, listeners = rank.arm(arm)
-        while rank.steps % args.rho_every:
-            rank.step("base", [], [])
         with Dispatched() as dispatched:
             for _ in range(args.rho_every):
                 rank.step(arm, observers, listeners)
