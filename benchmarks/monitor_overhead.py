@@ -21,7 +21,10 @@ classes. The arms, run in the same process on the same model:
 
 Each arm runs ``--steps`` steps (a multiple of ``--rho-every``) between two device synchronizations, so that a
 host synchronization inside a step costs what it costs in training; per arm the table gives the mean step time (the
-median over ``--rounds`` rounds, each round in an order rotated by one) and its ratio to ``base`` of the same run.
+median over ``--rounds`` rounds, each round in an order rotated by one), its ratio to ``base`` of the same run, and
+the median over rounds of its ratio to ``base`` of the same round (paired: steadier where the host's speed drifts
+between rounds). With ``--profile`` on a GPU, a second table gives each arm's kernel time on the device per step:
+what the arm adds to a step that the device, not the host, bounds.
 Not timed: the live rho's all-reduce across ranks (with one process it sums one rank's vector; its size is printed)
 and the exchanges.
 
@@ -36,6 +39,7 @@ import sys
 import tempfile
 import time
 import types
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
@@ -220,8 +224,7 @@ def measure(args) -> dict:
                 sync()
                 times[arm].append(1000 * (time.perf_counter() - start) / args.steps)
                 hook_ms[arm].append(1000 * (rank.hook_seconds - hook_before) / args.steps)
-        if args.profile:
-            write_profiles(rank, args, sync, args.profile)
+        kernel_ms = write_profiles(rank, args, sync, args.profile) if args.profile else None
         ops = count_ops(rank, args) if args.count_ops else None
         written = sorted(os.listdir(os.path.join(out_dir, "monitor_overhead")))
     return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -229,8 +232,8 @@ def measure(args) -> dict:
             "params": sum(p.numel() for p in rank.params), "tensors": len(rank.params),
             "buckets": len(rank.buckets), "micro_batch": args.micro_batch, "layout": f"{args.nodes} x {args.local}",
             "bits": args.bits, "rho_every": args.rho_every, "telemetry_every": args.telemetry_every,
-            "steps": args.steps, "rounds": args.rounds,
-            "ms": times, "hook_ms": hook_ms, "ops": ops, "all_reduce_floats": floats, "written": written}
+            "steps": args.steps, "rounds": args.rounds, "ms": times, "hook_ms": hook_ms, "kernel_ms": kernel_ms,
+            "ops": ops, "all_reduce_floats": floats, "written": written}
 
 
 def count_ops(rank: Rank, args) -> dict:
@@ -260,12 +263,16 @@ def count_ops(rank: Rank, args) -> dict:
                   counts[arm]["views"] - counts["base"]["views"]) for arm in ARMS}
 
 
-def write_profiles(rank: Rank, args, sync, path: str) -> None:
+def write_profiles(rank: Rank, args, sync, path: str) -> Optional[dict]:
     """Per arm, ``torch.profiler``'s table of ``--rho-every`` steps (one measured step) after one untimed such run,
-    the ops sorted by their total time on the device (on the CPU without one), into ``path``."""
+    the ops sorted by their total time on the device (on the CPU without one), into ``path``. Returns per arm the
+    kernels' time on the device per step of that run (ms; what the arm adds to a step that the device, not the host,
+    bounds), or None without a device."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rank.device.type == "cuda" else [])
     sort = "cuda_time_total" if rank.device.type == "cuda" else "cpu_time_total"
+    kernel_ms = {}
     with open(path, "w") as f:
         for arm in ARMS:
             observers, listeners = rank.arm(arm)
@@ -278,6 +285,9 @@ def write_profiles(rank: Rank, args, sync, path: str) -> None:
                 sync()
             f.write(f"## {arm}: {args.rho_every} steps, one measured\n\n")
             f.write(prof.key_averages().table(sort_by=sort, row_limit=25) + "\n\n")
+            kernel_ms[arm] = sum(e.self_device_time_total for e in prof.key_averages()  # the kernels' own rows only
+                                 if e.device_type != DeviceType.CPU) / 1000 / args.rho_every
+    return kernel_ms if rank.device.type == "cuda" else None
 
 
 def table(r: dict) -> str:
@@ -286,7 +296,8 @@ def table(r: dict) -> str:
     for arm in ARMS:
         ms = statistics.median(r["ms"][arm])
         spread = f"{min(r['ms'][arm]):.2f} .. {max(r['ms'][arm]):.2f}"
-        rows.append(f"| {arm} | {ms:.2f} | {spread} | {ms / base:.4f} | {ms / base - 1:+.2%} | "
+        paired = statistics.median(a / b for a, b in zip(r["ms"][arm], r["ms"]["base"]))
+        rows.append(f"| {arm} | {ms:.2f} | {spread} | {ms / base:.4f} | {ms / base - 1:+.2%} | {paired - 1:+.2%} | "
                     f"{statistics.median(r['hook_ms'][arm]):.3f} |")
     head = (f"{r['device']} ({r['kernels']}): {r['size']} model ({r['params'] / 1e6:.1f}M parameters, {r['tensors']} "
             f"tensors, {r['buckets']} bucket(s)), micro-batch {r['micro_batch']}, rank 1 of {r['layout']}, "
@@ -300,8 +311,16 @@ def table(r: dict) -> str:
                       f"{r['kernels']}: on the CPU the reference kernels' own ops count too):", "",
                   "| arm | computing (a kernel launch each on a GPU) | views (host work only) |", "|---|---|---|"]
         counts += [f"| {arm} | {computing} | {views} |" for arm, (computing, views) in r["ops"].items()]
-    return "\n".join([head, "", "| arm | ms per step (median of rounds) | rounds' range | / base | extra | host ms in "
-                      "LoCo's observers and listeners per step |", "|---|---|---|---|---|---|"] + rows + counts
+    kernels = []
+    if r.get("kernel_ms"):
+        k_base = r["kernel_ms"]["base"]
+        kernels = ["", f"kernels' time on the device per step (ms; the profiled run of {r['rho_every']} steps, one "
+                       "measured): what each arm adds where the device, not the host, bounds the step", "",
+                   "| arm | device ms per step | extra |", "|---|---|---|"]
+        kernels += [f"| {arm} | {ms:.3f} | {ms / k_base - 1:+.2%} |" for arm, ms in r["kernel_ms"].items()]
+    return "\n".join([head, "", "| arm | ms per step (median of rounds) | rounds' range | / base | extra | extra, "
+                      "paired (median over rounds of arm / base of the same round) | host ms in LoCo's observers and "
+                      "listeners per step |", "|---|---|---|---|---|---|---|"] + rows + kernels + counts
                      + ["", f"monitor files written: {', '.join(r['written'])}"])
 
 

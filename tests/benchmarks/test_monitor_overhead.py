@@ -18,6 +18,21 @@ def test_buckets_are_consecutive_parameters_within_the_size(benchmark_module):
     assert buckets([1, 2, 3], 10**9) == [(0, 3)]
 
 
+def test_the_table_pairs_rounds_and_gives_the_kernels_time_against_base(benchmark_module):
+    table = benchmark_module("monitor_overhead").table
+    arms = ["base", "ds_monitor", "monitor", "rho", "both"]
+    r = {"device": "gpu", "kernels": "loco_cuda", "size": "125m", "params": 1e6, "tensors": 3, "buckets": 1,
+         "micro_batch": 1, "layout": "2 x 8", "bits": "4/4", "rho_every": 10, "telemetry_every": 10, "steps": 30,
+         "rounds": 2, "all_reduce_floats": 7, "ops": None, "written": [],
+         "ms": {arm: [10.0, 20.0] for arm in arms}, "hook_ms": {arm: [0.0, 0.0] for arm in arms},
+         "kernel_ms": {arm: 4.0 for arm in arms}}
+    r["ms"]["rho"] = [10.2, 20.4]  # +2% in each round, against the base of that round
+    r["kernel_ms"]["monitor"] = 4.04
+    text = table(r)
+    assert "| rho | 15.30 | 10.20 .. 20.40 | 1.0200 | +2.00% | +2.00% | 0.000 |" in text
+    assert "| monitor | 4.040 | +1.00% |" in text and "| base | 4.000 | +0.00% |" in text
+
+
 @pytest.mark.slow
 def test_a_cpu_run_times_every_arm_and_the_monitor_writes_both_kinds_of_events(tmp_path):
     table = tmp_path / "table.txt"
@@ -29,9 +44,12 @@ def test_a_cpu_run_times_every_arm_and_the_monitor_writes_both_kinds_of_events(t
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     text = table.read_text()
-    rows = dict(re.findall(r"^\| (\w+) \| [\d.]+ \| [\d.]+ \.\. [\d.]+ \| ([\d.]+) \| [+-][\d.]+% \| [\d.]+ \|$",
-                           text, re.M))
+    found = re.findall(r"^\| (\w+) \| [\d.]+ \| [\d.]+ \.\. [\d.]+ \| ([\d.]+) \| [+-][\d.]+% \| ([+-][\d.]+)% \| "
+                       r"[\d.]+ \|$", text, re.M)
+    rows = {arm: ratio for arm, ratio, _ in found}
     assert list(rows) == ["base", "ds_monitor", "monitor", "rho", "both"] and rows["base"] == "1.0000"
+    assert found[0][2] == "+0.00"  # the base arm paired with itself, round by round
+    assert "device ms per step" not in text  # no device: the profiled kernels' table is left out
     ops = dict(re.findall(r"^\| (\w+) \| (-?\d+) \| -?\d+ \|$", text, re.M))
     assert list(ops) == list(rows) and ops["base"] == "0"
     assert ops["ds_monitor"] == "2"  # DeepSpeed's engine reads the loss to the host once a step: 2 steps
