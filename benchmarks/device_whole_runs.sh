@@ -42,16 +42,20 @@ collect() {  # what has finished, into $OUT (a call brings back at most 8 files)
     echo "runs finished: $(cat "$W/runs.jsonl" 2>/dev/null | wc -l)"
 }
 
-watch() {  # every 60 s: the furthest step each running run reached; stops after $1 seconds of this call (never later:
-    # a call that runs past its limit brings nothing back)
-    local left
-    while left=$(( $1 - ($(date +%s) - began) )); [ "$left" -gt 0 ]; do
-        sleep $(( left < 60 ? left : 60 ))
+watch() {  # every 60 s: the furthest step each running run reached; stops once the launcher has ended (looked at
+    # every 5 s, so that a lease's idle seconds are few) or after $1 seconds of this call (never later: a call that
+    # runs past its limit brings nothing back)
+    local left done_=0
+    while left=$(( $1 - ($(date +%s) - began) )); [ "$left" -gt 0 ] && [ "$done_" = 0 ]; do
+        for _ in $(seq 12); do
+            grep -q "^launch:" "$W/launch.log" 2>/dev/null && { done_=1; break; }
+            left=$(( $1 - ($(date +%s) - began) )); [ "$left" -gt 0 ] || break
+            sleep $(( left < 5 ? left : 5 ))
+        done
         echo "--- $(( $(date +%s) - began )) s: $(cat "$W/runs.jsonl" 2>/dev/null | wc -l) finished"
         for log in "$W"/logs/*.log; do
             [ -e "$log" ] && echo "$(basename "$log" .log): $(grep -o 'step [0-9]*/[0-9]* val [0-9.]*' "$log" | tail -1)"
         done
-        grep -q "^launch:" "$W/launch.log" 2>/dev/null && break
     done
     nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
     collect
