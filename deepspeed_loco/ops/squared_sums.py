@@ -61,18 +61,19 @@ def squared_sum(tensors: Sequence[torch.Tensor], device, limit: int = RUN_VALUES
 
 @lru_cache(maxsize=None)
 def _nibble_squares(device: str) -> torch.Tensor:
-    """fp32 ``(256,)``: for every byte of 4-bit storage, the sum of the squares of its two signed codes, decoded by
+    """int16 ``(256,)``: for every byte of 4-bit storage, the sum of the squares of its two signed codes, decoded by
     the storage's own :func:`~deepspeed_loco.ops.quantizer.unpack` (each byte the first of a 4-byte word)."""
     words = torch.zeros(256, 4, dtype=torch.uint8)
     words[:, 0] = torch.arange(256, dtype=torch.uint8)
-    return unpack(words, 4)[:, :2].float().square().sum(1).to(device)
+    return unpack(words, 4)[:, :2].to(torch.int16).square().sum(1, dtype=torch.int16).to(device)
 
 
 def _code_squares(codes: torch.Tensor, storage: ErrorStorage) -> torch.Tensor:
-    """fp32: the squared codes of 1-D stored ``codes`` per stored element (a 4-bit byte's two codes summed)."""
+    """int16, exact: the squared codes of 1-D stored ``codes`` per stored element (a 4-bit byte's two codes summed;
+    at most 2 * 8^2 = 128, and 127^2 = 16129 for int8), two bytes a value where fp32 took four."""
     if storage is ErrorStorage.INT4:
         return _nibble_squares(str(codes.device)).index_select(0, codes.int())
-    return codes.float().square()
+    return codes.to(torch.int16).square()
 
 
 def error_squared_sum(buffers: Sequence[ErrorBuffer], device, limit: int = RUN_VALUES) -> torch.Tensor:

@@ -33,12 +33,16 @@ def test_runs_refuse_a_limit_below_the_alignment():
         list(runs([512], 128, 256))
 
 
-def _buffers(storage, shapes, seed=0):
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # the telemetry reads the buffers where they are
+
+
+def _buffers(storage, shapes, seed=0, device="cpu"):
     generator = torch.Generator().manual_seed(seed)
     buffers = []
     for rows, cols in shapes:
-        buffer = ErrorBuffer.zeros(rows, cols, GROUP, storage, "cpu")
-        buffer.store_(torch.randn(rows, cols, generator=generator) * torch.rand(rows, cols, generator=generator))
+        buffer = ErrorBuffer.zeros(rows, cols, GROUP, storage, device)
+        values = torch.randn(rows, cols, generator=generator) * torch.rand(rows, cols, generator=generator)
+        buffer.store_(values.to(device))
         buffers.append(buffer)
     return buffers
 
@@ -52,12 +56,13 @@ def _exact_squares(buffer: ErrorBuffer) -> torch.Tensor:
     return (codes * buffer.scale.double()[..., None]).square().sum()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("storage", STORED, ids=lambda s: s.label)
 @pytest.mark.parametrize("limit", [GROUP, 3 * GROUP, 5000, 1 << 24])
-def test_error_squared_sum_equals_the_dequantized_errors_squares(storage, limit):
-    buffers = _buffers(storage, [(3, 512), (1, 256), (5, 1024), (2, 2048)])
+def test_error_squared_sum_equals_the_dequantized_errors_squares(storage, limit, device):
+    buffers = _buffers(storage, [(3, 512), (1, 256), (5, 1024), (2, 2048)], device=device)
     expected = sum(_exact_squares(b) for b in buffers)
-    got = error_squared_sum(buffers, "cpu", limit)
+    got = error_squared_sum(buffers, device, limit)
     assert got.dtype == torch.float64 and got.dim() == 0
     # scaled: every term exact, only fp64 summation order differs; fp32: each run's norm accumulates in fp32
     tolerance = 1e-12 if storage.scaled else 1e-5
