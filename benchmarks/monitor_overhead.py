@@ -3,7 +3,7 @@
 With one GPU a DeepSpeed world has one rank, and LoCo then has no hop: nothing to reduce, measure or report. So this
 runs one rank's view of a 2 x 8 job (``--nodes x --local``; rank 1) as ``benchmarks/live_rho_overhead.py`` does: the
 bundled model's forward, backward and AdamW step on the rank's micro-batch (bf16 parameters, so bf16 gradients as in
-a bf16 ZeRO-3 run), and the library's :class:`~deepspeed_loco.runtime.comm.loco_reduce.LocoReducer` reducing all
+a bf16 ZeRO-3 run, held back to back in one buffer as DeepSpeed's contiguous gradients hold them), and the library's :class:`~deepspeed_loco.runtime.comm.loco_reduce.LocoReducer` reducing all
 gradients in buckets of ``--bucket`` elements (DeepSpeed's default ``reduce_bucket_size``, 5e8: one bucket) with
 LoCo error feedback (int8 buffers), the all-to-alls replaced by copies (the kernels do the real layout's work; the
 exchanges are not timed). Around them, what the hook does in a real run: the reduce observers after each reduce and
@@ -117,6 +117,13 @@ class Rank:
         self.names, self.params = [n for n, _ in named], [p for _, p in named]
         self.buckets = _buckets([p.numel() for p in self.params], args.bucket)
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4)
+        # DeepSpeed's contiguous gradients: the gradients are views of one buffer, in backward's order (last layer
+        # first), kept across steps (zeroed, not freed) and accumulated into in place by backward
+        self.grad_buffer = torch.zeros(sum(p.numel() for p in self.params), dtype=torch.bfloat16, device=device)
+        offset = 0
+        for p in reversed(self.params):
+            p.grad = self.grad_buffer[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
         intra, inter = (int(b) for b in args.bits.split("/"))
         config = LocoConfig(intra_node_bits=intra, inter_node_bits=inter, local_world_size=args.local)
         topology = types.SimpleNamespace(world_size=args.nodes * args.local, local_size=args.local, rank=1,
@@ -165,7 +172,7 @@ class Rank:
                     observe(names, grads, partitions)
                 self.hook_seconds += time.perf_counter() - began
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=False)
         self.steps += 1
         self.samples += self.args.micro_batch
         reset = self.reducer.state.on_optimizer_step()

@@ -1,7 +1,8 @@
 """Sums of squares over many tensors in a few kernel launches: what the telemetry's error norm reads on a measured
 step (every gradient and every error buffer of a bucket). The tensors are read in runs of at most
-:data:`RUN_VALUES` values (slices of consecutive tensors, concatenated; a larger tensor is read in slices), so the
-number of launches follows the bytes read, not the number of parameters; nothing synchronizes with the host.
+:data:`RUN_VALUES` values (slices of consecutive tensors, concatenated, or viewed as one where they lie back to back
+in memory; a larger tensor is read in slices), so the number of launches follows the bytes read, not the number of
+parameters; nothing synchronizes with the host.
 
 A scaled error buffer (int8 or 4-bit codes with one fp32 scale per group) is never dequantized: its squared norm is
 ``sum_g scale_g^2 * sum_(i in g) code_i^2``, the codes' squares summed per group (a 4-bit byte's two through a
@@ -42,18 +43,38 @@ def runs(lengths: Sequence[int], limit: int, align: int = 1) -> Iterator[List[Tu
         yield run
 
 
+def _back_to_back(pieces: Sequence[torch.Tensor]) -> bool:
+    """Whether 1-D unit-stride ``pieces`` of one dtype lie back to back in one storage, so that one view spans them
+    (a bucket's gradients in DeepSpeed's contiguous gradient buffer do)."""
+    first = pieces[0]
+    end = first.storage_offset()
+    for piece in pieces:
+        if (piece.dtype != first.dtype or piece.stride() != (1,) or piece.storage_offset() != end
+                or piece.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()):
+            return False
+        end += piece.numel()
+    return True
+
+
 def _joined(flats: Sequence[torch.Tensor], ranges: Sequence[Tuple[int, int, int]], step: int = 1) -> torch.Tensor:
-    """The slices ``flats[i][start // step:stop // step]`` of ``ranges``, concatenated (a single slice as a view)."""
+    """The slices ``flats[i][start // step:stop // step]`` of ``ranges`` as one 1-D tensor: a view where they lie
+    back to back in memory (or are one), else their concatenation (a copy)."""
     pieces = [flats[index] if start == 0 and stop == len(flats[index]) * step else
               flats[index][start // step:stop // step] for index, start, stop in ranges]
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    if len(pieces) == 1:
+        return pieces[0]
+    if _back_to_back(pieces):
+        return pieces[0].as_strided((sum(piece.numel() for piece in pieces),), (1,))
+    return torch.cat(pieces)
 
 
 def squared_sum(tensors: Sequence[torch.Tensor], device, limit: int = RUN_VALUES) -> torch.Tensor:
     """``sum ||t||^2`` over floating ``tensors`` of one dtype, an fp64 scalar on ``device`` (zero for none): each
-    run's norm in fp32, their squares summed in fp64."""
+    run's norm in fp32, their squares summed in fp64. The tensors are read in memory order (the sum does not depend
+    on it), so that views of one buffer in any order, like a bucket's gradients in DeepSpeed's contiguous gradient
+    buffer, are read through one view, not copied."""
     total = torch.zeros((), dtype=torch.float64, device=device)
-    flats = [t.reshape(-1) for t in tensors]
+    flats = sorted((t.reshape(-1) for t in tensors), key=lambda f: (f.untyped_storage().data_ptr(), f.storage_offset()))
     for run in runs([f.numel() for f in flats], limit):
         total += torch.linalg.vector_norm(_joined(flats, run), dtype=torch.float32).double().square()
     return total

@@ -113,3 +113,18 @@ def test_launches_do_not_grow_with_the_number_of_buffers(storage):
 
     launches(few)  # the table of squared codes, built once per storage and device
     assert launches(few) == launches(many)
+
+
+@pytest.mark.parametrize("gap", [0, 5])
+def test_tensors_back_to_back_in_one_buffer_are_read_without_a_copy(gap):
+    """A bucket's gradients as views of one flat buffer, listed out of memory order (DeepSpeed 0.19.8's contiguous
+    gradients: the buffer in the order the gradients arrived in backward): one view spans them, no concatenation; a
+    gap between them falls back to the concatenation, with the same sum."""
+    flat = torch.randn(1000 + gap, generator=torch.Generator().manual_seed(3))
+    tensors = [flat[300 + gap:].view(-1), flat[:300].view(10, 30)]
+    expected = sum(t.double().square().sum() for t in tensors)
+    counter = _KernelCount()
+    with counter:
+        got = squared_sum(tensors, "cpu")
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    assert counter.ops["aten.cat"] == (1 if gap else 0)

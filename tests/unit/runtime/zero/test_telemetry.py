@@ -97,6 +97,40 @@ def test_without_a_monitor_no_rank_holds_telemetry_and_without_error_feedback_no
                        "LoCo_reset.csv"]
 
 
+def _gradient_reads(_):
+    """One step of the model in DeepSpeed's engine; per bucket reduce: the concatenations the gradients' squared sum
+    dispatched, and that sum against the fp64 one."""
+    import deepspeed_loco
+    from deepspeed_loco.ops.squared_sums import squared_sum
+    from tests.unit.ops.test_squared_sums import _KernelCount
+    cfg = {"train_micro_batch_size_per_gpu": 8,
+           "optimizer": {"type": "Adam", "params": {"lr": 5e-3, "torch_adam": True}},
+           "zero_optimization": {"stage": 3, "reduce_bucket_size": 10_000, "zero_quantized_gradients": True,
+                                 "zeropp_loco_param": {"group_size": GROUP}}}
+    model = _model()
+    engine, _, _, _ = deepspeed_loco.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    reads = []
+
+    def observe(names, grads, partitions):
+        with _KernelCount() as counter:
+            got = squared_sum(grads, "cpu")
+        reads.append((counter.ops["aten.cat"], float(got), float(sum(g.double().square().sum() for g in grads))))
+
+    deepspeed_loco.loco_hook(engine).add_reduce_observer(observe)
+    engine.backward(engine(torch.randn(8, 13)).pow(2).mean())
+    engine.step()
+    return reads
+
+
+def test_a_buckets_gradients_are_read_through_one_view_in_deepspeeds_engine(process_pool):
+    """DeepSpeed's contiguous gradient buffer holds a bucket's gradients back to back (in backward's order): the
+    telemetry's squared sum reads them without a copy."""
+    for reads in process_pool(WORLD).run(_gradient_reads, None):
+        assert reads
+        for cats, got, expected in reads:
+            assert cats == 0 and got == pytest.approx(expected, rel=1e-6)
+
+
 class _Recorder:
     """A monitor that keeps what it is given."""
 
