@@ -3,12 +3,13 @@
 With one GPU a DeepSpeed world has one rank, and LoCo then has no hop: nothing to reduce, measure or report. So this
 runs one rank's view of a 2 x 8 job (``--nodes x --local``; rank 1) as ``benchmarks/live_rho_overhead.py`` does: the
 bundled model's forward, backward and AdamW step on the rank's micro-batch (bf16 parameters, so bf16 gradients as in
-a bf16 ZeRO-3 run, held back to back in one buffer as DeepSpeed's contiguous gradients hold them), and the library's :class:`~deepspeed_loco.runtime.comm.loco_reduce.LocoReducer` reducing all
-gradients in buckets of ``--bucket`` elements (DeepSpeed's default ``reduce_bucket_size``, 5e8: one bucket) with
-LoCo error feedback (int8 buffers), the all-to-alls replaced by copies (the kernels do the real layout's work; the
-exchanges are not timed). Around them, what the hook does in a real run: the reduce observers after each reduce and
-the step listeners after the optimizer step (the live rho first, then the telemetry), through the library's own
-classes. The arms, run in the same process on the same model:
+a bf16 ZeRO-3 run, held back to back in one buffer as DeepSpeed's contiguous gradients hold them), and the library's
+:class:`~deepspeed_loco.runtime.comm.loco_reduce.LocoReducer` reducing all gradients in buckets of ``--bucket``
+elements (DeepSpeed's default ``reduce_bucket_size``, 5e8: one bucket) with LoCo error feedback (int8 buffers), the
+all-to-alls replaced by copies (the kernels do the real layout's work; the exchanges are not timed). Around them,
+what the hook does in a real run: the reduce observers after each reduce and the step listeners after the optimizer
+step (the live rho first, then the telemetry), through the library's own classes. The arms, run in the same process
+on the same model:
 
 ``base``      monitor off, live rho off (``rho_every: 0``)
 ``ds_monitor`` DeepSpeed's csv monitor on, writing what DeepSpeed's engine writes per step (train loss, learning rate),

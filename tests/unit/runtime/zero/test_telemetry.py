@@ -16,8 +16,9 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(13, 33), torch.nn.Tanh(), torch.nn.Linear(33, 5))
 
 
-def train(out_dir, error_feedback=True, monitor=True):
-    """Three optimizer steps; returns whether this rank holds a telemetry object."""
+def _engine(out_dir, error_feedback=True, monitor=True):
+    """The model in DeepSpeed's ZeRO-3 engine with LoCo (the csv monitor writing under ``out_dir`` where
+    ``monitor``)."""
     import deepspeed_loco
     cfg = {
         "train_micro_batch_size_per_gpu": 8,
@@ -34,6 +35,13 @@ def train(out_dir, error_feedback=True, monitor=True):
         cfg["csv_monitor"] = {"enabled": True, "output_path": str(out_dir), "job_name": "job"}
     model = _model()
     engine, _, _, _ = deepspeed_loco.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    return engine
+
+
+def train(out_dir, error_feedback=True, monitor=True):
+    """Three optimizer steps; returns whether this rank holds a telemetry object."""
+    import deepspeed_loco
+    engine = _engine(out_dir, error_feedback, monitor)
     gen = torch.Generator().manual_seed(torch.distributed.get_rank())
     for _ in range(STEPS):
         engine.backward(engine(torch.randn(8, 13, generator=gen)).pow(2).mean())
@@ -103,12 +111,7 @@ def _gradient_reads(_):
     import deepspeed_loco
     from deepspeed_loco.ops.squared_sums import squared_sum
     from tests.unit.ops.test_squared_sums import _KernelCount
-    cfg = {"train_micro_batch_size_per_gpu": 8,
-           "optimizer": {"type": "Adam", "params": {"lr": 5e-3, "torch_adam": True}},
-           "zero_optimization": {"stage": 3, "reduce_bucket_size": 10_000, "zero_quantized_gradients": True,
-                                 "zeropp_loco_param": {"group_size": GROUP}}}
-    model = _model()
-    engine, _, _, _ = deepspeed_loco.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    engine = _engine(None, monitor=False)
     reads = []
 
     def observe(names, grads, partitions):
