@@ -25,7 +25,8 @@
 #      (benchmarks/kernels.py, into $OUT) unless KERNEL_TIMING=0.
 #   L7: item 7 of that study: the 116M model at 2/2 in stage C's window (.corpus_large.tar.xz), plain and LoCo 2/2
 #      (SEEDS, default 0,1,2), and LoCo 2/2 with LEAN's settings (e.g. error_bits=4) where LEAN is set.
-# MONITOR=1: first benchmarks/monitor_overhead.py on the quiet GPU (116M, 5 rounds, with profiles; into $OUT).
+# MONITOR=1: first benchmarks/monitor_overhead.py on the quiet GPU (116M, 5 rounds, with profiles; into $OUT), at
+# MONITOR_MICRO sequences a step (default 16; 64 makes the device, not the host, bound the step).
 # COMPILE=0 forces eager; PAR: the most runs side by side (default 6; stage A: fewer where RUN_SECONDS, the lease's
 # seconds left after the launch, would not let them finish).
 set -uo pipefail
@@ -122,7 +123,8 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
         echo "kernels.py exit $?"; sed -n '/int4 \/ int8/,$p' "$OUT/kernels.txt"
     fi
     if [ "${MONITOR:-0}" = 1 ]; then  # issue 58's whole-step overhead on the quiet GPU, before the runs start
-        timeout 200 python3 benchmarks/monitor_overhead.py --size 125m --micro-batch 16 --rounds 5 --count-ops \
+        timeout 240 python3 benchmarks/monitor_overhead.py --size 125m --micro-batch "${MONITOR_MICRO:-16}" \
+            --rounds 5 --count-ops \
             --table "$OUT/monitor_table.txt" --profile "$OUT/monitor_profile.txt" >"$OUT/monitor_log.txt" 2>&1
         echo "monitor_overhead.py exit $?"; cat "$OUT/monitor_table.txt" 2>/dev/null
     fi
