@@ -67,7 +67,8 @@ def test_fieller_bounds_are_where_the_t_statistic_equals_its_quantile(les):
 
 def test_item_7_reads_the_116m_differences_and_says_a_missing_lean_arm_is_not_run(les):
     """LoCo 2/2 0.004 above plain at every step, the lean arm 0.001 above LoCo: the family, the equivalence and the
-    trajectory every 50 steps read them; without the lean arm's runs its cell is reported as not run."""
+    trajectory every 50 steps read them; without the lean arm's runs its cell is reported as not run, and with the
+    arm left out by the plan the family is LoCo 2/2 - plain 2/2 alone (Holm over 1: its own p)."""
     steps = list(range(50, 1001, 50))
     arms = {}
     for seed in (0, 1, 2):
@@ -85,6 +86,10 @@ def test_item_7_reads_the_116m_differences_and_says_a_missing_lean_arm_is_not_ru
     assert "Holm over 2" in les.markdown_116m(result)
     without_lean = les.analyse_116m({k: v for k, v in arms.items() if not k.startswith("le116_lean")})
     assert "not run yet" in les.markdown_116m(without_lean).splitlines()[6]
+    left_out = les.analyse_116m(arms, lean_left_out=True)
+    assert list(left_out["family"]) == ["LoCo 2/2 - plain 2/2"] and left_out["lean_minus_loco"] is None
+    assert left_out["family"]["LoCo 2/2 - plain 2/2"]["p_holm"] == left_out["family"]["LoCo 2/2 - plain 2/2"]["p"]
+    assert len(left_out["trajectory"]) == 20 and "Holm over 1" in les.markdown_116m(left_out)
 
 
 def test_the_zeroed_arm_and_its_step_are_arguments_and_its_trajectory_follows_the_runs(les):

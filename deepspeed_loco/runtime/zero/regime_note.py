@@ -2,8 +2,9 @@
 :func:`deepspeed_loco.findings.read_map`: one short line. Inside a measured window, error feedback off where LoCo
 paid, on where its gain is unproven, and on where it changed nothing each get what was measured (the row's few-word
 note) and what to change or check; a run with error feedback on, of a measured setting outside every window
-measured for it, gets "not in the measurements" and where to look; every other run gets none. Each note names the
-command that prints the whole table."""
+measured for it (or with inter-node error only, where the gain was measured with both hops' alone), gets "not in the
+measurements" and where to look; every other run gets none. Each note names the command that prints the whole
+table."""
 from typing import Optional
 
 from deepspeed_loco.config import INTER_NODE_ONLY
@@ -40,8 +41,17 @@ def regime_note(plan: HopPlan, error_feedback, params: int, tokens_per_step: Opt
                        options={"error_feedback": error_feedback, "error_bits": error_bits})
     head = (f"deepspeed-loco: {FEEDBACK_WORDS[error_feedback]} at {'/'.join(map(str, bits))} bits"
             f"{' + Hadamard' if plan.hadamard else ''} for {parameter_count(params)}")
+    if finding is not None and _gain_of_both_hops_only(finding, error_feedback):
+        rows = [row for row in rows if dict(row.options).get("error_feedback") == INTER_NODE_ONLY] or rows
+        finding = None  # not in the measurements, with the option's own window
     if finding is None:  # a setting measured elsewhere: said where LoCo runs (plain qgZ needs no evidence of ours)
         return (f"{head}: not in the measurements ({TABLE_COMMAND}: {measured_window(rows)}); {NOT_MEASURED}"
                 if error_feedback else None)
     action = finding.action or ACTIONS.get((finding.reading, bool(error_feedback)))
     return f"{head}: in the measurements ({TABLE_COMMAND}) {finding.note}; {action}" if action else None
+
+
+def _gain_of_both_hops_only(finding, error_feedback) -> bool:
+    """Whether ``finding`` is a gain measured with error feedback on both hops that a run with inter-node error
+    alone would borrow: at 10.8M that option kept none of it, so a gain never speaks for it without its own row."""
+    return finding.reading == LOCO_PAYS and error_feedback == INTER_NODE_ONLY and not finding.options

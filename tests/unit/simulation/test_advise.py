@@ -51,14 +51,20 @@ def test_an_open_loco_question_at_mid_rise_2_2_turns_loco_on_by_the_map_and_says
     assert "against the map's prior" in leaning_against.unresolved[0]
 
 
-def test_an_open_loco_question_above_the_map_s_resolved_sizes_keeps_plain_qgz_and_says_why():
+def test_an_open_loco_question_at_116m_turns_loco_on_by_the_map_and_above_it_keeps_plain_qgz():
+    """The 2/2 gain was resolved up to 116M (whole 1000-step runs): there the map's prior holds and says its window;
+    above every size measured there is no prior, and plain qgZ is kept without a reading to cite."""
     evidence = _comparison((-0.012, 0.025), (-0.022, 0.015), (-0.012, 0.017))  # leans towards LoCo
-    verdict = judge(Probe("plain2", 2.9, 1.0, 0.1), evidence, LARGE)
-    assert verdict.accepted and not verdict.error_feedback and verdict.basis == "measured"
-    assert len(verdict.unresolved) == 1 and "plain qgZ is recommended" in verdict.unresolved[0]
-    assert "resolved only up to 10.8M parameters" in verdict.unresolved[0]
-    assert "(this model: 116M parameters)" in verdict.unresolved[0]
-    small = judge(Probe("plain2", 2.9, 1.0, 0.1), evidence, SMALL)
+    probe = Probe("plain2", 2.9, 1.0, 0.1)
+    at_116m = judge(probe, evidence, LARGE)
+    assert (at_116m.accepted, at_116m.error_feedback, at_116m.basis) == (True, True, "map")
+    assert "at 116M parameters LoCo 2/2 - plain 2/2 was -0.0089" in at_116m.reason
+    assert "only over schedules of 1000 steps" in at_116m.unresolved[0]
+    above = judge(probe, evidence, LARGE + 1)
+    assert above.accepted and not above.error_feedback and above.basis == "measured"
+    assert len(above.unresolved) == 1 and "plain qgZ is recommended" in above.unresolved[0]
+    assert "this model" not in above.unresolved[0]  # no reading of the map to cite
+    small = judge(probe, evidence, SMALL)
     assert small.error_feedback and "this model" not in small.unresolved[0]
     assert "up to 10.8M parameters over whole runs of 1000 steps or more at global batches of up to 64K tokens" in small.reason
 
