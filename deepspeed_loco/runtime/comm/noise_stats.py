@@ -37,7 +37,9 @@ Single steps are noisy: :class:`RhoEstimator` averages numerator and denominator
 before dividing (as McCandlish et al. do) and gives the ratio estimator's standard error. :class:`LiveRho` runs it in
 a real run: on every ``rho_every``-th step it begins a measured step of the reducer (:func:`begin_measured_step`,
 a :class:`ReduceSums` as the reducer's probe), after it ends it and makes the one all-reduce, whose result it copies
-to the host once (the step's one synchronization), and it logs a line every ``rho_log_every`` steps.
+to the host without waiting (:class:`~deepspeed_loco.utils.host_copy.HostCopy`) and reads on the first later step
+at which the copy has landed (on a GPU usually the next; no host synchronization), and it logs a line every
+``rho_log_every`` steps.
 
 With error feedback, ``E`` is the communicated mean's own error: the quantizer's error on the compensated values and
 the remembered error those carry (about ``(1 - beta) / (1 + beta)`` more power than the quantizer's error alone in a
@@ -53,6 +55,7 @@ import torch
 import torch.distributed as dist
 
 from deepspeed_loco.runtime.comm.error_sample import FIELDS, MeanErrorSample, SampledPowers
+from deepspeed_loco.utils.host_copy import HostCopy, Landing
 from deepspeed_loco.utils.logging import log_rank0, logger
 
 WINDOW = 10  # measured steps a live estimate averages over
@@ -221,7 +224,8 @@ def describe(estimate: RhoEstimate, bits: str, world_size: int, rank_batch: int,
 class LiveRho:
     """The live rho of one reducer in a real run (every rank of the data-parallel ``group`` holds one and calls
     :meth:`on_step` after every optimizer step, so that all make the same all-reduce). :attr:`fresh` is the estimate
-    the last :meth:`on_step` updated.
+    the last :meth:`on_step` updated, and :attr:`fresh_step` the measured step it adds (the same step on the CPU; on
+    a GPU the estimate arrives at a later step, once its totals have landed on the host).
 
     ``every``: measure the ``every``-th optimizer steps (1-based; 0: never, and the reducer never measures);
     ``log_every``: rank-0 log line every so many steps (0: never). ``rank_batch``: samples per rank and micro-step
@@ -240,6 +244,8 @@ class LiveRho:
         self.error_feedback = reducer.state.error_feedback
         self.estimator = RhoEstimator([hop.name for hop in hops], self.world_size, rank_batch, window)
         self.fresh: Optional[RhoEstimate] = None
+        self.fresh_step: Optional[int] = None
+        self._landing = Landing()  # measured steps' totals on their way to the host
         self._begin(next_step)
 
     def _begin(self, step: int) -> None:
@@ -249,25 +255,27 @@ class LiveRho:
 
     def on_step(self, step: int, cleared: bool) -> None:
         """After optimizer step ``step`` (1-based; a step listener of the hook, ``cleared`` is not used: a step that
-        cleared the error buffers is measured like any other): if it was measured, one all-reduce of its sums, and
-        :attr:`fresh` the updated estimate (else None); the log line when due; begins step ``step + 1``'s
-        measurement if it is one to measure. The one host synchronization of a measured step: the summed totals'
-        copy to the host; an unmeasured step makes none."""
-        fresh = None
+        cleared the error buffers is measured like any other): if it was measured, one all-reduce of its sums and
+        their copy to the host started; every measured step whose copy has landed is added, :attr:`fresh` the
+        updated estimate (else None); the log line when due; begins step ``step + 1``'s measurement if it is one to
+        measure. No host synchronization: a copy still on its way waits for a later step (at most one measured step
+        stays in flight: an older one is waited for)."""
         if self.reducer.measuring:
             totals = end_measured_step(self.reducer, self.device)
             dist.all_reduce(totals, group=self.group)
-            totals = totals.cpu()
+            self._landing.add(step, HostCopy(totals))
+        fresh = fresh_step = None
+        for measured, totals in self._landing.landed():
             sample = NoiseSample.from_totals(totals, len(self.reducer.plan.hops), self.world_size, self.micro_steps)
             if sample is None:
-                logger.debug(f"deepspeed-loco: live rho: step {step}'s sums are not finite (overflow); skipped")
+                logger.debug(f"deepspeed-loco: live rho: step {measured}'s sums are not finite (overflow); skipped")
             else:
                 self.estimator.add(sample)
-                fresh = self.estimator.estimate()
+                fresh, fresh_step = self.estimator.estimate(), measured
         if self.enabled and self.log_every and step % self.log_every == 0:
             estimate = fresh or self.estimator.estimate()
             if estimate is not None:
                 log_rank0(describe(estimate, self.bits, self.world_size, self.estimator.rank_batch,
                                    self.error_feedback))
-        self.fresh = fresh
+        self.fresh, self.fresh_step = fresh, fresh_step
         self._begin(step + 1)

@@ -17,9 +17,10 @@ On their own steps:
   ``rho_every``'s): ``||e|| / ||g||``, ``e`` the error buffers of the reduced parameters right after each reduce
   (read without dequantizing them: :mod:`deepspeed_loco.ops.squared_sums`), ``g`` the gradients this rank fed into
   those reduces; sums of squares over all reduces of the step;
-* on the steps the live rho measures (``rho_every``; :mod:`deepspeed_loco.runtime.comm.noise_stats`), its moving
+* at the steps the live rho measures (``rho_every``; :mod:`deepspeed_loco.runtime.comm.noise_stats`), its moving
   estimate: ``LoCo/rho`` (total), ``LoCo/rho_<hop>`` per hop, ``LoCo/rho_spread`` (standard error; from the
-  second measurement) and ``LoCo/noise_scale`` (gradient noise scale in samples, while resolved).
+  second measurement) and ``LoCo/noise_scale`` (gradient noise scale in samples, while resolved); written when the
+  estimate arrives (on a GPU usually one step later: the live rho does not synchronize) with its measured step as x.
 
 A step with nothing to write calls no monitor (some, like the csv monitor, open a file per event).
 
@@ -113,7 +114,7 @@ class LocoTelemetry:
             grad_sq, error_sq = torch.stack(self._squares).sum(0).tolist() if self._squares else (0.0, 0.0)
             events.append((f"{PREFIX}error_rel_norm", (error_sq / grad_sq)**0.5 if grad_sq else 0.0, step))
         if rho is not None:
-            events += rho_events(rho, step)
+            events += rho_events(rho, self.live_rho.fresh_step)
         if events:
             self.monitor.write_events(events)
         self._squares = []
