@@ -2,9 +2,9 @@
 :func:`deepspeed_loco.findings.read_map`: one short line. Inside a measured window, error feedback off where LoCo
 paid, on where its gain is unproven, and on where it changed nothing each get what was measured (the row's few-word
 note) and what to change or check; a run with error feedback on, of a measured setting outside every window
-measured for it (or with inter-node error only, where the gain was measured with both hops' alone), gets "not in the
-measurements" and where to look; every other run gets none. Each note names the command that prints the whole
-table."""
+measured for it (or with inter-node error only, where the one gain measured had error feedback on both hops), gets
+"not in the measurements" and where to look; every other run gets none. Each note names the command that prints the
+whole table."""
 from typing import Optional
 
 from deepspeed_loco.config import INTER_NODE_ONLY
