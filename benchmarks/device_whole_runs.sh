@@ -24,7 +24,8 @@
 #      zero") picks which of the three this lease launches; first the int4/int8 error kernels' timing
 #      (benchmarks/kernels.py, into $OUT) unless KERNEL_TIMING=0.
 #   L7: item 7 of that study: the 116M model at 2/2 in stage C's window (.corpus_large.tar.xz), plain and LoCo 2/2
-#      (SEEDS, default 0,1,2), and LoCo 2/2 with LEAN's settings (e.g. error_bits=4) where LEAN is set.
+#      (SEEDS, default 0,1,2; L7_BASE=0 leaves them out), and LoCo 2/2 with LEAN's settings (e.g. error_bits=4) where
+#      LEAN is set.
 # MONITOR=1: first benchmarks/monitor_overhead.py on the quiet GPU (116M, 5 rounds, with profiles; into $OUT), at
 # MONITOR_MICRO sequences a step (default 16; 64 makes the device, not the host, bound the step).
 # COMPILE=0 forces eager; PAR: the most runs side by side (default 6; stage A: fewer where RUN_SECONDS, the lease's
@@ -172,7 +173,7 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
             [ ${#matrices[@]} -gt 0 ] || { echo "PARTS=$PARTS: name one or more of two, eight, zero"; exit 1; } ;;
         L7)  # item 7 of the same study: the 116M model at 2/2 in stage C's window; LEAN: the lean arm's settings
             S7="size=125m,$every,micro_batch=4,lr=0.001"
-            matrices+=(--matrix "le116:$steps:${SEEDS:-0,1,2}:plain2,loco2:$S7")
+            [ "${L7_BASE:-1}" = 1 ] && matrices+=(--matrix "le116:$steps:${SEEDS:-0,1,2}:plain2,loco2:$S7")
             [ -n "${LEAN:-}" ] && matrices+=(--matrix "le116_lean:$steps:${SEEDS:-0,1,2}:loco2:$S7,$LEAN") ;;
     esac
     setsid nohup python3 benchmarks/convergence_sim.py launch --parallel "$par" --budget 100000 \
