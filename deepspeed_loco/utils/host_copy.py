@@ -14,10 +14,11 @@ class HostCopy:
 
     def __init__(self, tensor: torch.Tensor):
         if tensor.device.type == "cuda":
-            self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            self._host.copy_(tensor, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
+            with torch.cuda.device(tensor.device):  # the copy and its event on the tensor's device's current stream
+                self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                self._host.copy_(tensor, non_blocking=True)
+                self._event = torch.cuda.Event()
+                self._event.record()
         else:
             self._host, self._event = tensor.to("cpu", copy=True), None
 
