@@ -53,11 +53,28 @@ def _sampled_powers(first, step):
     return powers
 
 
-def train(out_dir, error_feedback, accum, rho_every, hpz=0):
+class _LandsAfterOnePoll:
+    """A host copy like ``HostCopy`` that says it has landed from its second poll on, as on a GPU whose copy is still
+    on its way at the step's end: the live rho then reads a measured step's totals one step later."""
+
+    def __init__(self, tensor):
+        self._host, self._polls = tensor.to("cpu", copy=True), 0
+
+    def ready(self):
+        self._polls += 1
+        return self._polls > 1
+
+    def result(self):
+        return self._host
+
+
+def train(out_dir, error_feedback, accum, rho_every, hpz=0, copy_lag=False):
     """``STEPS`` optimizer steps; returns per measured step the directly computed powers (all-reduced: sum
     ``||g||^2``, sum ``||partition||^2``, reduces, then :func:`_sampled_powers`) and the engine's sample, and the
-    live-rho lines this rank logged."""
+    live-rho lines this rank logged. ``copy_lag``: the totals' host copies land a step late
+    (:class:`_LandsAfterOnePoll`)."""
     import deepspeed_loco
+    from deepspeed_loco.runtime.comm import noise_stats
     from deepspeed_loco.utils.logging import logger
     cfg = {
         "train_micro_batch_size_per_gpu": MICRO,
@@ -72,6 +89,8 @@ def train(out_dir, error_feedback, accum, rho_every, hpz=0):
     }
     handler = _Lines()
     logger.addHandler(handler)
+    real_copy = noise_stats.HostCopy
+    noise_stats.HostCopy = _LandsAfterOnePoll if copy_lag else real_copy
     model = _model()
     engine, _, _, _ = deepspeed_loco.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     assert engine.zero_hpz_partition_size() in ((hpz, ) if hpz > 1 else (0, 1))  # hpZ on where asked
@@ -105,6 +124,7 @@ def train(out_dir, error_feedback, accum, rho_every, hpz=0):
                             (sample.hop_error_sq, sample.noise_sq, sample.grad_sq)))
     finally:
         logger.removeHandler(handler)
+        noise_stats.HostCopy = real_copy
     return records, [line for line in handler.lines if line.startswith("deepspeed-loco: live rho")]
 
 
@@ -152,3 +172,15 @@ def test_steps_not_measured_compute_nothing_and_write_no_rho(process_pool, tmp_p
     records, _ = results[0]
     assert [totals[2] > 0 for _, totals, _ in records] == [False, False, True, False]  # only step 3 armed the reducer
     assert [s for s, _ in _read(tmp_path / "job", "rho")] == [3]
+
+
+def test_a_copy_still_on_its_way_is_read_a_step_later_under_its_own_step(process_pool, tmp_path):
+    """No host synchronization: where a measured step's totals have not landed at its end, its sample joins the
+    estimate at the next step, and the monitor writes it with the measured step as x."""
+    results = process_pool(WORLD).run(train, tmp_path, True, 1, 1, 0, True)
+    records, _ = results[0]
+    assert records[0][2] is None  # step 1's copy is still on its way after step 1
+    for (_, totals, _), (_, _, sample) in zip(records, records[1:]):  # after step s: step s - 1's sample
+        assert sum(sample[0]) == pytest.approx(totals[3], rel=1e-4)
+    assert [s for s, _ in _read(tmp_path / "job", "rho")] == list(range(1, STEPS))
+
