@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.findings import read_map
 from deepspeed_loco.simulation import TrainingSetup
 from deepspeed_loco.simulation.advise import (AdviseInputError, BudgetTooSmall, Comparison, Probe, _burst_warning,
                                              advise, judge)
@@ -58,7 +59,7 @@ def test_an_open_loco_question_at_116m_turns_loco_on_by_the_map_and_above_it_kee
     probe = Probe("plain2", 2.9, 1.0, 0.1)
     at_116m = judge(probe, evidence, LARGE)
     assert (at_116m.accepted, at_116m.error_feedback, at_116m.basis) == (True, True, "map")
-    assert "at 116M parameters LoCo 2/2 - plain 2/2 was -0.0089" in at_116m.reason
+    assert read_map([2, 2], False, "midrise", LARGE).summary in at_116m.reason
     assert "only over schedules of 1000 steps" in at_116m.unresolved[0]
     above = judge(probe, evidence, LARGE + 1)
     assert above.accepted and not above.error_feedback and above.basis == "measured"
