@@ -299,6 +299,7 @@ def test_compiled_reducer_has_no_graph_break_and_is_bit_identical(device, monkey
     _check_compiled_reducer(device, monkeypatch)
 
 
+@pytest.mark.slow  # a torch.compile of the reducer: about 1 s on a 2-core CPU, at the fast tier's budget
 def test_compiled_reducer_through_the_ops_has_no_graph_break_on_the_cpu(monkeypatch):
     """The same through the ``deepspeed_loco`` ops (the entry points CUDA tensors take, here on CPU tensors, which
     the ops run with the reference), so that the CPU run checks what a compiled CUDA reduce traces: torch 2.11
