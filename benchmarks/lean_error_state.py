@@ -7,11 +7,12 @@ inter-node-only LoCo 2/2 minus today's LoCo 2/2 (Holm over 2), with equivalence 
 rate. LoCo 8/2 + Hadamard with inter-node error minus plain 8/2 + Hadamard. Item 5: the run whose buffers were zeroed
 after step 500 minus the uninterrupted LoCo 2/2, at the end (equivalence within +-0.003) and over steps 600-1000.
 Item 7 (``--item 7``, the 116M model): LoCo 2/2 and the lean option each minus plain 2/2 (Holm over 2), the lean
-option minus LoCo 2/2 (equivalence within +-0.003), both differences every 50 steps; ``--lean-left-out``: LoCo 2/2
-minus plain 2/2 alone (the plan's rule where no option kept 80% at 10.8M).
+option minus LoCo 2/2 (equivalence within +-0.003), both differences every 50 steps; ``--family loco``: LoCo 2/2
+minus plain 2/2 alone (the plan's rule where no option kept 80% at 10.8M); ``--family lean`` (item 7b): the lean
+option minus plain 2/2 alone, with the share of LoCo 2/2's gain it keeps.
 
     python3 benchmarks/lean_error_state.py --runs benchmarks/results/lean_error_state/runs/*.jsonl \\
-        --out benchmarks/results/lean_error_state/analysis [--item 7 [--lean-left-out]]
+        --out benchmarks/results/lean_error_state/analysis [--item 7 [--family planned|loco|lean]]
     # the CPU preview (600 steps, buffers zeroed after step 300):
     python3 benchmarks/lean_error_state.py --runs benchmarks/results/lean_error_state/cpu_w4/runs.jsonl \\
         --zeroed le_zero300:loco2 --zero-step 300 --out benchmarks/results/lean_error_state/cpu_w4
@@ -101,18 +102,31 @@ def analyse(arms, zeroed: str = ZEROED, zero_step: int = 500):
             "zeroed": zeroed_cell, "zero_step": zero_step, "zeroed_trajectory": along, "seeds": seeds}
 
 
-def analyse_116m(arms, lean_left_out: bool = False):
-    """Item 7's family as plain data: LoCo 2/2 and the lean option each minus plain 2/2 at step 1000 (Holm over 2),
-    the lean option minus LoCo 2/2 (equivalence within +-MARGIN), and both differences every 50 steps. With
-    ``lean_left_out`` (the plan's case where no option kept 80% at 10.8M) the family is LoCo 2/2 - plain 2/2 alone."""
-    differences = {"LoCo 2/2 - plain 2/2": (LOCO_116, PLAIN_116)}
-    if not lean_left_out:
-        differences["lean - plain 2/2"] = (LEAN_116, PLAIN_116)
-    family = {name: with_seeds(paired(arms, a, b)) for name, (a, b) in differences.items()}
-    correct_holm(family)
-    lean_vs_loco = None if lean_left_out else _equivalence(with_seeds(paired(arms, LEAN_116, LOCO_116)),
-                                                           rate_factor=1)
-    return {"family": family, "lean_minus_loco": lean_vs_loco,
+DIFFERENCES_116 = {"LoCo 2/2 - plain 2/2": (LOCO_116, PLAIN_116), "lean - plain 2/2": (LEAN_116, PLAIN_116)}
+FAMILIES_116 = {  # item 7's planned family, item 7 with the lean arm left out by its rule, item 7b's
+    "planned": tuple(DIFFERENCES_116), "loco": ("LoCo 2/2 - plain 2/2", ), "lean": ("lean - plain 2/2", )}
+
+
+def analyse_116m(arms, family: str = "planned"):
+    """The 116M differences at step 1000 as plain data, Holm over ``family`` (a key of :data:`FAMILIES_116`):
+    "planned", item 7's LoCo 2/2 and the lean option each minus plain 2/2; "loco", LoCo 2/2 - plain 2/2 alone (the
+    plan's case where no option kept 80% at 10.8M); "lean", item 7b's lean - plain 2/2 alone, with the share of LoCo
+    2/2's gain it keeps (Fieller). With a lean difference: lean minus LoCo 2/2 (equivalence within +-MARGIN).
+    Each difference every 50 steps."""
+    differences = {name: DIFFERENCES_116[name] for name in FAMILIES_116[family]}
+    cells = {name: with_seeds(paired(arms, a, b)) for name, (a, b) in differences.items()}
+    correct_holm(cells)
+    with_lean = LEAN_116 in (a for a, _ in differences.values())
+    lean_vs_loco = _equivalence(with_seeds(paired(arms, LEAN_116, LOCO_116)), rate_factor=1) if with_lean else None
+    share = None
+    if family == "lean":
+        loco = with_seeds(paired(arms, LOCO_116, PLAIN_116))["per_seed"]
+        lean = cells["lean - plain 2/2"]["per_seed"]
+        both = sorted(set(loco) & set(lean))
+        if len(both) >= 2:
+            ratio, low, high = fieller([lean[s] for s in both], [loco[s] for s in both])
+            share = {"n": len(both), "share": ratio, "low": low, "high": high}
+    return {"family": cells, "family_name": family, "lean_minus_loco": lean_vs_loco, "share": share,
             "trajectory": trajectory(arms, differences, range(50, 1001, 50)),
             "seeds": {arm: sorted(runs) for arm, runs in arms.items()}}
 
@@ -147,10 +161,15 @@ def markdown_116m(result) -> str:
              f"| difference | at step 1000 | Holm over {len(family)} |", "|---|---|---|"]
     lines += [f"| {name} | {_cell(cell, MIN_SEEDS_116)} | {holm_text(cell, len(family))} |"
               for name, cell in family.items()]
-    lean = result["lean_minus_loco"]
+    lean, share = result["lean_minus_loco"], result["share"]
     lines += ["", "The lean arm was left out (the plan's rule: no option kept 80% of the gain at 10.8M)." if lean is None
-              else f"lean - LoCo 2/2: {_cell(lean, MIN_SEEDS_116)}{_tost_text(lean)}",
-              "", "| step | difference | mean [95%] |", "|---|---|---|"]
+              else f"lean - LoCo 2/2: {_cell(lean, MIN_SEEDS_116)}{_tost_text(lean)}"]
+    if share is not None:
+        interval = "unbounded (LoCo 2/2's gain not resolved)" if share["low"] is None else \
+            f"[{share['low']:.2f}, {share['high']:.2f}]"
+        lines += ["", f"Share of LoCo 2/2's gain the lean option keeps: {share['share']:.2f} {interval} (Fieller 95%, "
+                  f"n={share['n']})"]
+    lines += ["", "| step | difference | mean [95%] |", "|---|---|---|"]
     lines += [f"| {c['step']} | {c['difference']} | {_cell(c, MIN_SEEDS_116)} |" for c in result["trajectory"]]
     lines += ["", "Seeds per arm: " + "; ".join(f"{arm} {seeds}" for arm, seeds in result["seeds"].items())]
     return "\n".join(lines) + "\n"
@@ -195,8 +214,9 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("--item", type=int, choices=(6, 7), default=6,
                         help="6: the options at 10.8M (default); 7: the 116M model")
-    parser.add_argument("--lean-left-out", dest="lean_left_out", action="store_true",
-                        help="item 7: the plan left the lean arm out (no option kept 80%% at 10.8M)")
+    parser.add_argument("--family", choices=tuple(FAMILIES_116), default="planned",
+                        help="item 7's family: planned (LoCo and the lean option, each minus plain 2/2), loco (the "
+                             "lean arm left out by the plan's rule), lean (item 7b: the lean option alone)")
     parser.add_argument("--zeroed", default=ZEROED, help="item 6: the zeroed arm, TAG:KEY (default %(default)s)")
     parser.add_argument("--zero-step", dest="zero_step", type=int, default=500,
                         help="item 6: the step after which its buffers were zeroed (default %(default)s)")
@@ -206,7 +226,7 @@ def main(argv=None):
         result = analyse(load_arms(args.runs, tags), args.zeroed, args.zero_step)
         markdown_item = markdown
     else:
-        result = analyse_116m(load_arms(args.runs, TAGS_116), lean_left_out=args.lean_left_out)
+        result = analyse_116m(load_arms(args.runs, TAGS_116), args.family)
         markdown_item = markdown_116m
     text = markdown_item(result)
     os.makedirs(args.out, exist_ok=True)

@@ -86,10 +86,16 @@ def test_item_7_reads_the_116m_differences_and_says_a_missing_lean_arm_is_not_ru
     assert "Holm over 2" in les.markdown_116m(result)
     without_lean = les.analyse_116m({k: v for k, v in arms.items() if not k.startswith("le116_lean")})
     assert "not run yet" in les.markdown_116m(without_lean).splitlines()[6]
-    left_out = les.analyse_116m(arms, lean_left_out=True)
+    left_out = les.analyse_116m(arms, "loco")
     assert list(left_out["family"]) == ["LoCo 2/2 - plain 2/2"] and left_out["lean_minus_loco"] is None
     assert left_out["family"]["LoCo 2/2 - plain 2/2"]["p_holm"] == left_out["family"]["LoCo 2/2 - plain 2/2"]["p"]
     assert len(left_out["trajectory"]) == 20 and "Holm over 1" in les.markdown_116m(left_out)
+    # item 7b: the lean option alone, and the share of LoCo's gain it keeps (lean - plain 0.005 + 0.0002 seed,
+    # LoCo - plain 0.004 + 0.0002 seed: by the means 0.0052 / 0.0042)
+    alone = les.analyse_116m(arms, "lean")
+    assert list(alone["family"]) == ["lean - plain 2/2"] and alone["lean_minus_loco"]["equivalent"]
+    assert alone["share"]["share"] == pytest.approx(0.0052 / 0.0042, rel=1e-9)
+    assert "Share of LoCo 2/2's gain" in les.markdown_116m(alone) and len(alone["trajectory"]) == 20
 
 
 def test_the_zeroed_arm_and_its_step_are_arguments_and_its_trajectory_follows_the_runs(les):
