@@ -65,6 +65,12 @@ class LocoConfig(BaseModel):
         ``LocoCheckpointError``) or "reset" (start the error buffers from zero with a WARNING).
     hadamard: rotate every quantization group by a randomized Hadamard transform before quantizing (and back
         after the final sum); the same fixed signs on every rank.
+    exact_own_block: in each hop the block a rank sends to itself (it never crosses the wire) is not quantized and
+        keeps no error rows: its exact fp32 values (rotated with ``hadamard``) go to the next hop or the final mean in
+        a per-bucket fp32 buffer and are added after the other blocks. The error buffers lose 1/L of the intra-node
+        hop's rows (``W - M``) and one of the inter-node hop's ``M``; a bucket holds ``N_bucket / L`` fp32 values
+        between the hops and ``N_bucket / W`` before the final mean. False (the default for now): every block
+        quantized, as DeepSpeed's qgZ and LoCo did.
     quant_grid: the gradient quantization grid of ``b`` bits with group scale ``s``. "symmetric": levels ``k*s``,
         ``k`` in ``[-qmax, qmax]``, ``qmax = 2^(b-1) - 1``, ``s = absmax / qmax``. "midrise": levels ``(k + 0.5)*s``,
         ``k`` in ``[-2^(b-1), 2^(b-1) - 1]``, ``s = absmax / (2^(b-1) - 0.5)``: every code is used. "auto" (the
@@ -101,6 +107,7 @@ class LocoConfig(BaseModel):
     local_world_size: Annotated[Optional[int], _rule("an integer >= 1, or null for the launcher's", ge=1)] = None
     on_corrupt_checkpoint: Annotated[Literal[ON_CORRUPT_CHECKPOINT], _rule('"error" or "reset"')] = "error"
     hadamard: Annotated[bool, _rule("true or false")] = False
+    exact_own_block: Annotated[bool, _rule("true or false")] = False
     quant_grid: Annotated[Literal[QUANT_GRIDS], _rule(_either(QUANT_GRIDS))] = "auto"
     kernels: Annotated[Literal[KERNEL_CHOICES], _rule('"auto", "cuda" or "reference"')] = "auto"
     rho_every: Annotated[int, _rule("an integer >= 0 (optimizer steps between measurements; 0: off)", ge=0)] = 10

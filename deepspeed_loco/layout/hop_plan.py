@@ -12,7 +12,13 @@ previous hop received. Each hop carries its exchange (the all-to-all over its pe
 the plan: process groups (:class:`~deepspeed_loco.runtime.comm.topology.LocoTopology`) or an in-process
 simulation (:mod:`deepspeed_loco.simulation`).
 
-The plan is layout only (which hops, their bits, rows, peers, the group size, the grid, the Hadamard basis). The
+With ``exact_own_block`` (``zeropp_loco_param.exact_own_block``) the block a rank sends to itself in a hop (rank
+``r``'s peer index: ``r % L`` on ``intra_node``, ``r // L`` on ``inter_node``) is not quantized and keeps no error
+rows: its exact fp32 values go to the next hop (or the final mean) in a per-bucket "own" buffer and are added there
+after the other blocks, so a hop's error buffer has ``rows - kept_rows`` rows instead of ``rows``.
+
+The plan is layout only (which hops, their bits, rows, peers, the group size, the grid, the Hadamard basis, the
+exact own block). The
 algorithm's settings (``err_beta``, error feedback on or off, the error buffers' storage) belong to the error state
 (:class:`~deepspeed_loco.runtime.comm.error_feedback.ErrorFeedbackState`), which passes ``err_beta`` to
 :meth:`HopPlan.args` when a hop's kernel arguments are built.
@@ -47,6 +53,10 @@ class HopArgs:
     wire bits. ``in_bits`` / ``in_blocks``: the previous hop's bits and the number of blocks received from it and
     summed (0 for the first hop). ``hadamard``: the first hop rotates each group, the final mean rotates back.
     ``grid``: the name of the gradient quantization grid (``deepspeed_loco.layout.formats.GRIDS``).
+    ``own``: this rank's peer index in this hop, whose block (:attr:`kept_rows` rows) is kept exact and handed on in
+    fp32 (``own_out``) instead of quantized; -1: every block quantized. ``in_own``: this rank's peer index in the
+    previous hop, whose received block is replaced by that hop's exact fp32 block (``own_in``), added after the
+    others; -1: none (always -1 on the first hop).
     """
     world_size: int
     local_size: int
@@ -57,21 +67,45 @@ class HopArgs:
     grid: str = "symmetric"
     in_bits: int = 0
     in_blocks: int = 0
+    own: int = -1
+    in_own: int = -1
+
+    @property
+    def peers(self) -> int:
+        """Blocks this hop sends: ``L`` on the first hop when ``L > 1`` (``intra_node``), else the nodes
+        (``inter_node``: ``W`` when it is the first hop, ``M`` after ``intra_node``)."""
+        if self.in_blocks:
+            return self.world_size // self.local_size
+        return self.local_size if self.local_size > 1 else self.world_size
+
+    @property
+    def kept_rows(self) -> int:
+        """Rows of the block this rank sends to itself: ``M`` on ``intra_node``, 1 on ``inter_node``."""
+        return self.world_size // self.local_size if self.in_blocks == 0 and self.local_size > 1 else 1
+
+    @property
+    def in_kept_rows(self) -> int:
+        """Rows of each block received from the previous hop (``M``, the rows ``own_in`` has); 0 on the first hop."""
+        return self.world_size // self.local_size if self.in_blocks else 0
 
     def mean(self) -> "MeanArgs":
-        """The arguments of the final mean of the rows this hop sends (the last hop's: ``HopPlan.args(-1, ...)``)."""
-        return MeanArgs(self.world_size, self.bits, self.group_size, self.hadamard, self.grid)
+        """The arguments of the final mean of the rows this hop sends (the last hop's: ``HopPlan.args(-1, ...)``);
+        its ``in_own`` is this hop's ``own``."""
+        return MeanArgs(self.world_size, self.bits, self.group_size, self.hadamard, self.grid, in_own=self.own)
 
 
 @dataclass(frozen=True)
 class MeanArgs:
     """Everything the final mean needs besides tensors: ``W`` (the divisor and the partition), the last hop's wire
-    ``bits`` and ``group_size``, ``hadamard`` (rotate back) and the ``grid``."""
+    ``bits`` and ``group_size``, ``hadamard`` (rotate back) and the ``grid``. ``in_own``: this rank's peer index in
+    the last hop, whose received row is replaced by that hop's exact fp32 row (``own_in``), added after the others;
+    -1: none."""
     world_size: int
     bits: int
     group_size: int
     hadamard: bool = False
     grid: str = "symmetric"
+    in_own: int = -1
 
 
 @dataclass(frozen=True)
@@ -94,6 +128,11 @@ class Hop:
         """Rows that cross the wire from this rank."""
         return self.rows - self.kept_rows
 
+    def peer_index(self, rank: int, local_size: int) -> int:
+        """The index of rank ``rank`` among this hop's peers (its own block's), ``local_size`` ranks per node:
+        ``rank % L`` on ``intra_node``, ``rank // L`` on ``inter_node`` (``rank`` itself when ``L == 1``)."""
+        return rank % local_size if self.name == INTRA_NODE else rank // local_size
+
     def wire(self, widths: Sequence[int], group_size: int) -> WireLayout:
         """The byte layout of this hop's send buffer for parameters of padded partition widths ``widths``."""
         return WireLayout(tuple(widths), self.bits, group_size)
@@ -102,7 +141,8 @@ class Hop:
 @dataclass(frozen=True)
 class HopPlan:
     """The ordered hops of a reduce over ``world_size = M * local_size`` ranks (empty for a world of one);
-    ``grid`` is the resolved quantization grid of every hop ("symmetric" or "midrise", never "auto").
+    ``grid`` is the resolved quantization grid of every hop ("symmetric" or "midrise", never "auto");
+    ``exact_own_block``: each rank's own block of every hop is kept exact (module docstring).
 
     Two plans are equal when their layouts are (hops' exchanges are not compared)."""
     world_size: int
@@ -111,34 +151,42 @@ class HopPlan:
     hadamard: bool
     grid: str
     hops: Tuple[Hop, ...]
+    exact_own_block: bool = False
 
     @property
     def num_nodes(self) -> int:
         return self.world_size // self.local_size
 
-    def args(self, index: int, err_beta: float) -> HopArgs:
-        """The kernel arguments of hop ``index`` (the last hop's ``.mean()`` are the final mean's): this plan's
-        layout and the error state's ``err_beta``."""
+    def args(self, index: int, err_beta: float, rank: int) -> HopArgs:
+        """The kernel arguments of hop ``index`` on rank ``rank`` (the last hop's ``.mean()`` are the final mean's):
+        this plan's layout and the error state's ``err_beta``."""
+        index = index % len(self.hops)
         hop = self.hops[index]
         previous = self.hops[index - 1] if index > 0 else None
         return HopArgs(self.world_size, self.local_size, hop.bits, self.group_size, err_beta, self.hadamard,
-                       self.grid, in_bits=previous.bits if previous else 0, in_blocks=previous.peers if previous else 0)
+                       self.grid, in_bits=previous.bits if previous else 0, in_blocks=previous.peers if previous else 0,
+                       own=self.own_block(hop, rank), in_own=self.own_block(previous, rank) if previous else -1)
+
+    def own_block(self, hop: Hop, rank: int) -> int:
+        """The block of ``hop`` that rank ``rank`` keeps exact: its peer index there with ``exact_own_block``,
+        else -1 (none)."""
+        return hop.peer_index(rank, self.local_size) if self.exact_own_block else -1
 
     def widths(self, numels: Sequence[int]) -> Tuple[int, ...]:
         """Padded partition widths ``P'`` of gradients of ``numels`` elements."""
         return padded_widths(numels, self.world_size, self.group_size)
 
-    def rows(self) -> Mapping[str, int]:
-        """Partition rows each hop quantizes, by hop name, in hop order (an error buffer's rows, with error
-        feedback)."""
-        return {hop.name: hop.rows for hop in self.hops}
+    def error_rows(self) -> Mapping[str, int]:
+        """Rows of each hop's error buffer (with error feedback), by hop name, in hop order: the partition rows the
+        hop quantizes, ``hop.rows``, less its own block's ``hop.kept_rows`` with ``exact_own_block``."""
+        return {hop.name: hop.rows - (hop.kept_rows if self.exact_own_block else 0) for hop in self.hops}
 
     def error_bytes(self, numel: int, storage: ErrorStorage, hops: Iterable[str]) -> int:
         """Bytes of the error buffers of the hops named ``hops``, stored as ``storage``, for a gradient of ``numel``
         elements."""
         cols = padded_partition_size(numel, self.world_size, self.group_size)
         kept = set(hops)
-        rows = sum(count for hop, count in self.rows().items() if hop in kept)
+        rows = sum(count for hop, count in self.error_rows().items() if hop in kept)
         return rows * storage.row_bytes(cols, self.group_size)
 
     def with_exchanges(self, exchanges: Mapping[str, Exchange]) -> "HopPlan":
@@ -165,4 +213,5 @@ def plan_hops(world_size: int, local_size: int, config) -> HopPlan:
     if world_size > 1 and nodes > 1:
         hops.append(Hop(INTER_NODE, config.inter_node_bits, rows=nodes, peers=nodes))
     grid = resolve_grid(config.quant_grid, [hop.bits for hop in hops])
-    return HopPlan(world_size, local_size, config.group_size, config.hadamard, grid, tuple(hops))
+    return HopPlan(world_size, local_size, config.group_size, config.hadamard, grid, tuple(hops),
+                   config.exact_own_block)

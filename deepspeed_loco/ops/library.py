@@ -29,7 +29,11 @@ empty (``deepspeed_loco.layout.ErrorStorage``); wire buffers uint8 ``(rows, row_
 ``deepspeed_loco.layout.WireLayout`` whose widths are the padded partitions of the gradients (``numels``; hop 2 takes
 them as ``widths``); ``grid`` a name of ``deepspeed_loco.layout.GRIDS``; ``stats`` None, or the float64 noise
 statistics the op adds to (``(2,)`` for the quantizing ops, ``(1,)`` for the final mean;
-:mod:`deepspeed_loco.ops.loco_reference`'s docstring), which the live rho passes on measured steps only.
+:mod:`deepspeed_loco.ops.loco_reference`'s docstring), which the live rho passes on measured steps only; ``own`` /
+``in_own`` this rank's peer index in this hop / the previous one whose block is kept exact (-1: off), with ``own_out``
+/ ``own_in`` the bucket's fp32 own buffers (None when off; ``loco_reference``'s docstring, "Exact own block"):
+``own_out`` ``(kept rows, sum of P')``, ``own_in`` ``(the previous hop's kept rows, sum of P')``, ``(1, sum of P')``
+for the final mean; with ``own >= 0`` the error lists have ``rows - kept rows`` rows.
 
 The entry points (:class:`OpEntryPoints`) keep the signatures of :mod:`deepspeed_loco.ops.loco_reference`'s bucket
 entry points (``HopArgs``, ``WireLayout``, ``ErrorBuffer``), check the bucket's sizes against the kernels' limits
@@ -113,45 +117,50 @@ def _check_stats(stats: Optional[torch.Tensor], size: int) -> None:
 
 
 @_op("(Tensor[] grads, Tensor(a!)[] error_values, Tensor(b!)[] error_scales, Tensor(c!) send, int world_size, "
-     "int local_size, int bits, int group_size, float err_beta, bool hadamard, str grid, Tensor(d!)? stats) -> ()",
-     fake=_returns_nothing)
+     "int local_size, int bits, int group_size, float err_beta, bool hadamard, str grid, Tensor(d!)? stats, int own, "
+     "Tensor(e!)? own_out) -> ()", fake=_returns_nothing)
 def quantize_bucket(grads, error_values, error_scales, send, world_size, local_size, bits, group_size, err_beta,
-                    hadamard, grid, stats):
-    """The first hop (``loco_reference.quantize_bucket_``) into ``send`` uint8 ``(world_size, row_bytes)``."""
+                    hadamard, grid, stats, own, own_out):
+    """The first hop (``loco_reference.quantize_bucket_``) into ``send`` uint8 ``(world_size, row_bytes)`` (and
+    ``own_out`` with ``own >= 0``)."""
     _check_stats(stats, 2)
-    args = HopArgs(world_size, local_size, bits, group_size, err_beta, hadamard, grid)
+    args = HopArgs(world_size, local_size, bits, group_size, err_beta, hadamard, grid, own=own)
     wire = WireLayout(padded_widths([g.numel() for g in grads], world_size, group_size), bits, group_size)
     errors = _error_buffers(error_values, error_scales, len(grads), group_size)
-    loco_reference.quantize_bucket_(grads, errors, args, wire, send, stats)
+    loco_reference.quantize_bucket_(grads, errors, args, wire, send, stats, own_out)
 
 
 @_op("(Tensor recv, Tensor(a!)[] error_values, Tensor(b!)[] error_scales, Tensor(c!) send, int[] widths, "
      "int world_size, int local_size, int bits, int in_bits, int in_blocks, int group_size, float err_beta, str grid, "
-     "Tensor(d!)? stats) -> ()", fake=_returns_nothing)
+     "Tensor(d!)? stats, Tensor? own_in, int in_own, int own, Tensor(e!)? own_out) -> ()", fake=_returns_nothing)
 def requantize_bucket(recv, error_values, error_scales, send, widths, world_size, local_size, bits, in_bits,
-                      in_blocks, group_size, err_beta, grid, stats):
+                      in_blocks, group_size, err_beta, grid, stats, own_in, in_own, own, own_out):
     """A later hop (``loco_reference.requantize_bucket_``): ``recv`` uint8 ``(in_blocks * rows, in_row_bytes)`` on
-    the wire of ``in_bits`` bits into ``send`` uint8 ``(rows, row_bytes)`` on ``bits`` bits (both of ``widths``)."""
+    the wire of ``in_bits`` bits (and ``own_in`` with ``in_own >= 0``) into ``send`` uint8 ``(rows, row_bytes)`` on
+    ``bits`` bits, both of ``widths`` (and ``own_out`` with ``own >= 0``)."""
     _check_stats(stats, 2)
-    args = HopArgs(world_size, local_size, bits, group_size, err_beta, False, grid, in_bits, in_blocks)
+    args = HopArgs(world_size, local_size, bits, group_size, err_beta, False, grid, in_bits, in_blocks, own, in_own)
     in_wire, wire = WireLayout(tuple(widths), in_bits, group_size), WireLayout(tuple(widths), bits, group_size)
     errors = _error_buffers(error_values, error_scales, len(widths), group_size)
-    loco_reference.requantize_bucket_(recv, in_wire, errors, args, wire, send, stats)
+    loco_reference.requantize_bucket_(recv, in_wire, errors, args, wire, send, stats, own_in, own_out)
 
 
-def _final_mean_bucket_fake(recv, numels, world_size, bits, group_size, hadamard, grid, rank, out_dtype, stats):
+def _final_mean_bucket_fake(recv, numels, world_size, bits, group_size, hadamard, grid, rank, out_dtype, stats,
+                            own_in, in_own):
     return recv.new_empty(sum(-(-n // world_size) for n in numels), dtype=out_dtype)
 
 
 @_op("(Tensor recv, int[] numels, int world_size, int bits, int group_size, bool hadamard, str grid, int rank, "
-     "ScalarType out_dtype, Tensor(a!)? stats) -> Tensor", fake=_final_mean_bucket_fake)
-def final_mean_bucket(recv, numels, world_size, bits, group_size, hadamard, grid, rank, out_dtype, stats):
+     "ScalarType out_dtype, Tensor(a!)? stats, Tensor? own_in, int in_own) -> Tensor", fake=_final_mean_bucket_fake)
+def final_mean_bucket(recv, numels, world_size, bits, group_size, hadamard, grid, rank, out_dtype, stats, own_in,
+                      in_own):
     """The final mean (``loco_reference.final_mean_bucket``): this rank's mean partitions, concatenated,
-    ``out_dtype`` ``(sum of ceil(numel / world_size),)``."""
+    ``out_dtype`` ``(sum of ceil(numel / world_size),)`` (``own_in`` in place of received row ``in_own`` when it
+    is not -1)."""
     _check_stats(stats, 1)
-    args = MeanArgs(world_size, bits, group_size, hadamard, grid)
+    args = MeanArgs(world_size, bits, group_size, hadamard, grid, in_own)
     wire = WireLayout(padded_widths(numels, world_size, group_size), bits, group_size)
-    parts = loco_reference.final_mean_bucket(recv, wire, args, numels, rank, out_dtype, stats)
+    parts = loco_reference.final_mean_bucket(recv, wire, args, numels, rank, out_dtype, stats, own_in)
     return torch.cat(parts) if parts else recv.new_empty(0, dtype=out_dtype)
 
 
@@ -210,19 +219,20 @@ class OpEntryPoints:
         self.ops = getattr(torch.ops, namespace)
 
     def quantize_bucket_(self, grads: Sequence[torch.Tensor], errors: Sequence[Optional[ErrorBuffer]],
-                         args: HopArgs, wire: WireLayout, send: torch.Tensor,
-                         stats: Optional[torch.Tensor] = None) -> None:
+                         args: HopArgs, wire: WireLayout, send: torch.Tensor, stats: Optional[torch.Tensor] = None,
+                         own_out: Optional[torch.Tensor] = None) -> None:
         """``wire``'s widths are the gradients' padded partitions (``HopPlan.widths``); runs ``quantize_bucket``."""
         lists = _error_lists(errors)
         _check_wire(wire, args, args.bits, "wire")
         wire.check_buffer(send, "send")
+        loco_reference.check_hop_own(args, wire, send.device, own_out=own_out)
         limits.check_launch(wire.widths, args.world_size, args.group_size, "grads")
         self.ops.quantize_bucket(list(grads), lists[0], lists[1], send, args.world_size, args.local_size, args.bits,
-                                 args.group_size, args.err_beta, args.hadamard, args.grid, stats)
+                                 args.group_size, args.err_beta, args.hadamard, args.grid, stats, args.own, own_out)
 
     def requantize_bucket_(self, recv: torch.Tensor, in_wire: WireLayout, errors: Sequence[Optional[ErrorBuffer]],
-                           args: HopArgs, wire: WireLayout, send: torch.Tensor,
-                           stats: Optional[torch.Tensor] = None) -> None:
+                           args: HopArgs, wire: WireLayout, send: torch.Tensor, stats: Optional[torch.Tensor] = None,
+                           own_in: Optional[torch.Tensor] = None, own_out: Optional[torch.Tensor] = None) -> None:
         """``in_wire`` and ``wire`` of the same widths; runs ``requantize_bucket``."""
         lists = _error_lists(errors)
         _check_wire(wire, args, args.bits, "wire")
@@ -231,20 +241,22 @@ class OpEntryPoints:
             raise ValueError("LoCo ops: in_wire and wire must have the same parameter widths")
         in_wire.check_buffer(recv, "recv")
         wire.check_buffer(send, "send")
+        loco_reference.check_hop_own(args, wire, recv.device, own_in, own_out)
         limits.check_launch(wire.widths, args.world_size // args.local_size, args.group_size, "widths")
         self.ops.requantize_bucket(recv, lists[0], lists[1], send, list(wire.widths), args.world_size,
                                    args.local_size, args.bits, args.in_bits, args.in_blocks, args.group_size,
-                                   args.err_beta, args.grid, stats)
+                                   args.err_beta, args.grid, stats, own_in, args.in_own, args.own, own_out)
 
     def final_mean_bucket(self, recv: torch.Tensor, wire: WireLayout, args: MeanArgs, numels: Sequence[int],
-                          rank: int, out_dtype: torch.dtype,
-                          stats: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+                          rank: int, out_dtype: torch.dtype, stats: Optional[torch.Tensor] = None,
+                          own_in: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
         """Runs ``final_mean_bucket``; the partitions returned are views of one flat tensor (in parameter order)."""
         _check_wire(wire, args, args.bits, "wire")
         wire.check_buffer(recv, "recv")
+        loco_reference.check_mean_own(args, wire, recv, own_in)
         limits.check_launch(wire.widths, 1, args.group_size, "numels")
         flat = self.ops.final_mean_bucket(recv, list(numels), args.world_size, args.bits, args.group_size,
-                                          args.hadamard, args.grid, rank, out_dtype, stats)
+                                          args.hadamard, args.grid, rank, out_dtype, stats, own_in, args.in_own)
         return list(flat.split([-(-n // args.world_size) for n in numels]))
 
     def gather_sample(self, tensors: Sequence[torch.Tensor], owners: torch.Tensor, coords: torch.Tensor,

@@ -20,7 +20,8 @@ def hops_with_error(plan: HopPlan, error_feedback) -> Tuple[str, ...]:
 def error_bytes_per_parameter(world_size: int, local_size: int, config: LocoConfig) -> float:
     """Bytes of error state one rank holds per parameter of the model for ``config`` on ``world_size`` ranks,
     ``local_size`` per node, for large tensors (their partitions' padding to whole groups left out): over the hops
-    that keep error, ``rows / W`` values per parameter times the storage's bytes per value, scales included."""
+    that keep error, ``error rows / W`` values per parameter (:meth:`HopPlan.error_rows`: ``W`` and ``M``, or
+    ``W - M`` and ``M - 1`` with ``exact_own_block``) times the storage's bytes per value, scales included."""
     state = ErrorFeedbackState(config, plan_hops(world_size, local_size, config))
     group = config.group_size
     return sum(state.rows().values()) / world_size * state.storage.row_bytes(group, group) / group
@@ -45,8 +46,9 @@ class ErrorFeedbackState:
     settings: ``err_beta`` (passed to every hop's kernel arguments), ``error_feedback``, ``error_bits`` (int8 or
     fp32 storage) and ``reset_T``.
 
-    A parameter's buffers are a dict ``{hop name: ErrorBuffer}`` in hop order, each ``(hop.rows, P')`` with
-    ``P' = roundup(ceil(N / W), group_size)`` (the first hop's rows in slot order), held here under the
+    A parameter's buffers are a dict ``{hop name: ErrorBuffer}`` in hop order, each ``(error rows, P')`` with
+    ``P' = roundup(ceil(N / W), group_size)`` and the hop's error rows of :meth:`HopPlan.error_rows` (``hop.rows``,
+    less the own block's rows with ``exact_own_block``; the first hop's rows in slot order), held here under the
     parameter's name (a name must always stand for the same parameter), created as zeros on first use. Nothing is
     stored on the parameters. Every ``reset_T`` optimizer steps all buffers are zeroed together. With
     ``error_feedback`` off, or a plan without hops, no buffer is ever created.
@@ -57,7 +59,7 @@ class ErrorFeedbackState:
         self.plan = plan
         self.step = 0
         kept = hops_with_error(plan, config.error_feedback)  # the plan and the config are frozen: derived once
-        self._rows: Dict[str, int] = {hop: rows for hop, rows in plan.rows().items() if hop in kept}
+        self._rows: Dict[str, int] = {hop: rows for hop, rows in plan.error_rows().items() if hop in kept}
         self._buffers: Dict[str, Dict[str, ErrorBuffer]] = {}
         self._numels: Dict[str, int] = {}
 

@@ -74,6 +74,11 @@ class LocoReducer:
     runs inside a ``torch.profiler`` range named by :func:`profiler_range`, so a profile groups their time per hop
     (``benchmarks/gpu_e2e.py``).
 
+    With the plan's ``exact_own_block`` each hop hands this rank's own block, exact, to the next hop or the final
+    mean in a bucket's fp32 own buffer ``(kept rows, sum of the padded widths)`` (about ``N_bucket / L`` values after
+    the intra-node hop, ``N_bucket / W`` after the last hop), allocated per bucket and dropped once the next step has
+    added it. :class:`WireStats` never counted own blocks, so it is the same either way.
+
     ``plan``: the hops, with this rank's exchanges; ``state``: the error buffers and the algorithm's settings
     (``err_beta`` goes from it into every hop's kernel arguments), built for the same plan (ValueError otherwise);
     ``rank``: this rank's index in the group. :meth:`for_topology` builds all three.
@@ -165,21 +170,24 @@ class LocoReducer:
         widths = plan.widths(numels)
         buffers = [self.state.buffers_for(n, g.numel(), g.device) for n, g in zip(names, grads)]
         self._touched = any(b is not None for b in buffers)  # the kernels below update the buffers in place
-        recv = wire = None
+        recv = wire = own = None  # own: the previous hop's exact own block (exact_own_block), else None
         probe = self._probe
         hop_stats, mean_stats = probe.stats(device) if probe is not None else ([None] * len(plan.hops), None)
         token = probe.inputs(names, grads, kernels.gather_sample) if probe is not None else None
         for index, hop in enumerate(plan.hops):
             errors = [b.get(hop.name) if b else None for b in buffers]  # a hop keeps error for all or none
-            args, in_wire, wire = plan.args(index, err_beta), wire, hop.wire(widths, plan.group_size)
+            args, in_wire, wire = plan.args(index, err_beta, self.rank), wire, hop.wire(widths, plan.group_size)
             send = wire.empty(hop.rows, device)
+            own_in, own = own, _own_buffer(args.own, hop.kept_rows, wire.columns, device)
             if index == 0:
                 with record_function(profiler_range(hop.name, "quantize_bucket_")):
-                    kernels.quantize_bucket_(grads, errors, args, wire, send, hop_stats[index])
+                    kernels.quantize_bucket_(grads, errors, args, wire, send, hop_stats[index], own)
                 grads.clear()  # the full gradients are on the wire: let them go before the exchanges
             else:
                 with record_function(profiler_range(hop.name, "requantize_bucket_")):
-                    kernels.requantize_bucket_(recv, in_wire, errors, args, wire, send, hop_stats[index])
+                    kernels.requantize_bucket_(recv, in_wire, errors, args, wire, send, hop_stats[index], own_in,
+                                               own)
+            own_in = None  # the previous hop's own block is in this hop's sum: let it go
             if hop.exchange is None:
                 raise RuntimeError(f"LoCo reduce: hop {hop.name!r} has no exchange (a topology without process "
                                    f"groups cannot reduce)")
@@ -187,10 +195,16 @@ class LocoReducer:
                 recv = hop.exchange(send)
             self.stats.sent(hop, wire)
         with record_function(profiler_range(None, "final_mean_bucket")):
-            means = kernels.final_mean_bucket(recv, wire, args.mean(), numels, self.rank, dtype, mean_stats)
+            means = kernels.final_mean_bucket(recv, wire, args.mean(), numels, self.rank, dtype, mean_stats, own)
         if probe is not None:
             probe.outputs(token, means)
         return means
+
+
+def _own_buffer(own: int, rows: int, columns: int, device) -> Optional[torch.Tensor]:
+    """A bucket's fp32 own buffer ``(rows, columns)`` (the own block a hop keeps exact, every parameter's columns as
+    on the wire) when ``own`` is a block index, None when it is -1."""
+    return torch.empty(rows, columns, dtype=torch.float32, device=device) if own >= 0 else None
 
 
 def _check_gradients(names: Sequence[str], grads: Sequence[torch.Tensor]) -> None:

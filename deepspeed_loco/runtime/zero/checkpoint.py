@@ -20,8 +20,9 @@ sets the step counter (and copies an inline entry's buffers in). The rules (``do
   a universal checkpoint, or ``load_optimizer_states=False``: buffers start from zero, with a WARNING saying why;
 * saved with ``checkpoint_error_state: false``: buffers start from zero, the step counter is restored, and rank 0
   logs one WARNING naming the key;
-* a different layout (``W``, ``L``, ``group_size``, ``error_bits``, ``hadamard``, ``error_feedback``): buffers
-  start from zero, with a WARNING naming the saved and the current values; the step counter is restored;
+* a different layout (``W``, ``L``, ``group_size``, ``error_bits``, ``hadamard``, ``error_feedback``,
+  ``exact_own_block``): buffers start from zero, with a WARNING naming the saved and the current values; the step
+  counter is restored (a signature without ``exact_own_block``, written before the key existed, reads as false);
 * a corrupt, truncated or missing file or entry: :class:`LocoCheckpointError` on every rank, naming the failing
   ranks and what is wrong with their files, raised before the ZeRO-3 optimizer state is loaded (DeepSpeed has read
   the module's file by then), or, with ``zeropp_loco_param.on_corrupt_checkpoint: "reset"``, that rank's buffers from
@@ -63,7 +64,11 @@ FORMAT_VERSION = 3
 READ_VERSIONS = (1, 2, 3)
 V1_HOP_NAMES = {"hop1": INTRA_NODE, "hop2": INTER_NODE}
 # signature entries whose difference makes the saved buffers meaningless here (layout, storage or basis)
-RESET_KEYS = ("world_size", "local_size", "group_size", "error_bits", "hadamard", "error_feedback")
+RESET_KEYS = ("world_size", "local_size", "group_size", "error_bits", "hadamard", "error_feedback",
+              "exact_own_block")
+# added to the signature after checkpoints were written without them: a saved signature that lacks one has this value
+LATER_KEYS = {"exact_own_block": False}
+BOOL_KEYS = ("hadamard", "exact_own_block")
 # recorded and compared for information only: the buffers hold not-yet-sent gradient in gradient units, which
 # does not depend on the wire's bit width
 INFO_KEYS = ("intra_node_bits", "inter_node_bits")
@@ -111,6 +116,7 @@ def signature(state) -> Dict[str, Any]:
         "error_bits": int(state.error_bits),
         "hadamard": bool(plan.hadamard),
         "error_feedback": state.error_feedback,
+        "exact_own_block": bool(plan.exact_own_block),
         "intra_node_bits": int(cfg.intra_node_bits),
         "inter_node_bits": int(cfg.inter_node_bits),
     }
@@ -414,6 +420,7 @@ def _parse_head(state, sd: Any) -> Tuple[int, int]:
     saved = sd["signature"]
     if not isinstance(saved, Mapping):
         _corrupt(f"{WHERE}: signature is a {type(saved).__name__}, expected a dict")
+    saved = {**LATER_KEYS, **saved}
     for key in SIGNATURE_KEYS:
         if key not in saved:
             _corrupt(f"{WHERE}: signature lacks {key!r}")
@@ -421,7 +428,7 @@ def _parse_head(state, sd: Any) -> Tuple[int, int]:
         if key == "error_feedback":  # true, false or "inter_node", as the config key
             kind_ok = isinstance(value, bool) or value == INTER_NODE_ONLY
         else:
-            kind_ok = isinstance(value, bool) if key == "hadamard" else _is_int(value)
+            kind_ok = isinstance(value, bool) if key in BOOL_KEYS else _is_int(value)
         if not kind_ok:
             _corrupt(f"{WHERE}: signature[{key!r}] is {saved[key]!r}, of the wrong type")
     current = signature(state)
@@ -532,7 +539,8 @@ def apply_plan(state, plan: LoadPlan) -> None:
 
 def _describe(sig: Mapping[str, Any]) -> str:
     return (f"W={sig['world_size']} L={sig['local_size']} group_size={sig['group_size']} "
-            f"error_bits={sig['error_bits']} hadamard={sig['hadamard']} error_feedback={sig['error_feedback']}")
+            f"error_bits={sig['error_bits']} hadamard={sig['hadamard']} error_feedback={sig['error_feedback']} "
+            f"exact_own_block={sig['exact_own_block']}")
 
 
 def _brief(value: Any) -> str:

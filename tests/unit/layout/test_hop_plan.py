@@ -25,7 +25,7 @@ def test_auto_grid_is_midrise_exactly_when_a_hop_sends_two_bits(intra, inter, wo
     plan = plan_hops(world, local, LocoConfig(intra_node_bits=intra, inter_node_bits=inter))
     assert LocoConfig().quant_grid == "auto"
     assert plan.grid == grid
-    assert all(plan.args(i, 0.8).grid == grid for i in range(len(plan.hops)))
+    assert all(plan.args(i, 0.8, 0).grid == grid for i in range(len(plan.hops)))
 
 
 @pytest.mark.parametrize("grid", ["symmetric", "midrise"])

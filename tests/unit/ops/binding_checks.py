@@ -26,7 +26,8 @@ def _hop1(**change):
     """quantize_bucket with valid CUDA arguments, ``change`` replacing some of them."""
     args = dict(grads=[torch.randn(NUMEL, device="cuda")], error_values=[], error_scales=[],
                 send=torch.zeros(WORLD, 160, dtype=torch.uint8, device="cuda"), world_size=WORLD, local_size=WORLD,
-                bits=4, group_size=GROUP, err_beta=0.8, hadamard=False, grid="symmetric", stats=None)
+                bits=4, group_size=GROUP, err_beta=0.8, hadamard=False, grid="symmetric", stats=None, own=-1,
+                own_out=None)
     args.update(change)
     OPS.quantize_bucket(*args.values())
 
@@ -35,14 +36,16 @@ def _hop2(**change):
     """requantize_bucket of one 256-column parameter (W = 4 = 2 x 2), ``change`` replacing some arguments."""
     args = dict(recv=torch.zeros(4, 160, dtype=torch.uint8, device="cuda"), error_values=[], error_scales=[],
                 send=torch.zeros(2, 160, dtype=torch.uint8, device="cuda"), widths=[256], world_size=4, local_size=2,
-                bits=4, in_bits=4, in_blocks=2, group_size=GROUP, err_beta=0.8, grid="symmetric", stats=None)
+                bits=4, in_bits=4, in_blocks=2, group_size=GROUP, err_beta=0.8, grid="symmetric", stats=None,
+                own_in=None, in_own=-1, own=-1, own_out=None)
     args.update(change)
     OPS.requantize_bucket(*args.values())
 
 
 def _final(**change):
     args = dict(recv=torch.zeros(1, 160, dtype=torch.uint8, device="cuda"), numels=[NUMEL], world_size=WORLD, bits=4,
-                group_size=GROUP, hadamard=False, grid="symmetric", rank=0, out_dtype=torch.float32, stats=None)
+                group_size=GROUP, hadamard=False, grid="symmetric", rank=0, out_dtype=torch.float32, stats=None,
+                own_in=None, in_own=-1)
     args.update(change)
     return OPS.final_mean_bucket(*args.values())
 

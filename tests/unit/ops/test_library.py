@@ -59,7 +59,7 @@ def _hop1_args(device, error_bits, hadamard, grid, dtype=torch.float32, world=4,
 @pytest.mark.parametrize("hadamard,grid", [(False, "symmetric"), (True, "midrise")])
 def test_opcheck_quantize_bucket(device, error_bits, hadamard, grid):
     torch.library.opcheck(torch.ops.deepspeed_loco.quantize_bucket.default,
-                          _hop1_args(device, error_bits, hadamard, grid) + (None, ))  # stats: no default, always passed
+                          _hop1_args(device, error_bits, hadamard, grid) + (None, -1, None))  # none has a default
 
 
 @pytest.mark.parametrize("error_bits", [0, 8, 32])
@@ -76,7 +76,7 @@ def test_opcheck_requantize_bucket(device, error_bits, grid):
     send = WireLayout(tuple(widths), bits, GROUP).empty(nodes, device).zero_()
     torch.library.opcheck(torch.ops.deepspeed_loco.requantize_bucket.default,
                           (recv, values, scales, send, widths, world, local, bits, in_bits, local, GROUP, 0.5, grid,
-                           None))
+                           None, None, -1, -1, None))
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
@@ -89,7 +89,7 @@ def test_opcheck_final_mean_bucket(device, out_dtype, hadamard, grid):
                         gen).to(device)
     torch.library.opcheck(torch.ops.deepspeed_loco.final_mean_bucket.default,
                           (recv, list(NUMELS), world, bits, GROUP, hadamard, grid, 1, out_dtype,
-                           None))
+                           None, None, -1))
 
 
 def test_opcheck_gather_sample(device):
@@ -145,7 +145,7 @@ def test_the_reference_refuses_error_scales_that_do_not_fit_the_storage():
                                     ([torch.zeros(2, 32)], [torch.zeros(2, 1)], "fp32 error values take no scales")):
         with pytest.raises(ValueError, match=message + r".* \(error_scales\)"):
             torch.ops.deepspeed_loco.quantize_bucket(grads, values, scales, send, 2, 2, 4, GROUP, 0.8, False,
-                                                     "symmetric", None)
+                                                     "symmetric", None, -1, None)
 
 
 def test_entry_points_check_the_kernels_size_limits_before_a_call():

@@ -76,7 +76,7 @@ def _hop1(device, error_bits, hadamard, grid, stats, seed=0, dtype=torch.float32
     send = wire.empty(WORLD, device).zero_()
     dv, ds = _on(device, values), _on(device, scales)
     torch.ops.deepspeed_loco.quantize_bucket(_on(device, grads), dv, ds, send, WORLD, LOCAL, 4, GROUP, 0.8, hadamard,
-                                             grid, stats)
+                                             grid, stats, -1, None)
     return grads, (values, scales), (dv, ds), send, wire
 
 
@@ -115,7 +115,8 @@ def test_requantize_stats_are_the_summed_input_power_and_the_error_power(device,
     old = _old_errors(values, scales, nodes)
     send, stats = wire.empty(nodes, device).zero_(), torch.zeros(2, dtype=torch.float64, device=device)
     torch.ops.deepspeed_loco.requantize_bucket(recv.to(device), _on(device, values), _on(device, scales), send,
-                                               list(_widths()), WORLD, LOCAL, 2, 4, LOCAL, GROUP, 0.5, grid, stats)
+                                               list(_widths()), WORLD, LOCAL, 2, 4, LOCAL, GROUP, 0.5, grid, stats,
+                                               None, -1, -1, None)
     sums = [v.view(LOCAL, nodes, -1).sum(0) for v in _wire_values(recv, in_wire, grid)]
     error = sum(float((s + e - d).pow(2).sum()) for s, e, d in zip(sums, old, _wire_values(send, wire, grid)))
     got = stats.cpu().tolist()
@@ -131,7 +132,7 @@ def test_final_mean_stats_are_the_power_of_the_returned_mean(device, hadamard, g
     recv[:, wire.data_bytes:].view(torch.float32).copy_(torch.rand(WORLD, wire.columns // GROUP, generator=gen))
     stats = torch.zeros(1, dtype=torch.float64, device=device)
     mean = torch.ops.deepspeed_loco.final_mean_bucket(recv.to(device), list(NUMELS), WORLD, 8, GROUP, hadamard, grid,
-                                                      3, torch.float32, stats)
+                                                      3, torch.float32, stats, None, -1)
     assert stats.item() == pytest.approx(float(mean.double().pow(2).sum()), rel=1e-5)
 
 
@@ -160,18 +161,18 @@ def test_opcheck_with_stats(device):
     torch.library.opcheck(torch.ops.deepspeed_loco.quantize_bucket.default,
                           (grads, _on(device, values), _on(device, scales), wire.empty(WORLD, device).zero_(), WORLD,
                            LOCAL, 4, GROUP, 0.8, False, "symmetric",
-                           torch.zeros(2, dtype=torch.float64, device=device)))
+                           torch.zeros(2, dtype=torch.float64, device=device), -1, None))
     recv = wire.empty(WORLD, device).zero_()
     torch.library.opcheck(torch.ops.deepspeed_loco.final_mean_bucket.default,
                           (recv, list(NUMELS), WORLD, 4, GROUP, False, "symmetric", 1, torch.float32,
-                           torch.zeros(1, dtype=torch.float64, device=device)))
+                           torch.zeros(1, dtype=torch.float64, device=device), None, -1))
     nodes = WORLD // LOCAL
     values, scales = _errors(nodes, 32, gen)
     torch.library.opcheck(torch.ops.deepspeed_loco.requantize_bucket.default,
                           (wire.empty(WORLD, device).zero_(), _on(device, values), [],
                            WireLayout(_widths(), 2, GROUP).empty(nodes, device).zero_(), list(_widths()), WORLD, LOCAL,
                            2, 4, LOCAL, GROUP, 0.5, "midrise",
-                           torch.zeros(2, dtype=torch.float64, device=device)))
+                           torch.zeros(2, dtype=torch.float64, device=device), None, -1, -1, None))
 
 
 @CUDA
