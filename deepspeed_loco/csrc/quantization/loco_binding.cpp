@@ -146,7 +146,7 @@ loco::HopArgs hop_args(int64_t world, int64_t local, int64_t bits, int64_t group
 // bytes.
 struct Wire {
     std::vector<int64_t> widths, offsets;
-    int64_t data_bytes = 0, row_bytes = 0;
+    int64_t columns = 0, data_bytes = 0, row_bytes = 0;
 };
 
 Wire wire_layout(at::IntArrayRef widths, const loco::HopArgs& h, int64_t bits, const char* what) {
@@ -159,6 +159,7 @@ Wire wire_layout(at::IntArrayRef widths, const loco::HopArgs& h, int64_t bits, c
         out.offsets.push_back(columns);
         columns += width;
     }
+    out.columns = columns;
     out.data_bytes = columns * bits / 8;
     out.row_bytes = out.data_bytes + columns / h.group_size * 4;
     return out;
@@ -340,12 +341,54 @@ void add_stats(const std::optional<at::Tensor>& stats, const at::Tensor& partial
     if (partials.defined() && partials.size(0) > 0) stats->add_(partials.sum(0, /*keepdim=*/false, at::kDouble));
 }
 
+// ------------------------------------------------------------------------------------------------ own block
+// An index of the exact own block (`name`: own, in_own): -1 (none) or in [0, count), given with its buffer `buffer`
+// (`what`: own_out, own_in) exactly when it is not -1.
+int own_index(int64_t index, int64_t count, const std::optional<at::Tensor>& buffer, const char* name,
+              const char* what) {
+    LOCO_CHECK(index >= -1 && index < count, name, " = ", index, " must be -1 (no exact own block) or in [0, ", count,
+               ")");
+    LOCO_CHECK(buffer.has_value() == (index >= 0), what, index >= 0 ? " is required with " : " must be None with ",
+               name, " = ", index);
+    return (int)index;
+}
+
+// An own buffer: fp32 (rows, the bucket's columns) on `device`, unit stride along a row, rows 16-byte aligned.
+float* own_rows(const at::Tensor& t, int64_t rows, const Wire& w, const at::Device& device, const char* what,
+                int64_t* stride) {
+    check_matrix(t, at::kFloat, rows, w.columns, device, what);
+    LOCO_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 4 == 0, what,
+               " must start 16-byte aligned with rows a multiple of 4 floats apart (row stride ", t.stride(0), ")");
+    *stride = t.stride(0);
+    return t.data_ptr<float>();
+}
+
+// The exact own block of a launch: this hop's `own` (its `kept` rows to `own_out`) and the previous hop's `in_own`
+// (its `in_rows` rows read from `own_in`), each checked against the buffer that goes with it.
+loco::OwnBlock own_block(int64_t own, int64_t own_count, int64_t kept, const std::optional<at::Tensor>& own_out,
+                         int64_t in_own, int64_t in_count, int64_t in_rows, const std::optional<at::Tensor>& own_in,
+                         const Wire& w, const at::Device& device) {
+    loco::OwnBlock b;
+    b.own = own_index(own, own_count, own_out, "own", "own_out");
+    b.in_own = own_index(in_own, in_count, own_in, "in_own", "own_in");
+    b.kept = (int)kept;
+    if (b.own >= 0) b.out = own_rows(*own_out, kept, w, device, "own_out", &b.out_stride);
+    if (b.in_own >= 0) {
+        LOCO_CHECK(in_count >= 2, "in_own = ", in_own, " needs at least 2 received blocks to sum, got ", in_count);
+        b.in = own_rows(*own_in, in_rows, w, device, "own_in", &b.in_stride);
+    }
+    return b;
+}
+
 // ------------------------------------------------------------------------------------------------ the ops
 // deepspeed_loco::quantize_bucket (hop 1): `send` uint8 (world, row_bytes) of the wire of `bits` bits whose widths
-// are the gradients' padded partitions; error lists empty, int8 values with their scales, or fp32 values.
+// are the gradients' padded partitions; error lists empty, int8 values with their scales, or fp32 values. `own`
+// (-1 or this rank's block among the hop's peers) with `own_out` fp32 (world / peers, the wire's columns): the exact
+// own block, whose slots keep no error rows.
 void quantize_bucket(at::TensorList grads, at::TensorList error_values, at::TensorList error_scales,
                      const at::Tensor& send, int64_t world_size, int64_t local_size, int64_t bits, int64_t group_size,
-                     double err_beta, bool hadamard, c10::string_view grid, const std::optional<at::Tensor>& stats) {
+                     double err_beta, bool hadamard, c10::string_view grid, const std::optional<at::Tensor>& stats,
+                     int64_t own, const std::optional<at::Tensor>& own_out) {
     LOCO_CHECK(!grads.empty(), "a bucket without gradients");
     const loco::HopArgs h =
         hop_args(world_size, local_size, bits, group_size, err_beta, hadamard, grid, 0, 0, false);
@@ -365,8 +408,12 @@ void quantize_bucket(at::TensorList grads, at::TensorList error_values, at::Tens
         item.cols = w.widths[i];
         item.col = w.offsets[i];
     }
+    const int64_t peers = h.local > 1 ? h.local : h.world;  // the first hop's: intra-node, or inter-node when L = 1
+    const loco::OwnBlock kept =
+        own_block(own, peers, h.world / peers, own_out, -1, 0, 0, std::nullopt, w, device);
     const loco::ErrorStorage storage = storage_of(error_values);
-    set_errors(items, error_values, error_scales, storage, h.world, w, h.group_size, device);
+    set_errors(items, error_values, error_scales, storage, kept.own >= 0 ? h.world - kept.kept : h.world, w,
+               h.group_size, device);
     const loco::WireArgs out = wire_args(send, w, h.world, device, "send");
     const c10::cuda::CUDAGuard guard(device);
     int64_t blocks = 0;
@@ -374,17 +421,21 @@ void quantize_bucket(at::TensorList grads, at::TensorList error_values, at::Tens
     const at::Tensor table = upload(items, h.world, h.group_size, chunks, device, &blocks);
     const at::Tensor partials = stats_partials(stats, 2, blocks, device);
     raise_if(loco::quantize_bucket(h, dtype, storage, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
-                                   (int)items.size(), blocks, out, partials_ptr(partials),
+                                   (int)items.size(), blocks, out, kept, partials_ptr(partials),
                                    at::cuda::getCurrentCUDAStream().stream()));
     add_stats(stats, partials);
 }
 
 // deepspeed_loco::requantize_bucket (a later hop): `recv` uint8 (in_blocks * nodes, in_row_bytes) of the wire of
-// `in_bits` bits, `send` uint8 (nodes, row_bytes) of `bits` bits, both of parameter widths `widths`.
+// `in_bits` bits, `send` uint8 (nodes, row_bytes) of `bits` bits, both of parameter widths `widths`. `in_own`
+// with `own_in` fp32 (nodes, columns): the received block replaced by the previous hop's exact own block; `own` with
+// `own_out` fp32 (1, columns): this hop's (its row keeps no error row).
 void requantize_bucket(const at::Tensor& recv, at::TensorList error_values, at::TensorList error_scales,
                        const at::Tensor& send, at::IntArrayRef widths, int64_t world_size, int64_t local_size,
                        int64_t bits, int64_t in_bits, int64_t in_blocks, int64_t group_size, double err_beta,
-                       c10::string_view grid, const std::optional<at::Tensor>& stats) {
+                       c10::string_view grid, const std::optional<at::Tensor>& stats,
+                       const std::optional<at::Tensor>& own_in, int64_t in_own, int64_t own,
+                       const std::optional<at::Tensor>& own_out) {
     const loco::HopArgs h =
         hop_args(world_size, local_size, bits, group_size, err_beta, false, grid, in_bits, in_blocks, true);
     const Wire win = wire_layout(widths, h, h.in_bits, "in_wire");
@@ -397,8 +448,10 @@ void requantize_bucket(const at::Tensor& recv, at::TensorList error_values, at::
         items[i].cols = w.widths[i];
         items[i].col = w.offsets[i];
     }
+    const loco::OwnBlock kept = own_block(own, nodes, 1, own_out, in_own, h.in_blocks, nodes, own_in, w, device);
     const loco::ErrorStorage storage = storage_of(error_values);
-    set_errors(items, error_values, error_scales, storage, nodes, w, h.group_size, device);
+    set_errors(items, error_values, error_scales, storage, kept.own >= 0 ? nodes - 1 : nodes, w, h.group_size,
+               device);
     const loco::WireArgs in = wire_args(recv, win, h.in_blocks * nodes, device, "recv");
     const loco::WireArgs out = wire_args(send, w, nodes, device, "send");
     const c10::cuda::CUDAGuard guard(device);
@@ -407,17 +460,19 @@ void requantize_bucket(const at::Tensor& recv, at::TensorList error_values, at::
     const at::Tensor table = upload(items, nodes, h.group_size, chunks, device, &blocks);
     const at::Tensor partials = stats_partials(stats, 2, blocks, device);
     raise_if(loco::requantize_bucket(h, storage, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
-                                     (int)items.size(), blocks, in, out, partials_ptr(partials),
+                                     (int)items.size(), blocks, in, out, kept, partials_ptr(partials),
                                      at::cuda::getCurrentCUDAStream().stream()));
     add_stats(stats, partials);
 }
 
 // deepspeed_loco::final_mean_bucket: `recv` uint8 (rows, row_bytes) of the wire of `bits` bits whose widths are the
 // padded partitions of `numels`. Returns the mean partitions of this rank, concatenated: `out_dtype`
-// (sum of ceil(numel / world),).
+// (sum of ceil(numel / world),). `in_own` with `own_in` fp32 (1, columns): the received row replaced by the last
+// hop's exact own block.
 at::Tensor final_mean_bucket(const at::Tensor& recv, at::IntArrayRef numels, int64_t world_size, int64_t bits,
                              int64_t group_size, bool hadamard, c10::string_view grid, int64_t rank,
-                             at::ScalarType out_dtype, const std::optional<at::Tensor>& stats) {
+                             at::ScalarType out_dtype, const std::optional<at::Tensor>& stats,
+                             const std::optional<at::Tensor>& own_in, int64_t in_own) {
     const loco::HopArgs h = hop_args(world_size, 1, bits, group_size, 0.0, hadamard, grid, 0, 0, false);
     const Wire w = wire_layout(padded_widths(numels, h), h, h.bits, "wire");
     check_pairs(w, 1, h.group_size, "numels");
@@ -427,6 +482,7 @@ at::Tensor final_mean_bucket(const at::Tensor& recv, at::IntArrayRef numels, int
     const int dtype = dtype_code(out_dtype, "out_dtype");
     const at::Device device = cuda_device(recv, "recv");
     const loco::WireArgs in = wire_args(recv, w, recv.size(0), device, "recv");
+    const loco::OwnBlock kept = own_block(-1, 0, 0, std::nullopt, in_own, recv.size(0), 1, own_in, w, device);
     int64_t total = 0;
     for (const int64_t numel : numels) total += ceil_div(numel, h.world);
     at::Tensor flat = at::empty({total}, recv.options().dtype(out_dtype));
@@ -447,7 +503,7 @@ at::Tensor final_mean_bucket(const at::Tensor& recv, at::IntArrayRef numels, int
     const at::Tensor table = upload(items, 1, h.group_size, chunks, device, &blocks);
     const at::Tensor partials = stats_partials(stats, 1, blocks, device);
     raise_if(loco::final_mean_bucket(h, dtype, reinterpret_cast<const loco::BucketItem*>(table.data_ptr()),
-                                     (int)items.size(), blocks, in, (int)recv.size(0), partials_ptr(partials),
+                                     (int)items.size(), blocks, in, (int)recv.size(0), kept, partials_ptr(partials),
                                      at::cuda::getCurrentCUDAStream().stream()));
     add_stats(stats, partials);
     return flat;

@@ -234,6 +234,7 @@ struct Launch {
     Levels error_levels;  // a scaled error buffer's: 8 or 4 bits, nearest-even (qmax 127 or 7)
     uint32_t magic_bits;  // math::kRoundMagicBits (see OldError<ErrorStorage::kInt8, C>)
     WireArgs in, out;
+    OwnBlock own;         // the exact own block (loco_kernels.cuh); own.own and own.in_own -1 without
     float* stats;         // measured launches: N fp32 partial sums per block (N: 2 for the hops, 1 for the final mean)
 };
 
@@ -742,6 +743,65 @@ __device__ __forceinline__ void zero_values(float (&v)[C][8]) {
         for (int i = 0; i < 8; ++i) v[c][i] = 0.0f;
 }
 
+// ------------------------------------------------------------------------------------------------ own block
+// The team's group of row `row` of an own buffer (fp32, the bucket's columns, 16-byte aligned rows): chunk c of lane
+// l at columns 8 * (c * team + l) of the group, two float4 each.
+template <typename F>
+__device__ __forceinline__ F* own_group(F* base, int64_t stride, int64_t row, const Block& k) {
+    return base + row * stride + k.item->col + k.col0 + 8 * k.lane;
+}
+
+// Stores the team's values `v` as row `row` of the launch's own output.
+template <int C>
+__device__ __forceinline__ void store_own(const Launch& p, int64_t row, const Block& k, const float (&v)[C][8]) {
+    float* const dst = own_group(p.own.out, p.own.out_stride, row, k);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        float4* q = reinterpret_cast<float4*>(dst + 8 * c * k.team);
+        q[0] = make_float4(v[c][0], v[c][1], v[c][2], v[c][3]);
+        q[1] = make_float4(v[c][4], v[c][5], v[c][6], v[c][7]);
+    }
+}
+
+// v += row `row` of the launch's own input (one fp32 addition per value, after the received blocks).
+template <int C>
+__device__ __forceinline__ void add_own(const Launch& p, int64_t row, const Block& k, float (&v)[C][8]) {
+    const float* const src = own_group(p.own.in, p.own.in_stride, row, k);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const float4* q = reinterpret_cast<const float4*>(src + 8 * c * k.team);
+        const float4 a = q[0], b = q[1];
+        const float o[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[c][i] = f_add(v[c][i], o[i]);
+    }
+}
+
+// Writes the team's group of wire row `row` of the launch's output as zeros: packed codes 0 and scale 0.
+template <int Bits, int C>
+__device__ __forceinline__ void zero_wire_group(const Launch& p, int64_t row, const Block& k) {
+    uint8_t* const words = wire_data<Bits>(p.out, row, k) + (int64_t)k.lane * Bits;
+#pragma unroll
+    for (int c = 0; c < C; ++c) store_word<Bits>(words + (int64_t)c * k.team * Bits, 0);
+    if (k.lane == 0) __stcs(wire_scale(p.out, row, k, p.group_log2), 0.0f);
+}
+
+// A team whose row is the rank's own: its values (as the hop would quantize them) go to own-output row `own_row`,
+// its wire group is written as zeros, and it runs the quantizer as an inactive team with zeros (no write, no error,
+// nothing in the statistics), so that the block's team reductions stay uniform. Returns the Block to quantize with.
+template <int Bits, int C>
+__device__ __forceinline__ Block keep_own(const Launch& p, const Block& k, int64_t wire_row, int64_t own_row,
+                                          float (&v)[C][8]) {
+    Block q = k;
+    if (k.active) {
+        store_own(p, own_row, k, v);
+        zero_wire_group<Bits, C>(p, wire_row, k);
+    }
+    zero_values(v);
+    q.active = false;
+    return q;
+}
+
 // ------------------------------------------------------------------------------------------------ hop 1
 // Block row = slot of the send buffer; slot d*M + n carries partition row n*L + d of its gradient.
 // One (row, group) pair of hop 1 for the team: every thread of the block calls it (team reductions, rotation).
@@ -756,12 +816,18 @@ __device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint
     const int64_t part = it.part;
     const int64_t row_start = row * part;
     const int64_t row_valid = max((int64_t)0, min(part, it.numel - row_start));
-    const ErrorRow er = error_row<E>(k, slot);
+    // the exact own block: slots [own_first, own_first + kept) keep no error rows, the later ones move up by kept
+    const int64_t own_first = (int64_t)p.own.own * p.own.kept;
+    const bool own = p.own.own >= 0 && slot >= own_first && slot < own_first + p.own.kept;
+    const ErrorRow er = error_row<E>(k, p.own.own >= 0 && slot >= own_first + p.own.kept ? slot - p.own.kept : slot);
     float v[C][8];
     OldError<E, C> old;
     old.bind(p);
     if (k.active) {
-        load_error(er, lane, team, old);
+        if (own)
+            zero_error(old);
+        else
+            load_error(er, lane, team, old);
         const int64_t first = k.col0 + 8 * lane;                          // chunk 0's first column
         const int64_t last = k.col0 + 8 * ((C - 1) * team + lane);  // last chunk's first column
         // chunks are 8 * team elements apart, a multiple of 16 bytes: chunk 0's alignment holds for all
@@ -789,9 +855,10 @@ __device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint
         butterfly(v, lane, p.team_log2, Exchange<Rotate>::get());
         scale_all(v, p.hadamard_scale);
     }
+    const Block q = own ? keep_own<Bits, C>(p, k, slot, slot - own_first, v) : k;
     DecayedError<E, C> decayed;
     const uint32_t key = compensate(v, old, p.beta, decayed);
-    quantize_group_on_grid<Bits, E, Measured>(p, k, v, decayed, key, wire_data<Bits>(p.out, slot, k),
+    quantize_group_on_grid<Bits, E, Measured>(p, q, v, decayed, key, wire_data<Bits>(p.out, slot, k),
                                               wire_scale(p.out, slot, k, p.group_log2), er, red, sq[1]);
 }
 
@@ -814,18 +881,21 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launc
 template <int C>
 constexpr int kRowsPerBatch = 8 / C;
 
-// v = sum over j < count of dequant(row first + j * stride of `in`) for the thread's chunks, in j order (fp32), codes
-// of `Bits` bits on the launch's grid (rounding R: value (k + cell_centre(R)) * scale). The loads of kRowsPerBatch rows
-// are issued before any of them is used; codes are decoded without integer-to-float conversions (math::code_value).
+// v = sum over j < count, j != skip, of dequant(row first + j * stride of `in`) for the thread's chunks, in j order
+// (fp32; the first row summed is taken as it is), codes of `Bits` bits on the launch's grid (rounding R: value
+// (k + cell_centre(R)) * scale). `skip`: -1, or the received block of the exact own block (never read; at least one
+// other row is summed). The loads of kRowsPerBatch rows are issued before any of them is used; codes are decoded
+// without integer-to-float conversions (math::code_value).
 template <int Bits, Rounding R, int C>
 __device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, int64_t first, int64_t stride, int count,
-                                         float (&v)[C][8]) {
+                                         int skip, float (&v)[C][8]) {
+    const int lead = skip == 0 ? 1 : 0;  // the first row summed
     for (int r0 = 0; r0 < count; r0 += kRowsPerBatch<C>) {
         uint64_t w[kRowsPerBatch<C>][C];
         float s[kRowsPerBatch<C>];
 #pragma unroll
         for (int j = 0; j < kRowsPerBatch<C>; ++j) {
-            if (r0 + j < count) {
+            if (r0 + j < count && r0 + j != skip) {
                 const int64_t row = first + (int64_t)(r0 + j) * stride;
                 const uint8_t* data = wire_data<Bits>(p.in, row, k);
                 s[j] = *wire_scale(p.in, row, k, p.group_log2);
@@ -836,25 +906,28 @@ __device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, int64_
         }
 #pragma unroll
         for (int j = 0; j < kRowsPerBatch<C>; ++j) {
-            if (r0 + j < count) {
+            if (r0 + j < count && r0 + j != skip) {
 #pragma unroll
                 for (int c = 0; c < C; ++c)
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
                         const float d = f_mul(code_value<Bits, R>(w[j][c], i), s[j]);
-                        v[c][i] = r0 + j == 0 ? d : f_add(v[c][i], d);
+                        v[c][i] = r0 + j == lead ? d : f_add(v[c][i], d);
                     }
             }
         }
     }
 }
 
+// sum_rows on the launch's grid, skipping the received own block (p.own.in_own) and adding own-input row `own_row`
+// after the others.
 template <int Bits, int C>
 __device__ __forceinline__ void sum_rows_on_grid(const Launch& p, const Block& k, int64_t first, int64_t stride,
-                                                 int count, float (&v)[C][8]) {
+                                                 int count, int64_t own_row, float (&v)[C][8]) {
     with_rounding(p.rounding, [&](auto rounding) {
-        sum_rows<Bits, decltype(rounding)::value>(p, k, first, stride, count, v);
+        sum_rows<Bits, decltype(rounding)::value>(p, k, first, stride, count, p.own.in_own, v);
     });
+    if (p.own.in_own >= 0) add_own(p, own_row, k, v);
 }
 
 // Block row = output row m (node); the input bits are a run-time switch (p.in_bits). Measured: sq[0] gains the
@@ -863,27 +936,33 @@ template <int Bits, ErrorStorage E, bool Measured, int C>
 __device__ __forceinline__ void hop2_group(const Launch& p, int in_bits, const Block& k, uint32_t* red,
                                            float (&sq)[2]) {
     const int64_t m = k.row;
-    const ErrorRow er = error_row<E>(k, m);
+    // the exact own block: output row own keeps no error row, the later ones move up by one
+    const bool own = m == p.own.own;
+    const ErrorRow er = error_row<E>(k, p.own.own >= 0 && m > p.own.own ? m - 1 : m);
     float v[C][8];
     OldError<E, C> old;
     old.bind(p);
     if (k.active) {
-        load_error(er, k.lane, k.team, old);
+        if (own)
+            zero_error(old);
+        else
+            load_error(er, k.lane, k.team, old);
         switch (in_bits) {
-            // the in_blocks received blocks of output row m: input rows j * nodes + m
-            case 2: sum_rows_on_grid<2>(p, k, m, p.nodes, p.in_blocks, v); break;
-            case 3: sum_rows_on_grid<3>(p, k, m, p.nodes, p.in_blocks, v); break;
-            case 4: sum_rows_on_grid<4>(p, k, m, p.nodes, p.in_blocks, v); break;
-            default: sum_rows_on_grid<8>(p, k, m, p.nodes, p.in_blocks, v); break;
+            // the in_blocks received blocks of output row m: input rows j * nodes + m (own input: row m)
+            case 2: sum_rows_on_grid<2>(p, k, m, p.nodes, p.in_blocks, m, v); break;
+            case 3: sum_rows_on_grid<3>(p, k, m, p.nodes, p.in_blocks, m, v); break;
+            case 4: sum_rows_on_grid<4>(p, k, m, p.nodes, p.in_blocks, m, v); break;
+            default: sum_rows_on_grid<8>(p, k, m, p.nodes, p.in_blocks, m, v); break;
         }
     } else {
         zero_values(v);
         zero_error(old);
     }
     if constexpr (Measured) add_squares(v, sq[0]);
+    const Block q = own ? keep_own<Bits, C>(p, k, m, 0, v) : k;
     DecayedError<E, C> decayed;
     const uint32_t key = compensate(v, old, p.beta, decayed);
-    quantize_group_on_grid<Bits, E, Measured>(p, k, v, decayed, key, wire_data<Bits>(p.out, m, k),
+    quantize_group_on_grid<Bits, E, Measured>(p, q, v, decayed, key, wire_data<Bits>(p.out, m, k),
                                               wire_scale(p.out, m, k, p.group_log2), er, red, sq[1]);
 }
 
@@ -989,7 +1068,7 @@ __global__ void __launch_bounds__(kBlock, LOCO_FINAL_MIN_BLOCKS) final_kernel(co
     const BucketItem& it = *k.item;
     float v[C][8];
     if (k.active)
-        sum_rows_on_grid<Bits>(p, k, 0, 1, p.rows, v);
+        sum_rows_on_grid<Bits>(p, k, 0, 1, p.rows, 0, v);
     else
         zero_values(v);
     if constexpr (Rotate) {  // every thread, inactive teams with zeros
@@ -1058,7 +1137,7 @@ float hadamard_scale(int group_size) { return (float)(1.0 / sqrt((double)group_s
 
 // `chunks`: chunks_of the kernel the launch runs (it sets the team size); `stats`: the measured launch's partial sums.
 Launch make_launch(const HopArgs& a, int chunks, ErrorStorage storage, const BucketItem* items, int count,
-                   WireArgs in, WireArgs out, int rows, float* stats) {
+                   WireArgs in, WireArgs out, int rows, const OwnBlock& own, float* stats) {
     Launch p;
     p.items = items;
     p.count = count;
@@ -1082,6 +1161,7 @@ Launch make_launch(const HopArgs& a, int chunks, ErrorStorage storage, const Buc
     p.magic_bits = kRoundMagicBits;
     p.in = in;
     p.out = out;
+    p.own = own;
     p.stats = stats;
     return p;
 }
@@ -1100,10 +1180,11 @@ int chunks_per_thread(Kernel kernel, bool rotate, ErrorStorage storage) {
 }
 
 const char* quantize_bucket(const HopArgs& a, int grad_dtype, ErrorStorage storage, const BucketItem* items,
-                            int count, int64_t blocks, WireArgs out, float* stats, cudaStream_t stream) {
+                            int count, int64_t blocks, WireArgs out, const OwnBlock& own, float* stats,
+                            cudaStream_t stream) {
     if (blocks == 0) return nullptr;
     const Launch p = make_launch(a, chunks_of(kHop1Kernel, a.hadamard, storage), storage, items, count, WireArgs{},
-                                 out, 0, stats);
+                                 out, 0, own, stats);
     bool ok = false;
     with_dtype(grad_dtype, [&](auto dt) {
         with_bits(a.bits, [&](auto bits) {
@@ -1123,9 +1204,11 @@ const char* quantize_bucket(const HopArgs& a, int grad_dtype, ErrorStorage stora
 }
 
 const char* requantize_bucket(const HopArgs& a, ErrorStorage storage, const BucketItem* items, int count,
-                              int64_t blocks, WireArgs in, WireArgs out, float* stats, cudaStream_t stream) {
+                              int64_t blocks, WireArgs in, WireArgs out, const OwnBlock& own, float* stats,
+                              cudaStream_t stream) {
     if (blocks == 0) return nullptr;
-    Launch p = make_launch(a, chunks_of(kHop2Kernel, false, storage), storage, items, count, in, out, 0, stats);
+    Launch p =
+        make_launch(a, chunks_of(kHop2Kernel, false, storage), storage, items, count, in, out, 0, own, stats);
     p.item_rows = p.nodes;
     bool ok = false;
     with_bits(a.bits, [&](auto bits) {
@@ -1141,10 +1224,10 @@ const char* requantize_bucket(const HopArgs& a, ErrorStorage storage, const Buck
 }
 
 const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem* items, int count, int64_t blocks,
-                              WireArgs in, int rows, float* stats, cudaStream_t stream) {
+                              WireArgs in, int rows, const OwnBlock& own, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
     Launch p = make_launch(a, chunks_of(kFinalKernel, a.hadamard, ErrorStorage::kNone), ErrorStorage::kNone, items,
-                           count, in, WireArgs{}, rows, stats);
+                           count, in, WireArgs{}, rows, own, stats);
     p.item_rows = 1;
     bool ok = false;
     with_dtype(out_dtype, [&](auto dt) {

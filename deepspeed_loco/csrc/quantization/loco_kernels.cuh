@@ -61,6 +61,21 @@ struct WireArgs {
     int64_t scale_stride;
 };
 
+// The exact own block of a hop (zeropp_loco_param.exact_own_block): the block a rank sends itself skips the wire's
+// quantization and its error, and goes to the next step as fp32 rows of an own buffer (the bucket's columns, row
+// stride `*_stride` floats, 16-byte aligned). `own`: this rank's block index among the hop's peers (its rows: hop 1
+// slots [own * kept, (own + 1) * kept), hop 2 output row own), -1 without; its rows go to `out` (hop 1: kept rows,
+// hop 2: one row) and are written to the wire as zeros. `in_own`: the previous hop's own block index (hop 2: the
+// received block, the final mean: the received row) that is not read: `in`'s rows take its place, added after the
+// other blocks; -1 without.
+struct OwnBlock {
+    int own = -1, in_own = -1, kept = 0;
+    float* out = nullptr;
+    int64_t out_stride = 0;
+    const float* in = nullptr;
+    int64_t in_stride = 0;
+};
+
 // Division of 32-bit n < 2^31 by a fixed d in [1, 2^31) as a multiply-high and a shift (the round-up method:
 // mul = ceil(2^(31 + l) / d) with l = ceil(log2 d) fits 32 bits, and n * (mul - 2^(31+l)/d) / 2^(31+l) < 1/d keeps
 // the floor), set up once on the host.
@@ -137,20 +152,26 @@ int chunks_per_thread(Kernel kernel, bool rotate, ErrorStorage storage);
 
 // hop 1: partition each gradient into `world` rows of `part` elements padded to `cols`, in slot order (slot
 // d*M + n carries row n*L + d), [rotate each group,] compensate with its error (world, cols), quantize into
-// `out` (world rows) and update the error in place. All gradients have dtype `grad_dtype`.
+// `out` (world rows) and update the error in place. All gradients have dtype `grad_dtype`. With `own.own` >= 0 the
+// own slots go to `own.out` (after the rotation) and the error has world - own.kept rows (the own slots left out).
 const char* quantize_bucket(const HopArgs& args, int grad_dtype, ErrorStorage storage, const BucketItem* items,
-                            int count, int64_t blocks, WireArgs out, float* stats, cudaStream_t stream);
+                            int count, int64_t blocks, WireArgs out, const OwnBlock& own, float* stats,
+                            cudaStream_t stream);
 
 // hop 2: sum the `in_blocks` dequantized blocks of `in` (in_blocks * nodes rows; block i = rows [i*nodes,
 // (i+1)*nodes), nodes = world / local) in block order, compensate with the error (nodes, cols), quantize into
-// `out` (nodes rows).
+// `out` (nodes rows). With `own.in_own` >= 0 that block is skipped and `own.in` (nodes rows) added last; with
+// `own.own` >= 0 that output row goes to `own.out` (one row) and the error has nodes - 1 rows.
 const char* requantize_bucket(const HopArgs& args, ErrorStorage storage, const BucketItem* items, int count,
-                              int64_t blocks, WireArgs in, WireArgs out, float* stats, cudaStream_t stream);
+                              int64_t blocks, WireArgs in, WireArgs out, const OwnBlock& own, float* stats,
+                              cudaStream_t stream);
 
 // final: item.out[j] = (sum over the `rows` rows of dequant(in)[row, col + j], [rotated back per group]) /
-// world for j < valid, zero for valid <= j < part (`out_dtype`, contiguous).
+// world for j < valid, zero for valid <= j < part (`out_dtype`, contiguous). With `own.in_own` >= 0 that row is
+// skipped and `own.in` (one row) added last.
 const char* final_mean_bucket(const HopArgs& args, int out_dtype, const BucketItem* items, int count,
-                              int64_t blocks, WireArgs in, int rows, float* stats, cudaStream_t stream);
+                              int64_t blocks, WireArgs in, int rows, const OwnBlock& own, float* stats,
+                              cudaStream_t stream);
 
 // The live rho's shared sample (deepspeed_loco.ops.loco_reference.gather_sample): out[i] = scales[owners[i]] *
 // float(sources[owners[i]][coords[i]]), 0 where coords[i] < 0, for i < n; every source of `dtype` and contiguous.
