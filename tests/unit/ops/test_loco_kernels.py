@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepspeed_loco.layout import GRID_NAMES, HopArgs, MeanArgs, WireLayout
+from deepspeed_loco.config import LocoConfig
+from deepspeed_loco.layout import GRID_NAMES, HopArgs, MeanArgs, WireLayout, plan_hops
 from deepspeed_loco.ops import loco_reference as ref
 from deepspeed_loco.ops.error_buffer import ErrorBuffer
 from tests.unit.ops import binding_checks
@@ -403,6 +404,79 @@ def test_gather_sample_matches_reference_in_one_launch(cuda, dtype):
     got = cuda.gather_sample([t.cuda() for t in host], owners, coords, scales)
     assert got.is_cuda and torch.equal(got.cpu(), want), seed
     assert cuda.gather_sample([host[0].cuda()], owners[:0], coords[:0], scales[:1]).shape == (0,)
+
+
+OWN_LAYOUTS = [(4, 2, 3), (6, 2, 2), (6, 2, 5), (4, 4, 1), (4, 1, 2), (16, 8, 13), (16, 2, 0)]  # (W, L, rank)
+
+
+def _own_cases():
+    """Every layout (two hops, one node, one rank per node) x error storage, with bits, Hadamard (and its group
+    sizes) and the grid cycling."""
+    cases = []
+    for i, ((world, local, rank), error_bits) in enumerate(itertools.product(OWN_LAYOUTS, [None, 4, 8, 32])):
+        hadamard = i % 3 == 1
+        cases.append((world, local, rank, (BITS[i % 4], BITS[(i + 1) % 4]), error_bits, hadamard,
+                      HADAMARD_GROUPS[i % 5] if hadamard else GROUPS[i % 2], GRIDS[i // 2 % 2]))
+    return cases
+
+
+def _scramble_block(buffer, block, rows, gen):
+    """Random bytes (NaN and huge scales among them) in rows ``[block * rows, (block + 1) * rows)`` of a wire
+    buffer: the received copy of the rank's own block, which an exact own block must never read."""
+    buffer[block * rows:(block + 1) * rows] = torch.randint(0, 256, (rows, buffer.shape[1]), dtype=torch.uint8,
+                                                            generator=gen)
+
+
+def _assert_stats_close(actual, expected, seed):
+    torch.testing.assert_close(actual.cpu(), expected, rtol=1e-5, atol=0, msg=f"stats differ (seed {seed})")
+
+
+@pytest.mark.parametrize("world,local,rank,bits,error_bits,hadamard,group_size,grid", _own_cases())
+def test_exact_own_block_through_every_kernel_matches_reference(cuda, world, local, rank, bits, error_bits, hadamard,
+                                                                group_size, grid):
+    """``exact_own_block``: a bucket through every hop of the plan and the final mean, one launch each, the received
+    own block scrambled: every wire byte (the own rows' zeros included), own buffer, error and mean bit-identical to
+    the reference, and the measured sums within fp32 rounding."""
+    gen, seed = _generator()
+    config = LocoConfig(intra_node_bits=bits[0], inter_node_bits=bits[1], group_size=group_size, hadamard=hadamard,
+                        quant_grid=grid, error_bits=error_bits or 8, exact_own_block=True)
+    plan = plan_hops(world, local, config)
+    numels = [100, 1000, 37, 5000]
+    grads = [_values(n, gen).to(torch.bfloat16) for n in numels]
+    widths = plan.widths(numels)
+    recv = own_in = in_wire = None
+    for index, hop in enumerate(plan.hops):
+        args = plan.args(index, 0.8, rank)
+        wire = hop.wire(widths, group_size)
+        errors = [_error_buffer(plan.error_rows()[hop.name], w, group_size, error_bits, gen) for w in widths]
+        gpu_errors = [_to_cuda(e) for e in errors]
+        expected = _poison((hop.rows, wire.row_bytes), torch.uint8, "cpu")
+        own_out = _poison((args.kept_rows, wire.columns), torch.float32, "cpu")
+        actual, gpu_own_out = expected.cuda(), own_out.cuda()
+        stats, gpu_stats = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64, device="cuda")
+        if index == 0:
+            cuda.quantize_bucket_([g.cuda() for g in grads], gpu_errors, args, wire, actual, gpu_stats, gpu_own_out)
+            ref.quantize_bucket_(grads, errors, args, wire, expected, stats, own_out)
+        else:
+            cuda.requantize_bucket_(recv.cuda(), in_wire, gpu_errors, args, wire, actual, gpu_stats, own_in.cuda(),
+                                    gpu_own_out)
+            ref.requantize_bucket_(recv, in_wire, errors, args, wire, expected, stats, own_in, own_out)
+        assert torch.equal(actual.cpu(), expected), f"{hop.name} wire buffer differs (seed {seed})"
+        assert _bits_equal(gpu_own_out, own_out), f"{hop.name} own block differs (seed {seed})"
+        for gpu, cpu in zip(gpu_errors, errors):
+            _check_error(gpu, cpu, seed)
+        _assert_stats_close(gpu_stats, stats, seed)
+        # what the rank would receive: this send buffer as every peer's block, its own block scrambled
+        recv, own_in, in_wire = expected.clone(), own_out, wire
+        _scramble_block(recv, args.own, args.kept_rows, gen)
+    mean_args = plan.args(len(plan.hops) - 1, 0.8, rank).mean()
+    stats, gpu_stats = torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64, device="cuda")
+    outs = cuda.final_mean_bucket(recv.cuda(), in_wire, mean_args, numels, rank, torch.bfloat16, gpu_stats,
+                                  own_in.cuda())
+    wants = ref.final_mean_bucket(recv, in_wire, mean_args, numels, rank, torch.bfloat16, stats, own_in)
+    for i, (out, want) in enumerate(zip(outs, wants)):
+        assert out.shape == want.shape and _bits_equal(out, want, nan_payload=False), (i, seed)
+    _assert_stats_close(gpu_stats, stats, seed)
 
 
 def _free_gpu_bytes():
