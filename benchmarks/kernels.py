@@ -52,6 +52,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 WORLD, LOCAL, GROUP, BETA = 16, 8, 256, 0.8
 CONFIGS = ("4/4", "8/2", "4/4+H", "8/2+H")  # intra/inter bits, +H: Hadamard
 NODES = WORLD // LOCAL
+RANK = 3  # the rank whose reduce is timed (its final mean's partition; with an exact own block, its own blocks)
+OWN = ", own exact"  # the suffix of a LoCo kernel's name timed with an exact own block (exact_own_block)
 ROTATE_BYTES = 256 << 20  # rotate inputs over at least this much (H200 L2: 50 MB)
 SPIN_CYCLES = 10_000_000  # ~5 ms of GPU clock cycles queued ahead of each timed call (longer than its host work)
 PEAK_BW = 4.8e12  # H200 HBM3e peak (bytes/s): the "of peak" column; "of copy" is against the copy measured in the run
@@ -136,34 +138,39 @@ def random_error(rows, cols, error_bits=8):
     return error
 
 
-def hop_args(config, error=True):
+def hop_args(config, error=True, own=False):
     """``(args1, args2)``: the HopArgs of hop 1 (``intra`` bits) and hop 2 (``inter`` bits; its ``.mean()`` is the
-    final mean's)."""
+    final mean's) of rank :data:`RANK`; ``own``: with its exact own block (``exact_own_block``)."""
     intra, inter, hadamard = parse_config(config)
     beta = BETA if error else 0.0
-    args1 = HopArgs(WORLD, LOCAL, intra, GROUP, beta, hadamard)
-    return args1, HopArgs(WORLD, LOCAL, inter, GROUP, beta, hadamard, in_bits=intra, in_blocks=LOCAL)
+    local, node = (RANK % LOCAL, RANK // LOCAL) if own else (-1, -1)
+    args1 = HopArgs(WORLD, LOCAL, intra, GROUP, beta, hadamard, own=local)
+    return args1, HopArgs(WORLD, LOCAL, inter, GROUP, beta, hadamard, in_bits=intra, in_blocks=LOCAL, own=node,
+                          in_own=local)
 
 
-def bucket_calls(grads, config, error=True, measured=False, kernels=library.CUDA, error_bits=8):
+def bucket_calls(grads, config, error=True, measured=False, kernels=library.CUDA, error_bits=8, own=False):
     """``(hop1, hop2, final, keep)`` for one bucket of ``grads`` (each ``fn()`` is one kernel launch of the bucket),
     ``measured``: each launch adds its noise statistics to a float64 ``stats`` (a live-rho step); ``kernels``: the
     entry points (the default build's ops, or a further build's); ``error_bits``: the error buffers' storage (8 or
-    4)."""
-    args1, args2 = hop_args(config, error)
+    4); ``own``: the exact own block (its error rows left out, its fp32 own buffers handed from hop to hop)."""
+    args1, args2 = hop_args(config, error, own)
     numels = [g.numel() for g in grads]
     widths = tuple(padded_partition_size(n, WORLD, GROUP) for n in numels)
     wire1, wire2 = WireLayout(widths, args1.bits, GROUP), WireLayout(widths, args2.bits, GROUP)
-    errors1 = [random_error(WORLD, w, error_bits) if error else None for w in widths]
-    errors2 = [random_error(NODES, w, error_bits) if error else None for w in widths]
+    rows1, rows2 = (WORLD - NODES, NODES - 1) if own else (WORLD, NODES)
+    errors1 = [random_error(rows1, w, error_bits) if error else None for w in widths]
+    errors2 = [random_error(rows2, w, error_bits) if error else None for w in widths]
     send1, send2 = wire1.empty(WORLD, "cuda"), wire2.empty(NODES, "cuda")
+    own1, own2 = ((torch.empty(rows, sum(widths), device="cuda") for rows in (NODES, 1)) if own else (None, None))
     stats = [torch.zeros(n, dtype=torch.float64, device="cuda") if measured else None for n in (2, 2, 1)]
-    hop1 = lambda: kernels.quantize_bucket_(grads, errors1, args1, wire1, send1, stats[0])
-    hop2 = lambda: kernels.requantize_bucket_(send1, wire1, errors2, args2, wire2, send2, stats[1])
-    final = lambda: kernels.final_mean_bucket(send2, wire2, args2.mean(), numels, 3, grads[0].dtype, stats[2])
+    hop1 = lambda: kernels.quantize_bucket_(grads, errors1, args1, wire1, send1, stats[0], own1)
+    hop2 = lambda: kernels.requantize_bucket_(send1, wire1, errors2, args2, wire2, send2, stats[1], own1, own2)
+    final = lambda: kernels.final_mean_bucket(send2, wire2, args2.mean(), numels, RANK, grads[0].dtype, stats[2],
+                                              own2)
     hop1()
     hop2()
-    return hop1, hop2, final, (errors1, errors2, send1, send2)
+    return hop1, hop2, final, (errors1, errors2, send1, send2, own1, own2)
 
 
 def loco_cases(shape, dtype, config, measured=False, kernels=library.CUDA):
@@ -184,8 +191,10 @@ def loco_cases(shape, dtype, config, measured=False, kernels=library.CUDA):
     loco = [bucket_calls([g], config, measured=measured, kernels=kernels) for g in grads]
     loco4 = [bucket_calls([g], config, measured=measured, kernels=kernels, error_bits=4) for g in grads]
     plain = [bucket_calls([g], config, error=False, measured=measured, kernels=kernels) for g in grads]
+    own = [bucket_calls([g], config, measured=measured, kernels=kernels, own=True) for g in grads]
     part = partition_size(numel, WORLD)
     suffix = MEASURED if measured else ""
+    own_bytes = lambda rows: rows * cols * 4  # fp32 rows of an own buffer
     return [
         ("loco hop1 (int8 err)" + suffix, lambda i: loco[i][0](), sets,
          grad_bytes + 2 * err_bytes(WORLD) + wire_bytes(WORLD, intra), lambda: transient_bytes(loco[0][0])),
@@ -203,7 +212,16 @@ def loco_cases(shape, dtype, config, measured=False, kernels=library.CUDA):
          wire_bytes(WORLD, intra) + wire_bytes(NODES, inter), lambda: transient_bytes(plain[0][1])),
         ("loco final mean" + suffix, lambda i: loco[i][2](), sets, wire_bytes(NODES, inter) + part * es,
          lambda: transient_bytes(loco[0][2], part * es)),
-    ], (grads, loco, loco4, plain)
+        # the exact own block: its error rows and received copies are not touched, its fp32 rows are
+        ("loco hop1 (int8 err" + OWN + ")" + suffix, lambda i: own[i][0](), sets,
+         grad_bytes + 2 * err_bytes(WORLD - NODES) + wire_bytes(WORLD, intra) + own_bytes(NODES),
+         lambda: transient_bytes(own[0][0])),
+        ("loco hop2 (int8 err" + OWN + ")" + suffix, lambda i: own[i][1](), sets,
+         wire_bytes(WORLD - NODES, intra) + own_bytes(NODES) + 2 * err_bytes(NODES - 1) + wire_bytes(NODES, inter)
+         + own_bytes(1), lambda: transient_bytes(own[0][1])),
+        ("loco final mean" + OWN + suffix, lambda i: own[i][2](), sets,
+         wire_bytes(NODES - 1, inter) + own_bytes(1) + part * es, lambda: transient_bytes(own[0][2], part * es)),
+    ], (grads, loco, loco4, plain, own)
 
 
 def deepspeed_cases(quantizer, shape, dtype):
@@ -345,7 +363,7 @@ def _outputs(kernels, grads, config, error, seed):
     """Every output of one bucket's three kernels (hop 1's send buffer and error, hop 2's, the final mean) run with the
     entry points ``kernels`` on inputs fixed by ``seed`` (random error buffers included)."""
     torch.manual_seed(seed)
-    hop1, hop2, final, (errors1, errors2, send1, send2) = bucket_calls(grads, config, error, kernels=kernels)
+    hop1, hop2, final, (errors1, errors2, send1, send2, _, _) = bucket_calls(grads, config, error, kernels=kernels)
     # bucket_calls ran hop 1 and hop 2 once on fresh random error buffers; run them again on zeroed wire buffers
     # (row padding that no kernel writes must not differ), then the final mean
     send1.zero_()
@@ -457,6 +475,18 @@ def print_error_storage_ratios(rows):
             print(f"  {kernel + ' ' + config:38s} {str(shape):>14s} {dname:>5s} {row['ms']:8.4f} / {int8['ms']:8.4f} "
                   f"ms = {row['ms'] / int8['ms']:5.3f}; {row['fraction_of_copy']:.2f} of copy "
                   f"(int8: {int8['fraction_of_copy']:.2f})")
+
+
+def print_own_block_ratios(rows):
+    """Per kernel, shape, dtype and config: LoCo with an exact own block over LoCo as shipped (int8 errors, same
+    run; issue 56 item 3: adopted only if it does no harm)."""
+    ms = {(r["kernel"], r["config"], tuple(r["shape"]), r["dtype"]): r["ms"] for r in rows}
+    print("\nexact own block / every block quantized (same run):")
+    for (kernel, config, shape, dname), own in ms.items():
+        shipped = ms.get((kernel.replace(OWN, ""), config, shape, dname))
+        if OWN in kernel and shipped:
+            print(f"  {kernel + ' ' + config:52s} {str(shape):>14s} {dname:>5s} {own:8.4f} / {shipped:8.4f} ms = "
+                  f"{own / shipped:5.3f}")
 
 
 def print_targets(rows, buckets):
@@ -581,6 +611,7 @@ def main():
     print_deepspeed_ratios(rows)
     print_measured_ratios(rows)
     print_error_storage_ratios(rows)
+    print_own_block_ratios(rows)
     buckets = [] if args.largest_only else bucket_rows(quantizer, args.reps)
     print_targets(rows, buckets)
     for index, flags in enumerate(args.variant):
