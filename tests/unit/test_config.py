@@ -30,6 +30,8 @@ def test_upstream_config_is_accepted_unchanged():
     ("error_feedback", 1, "true, false or \"inter_node\""),
     ("checkpoint_error_state", "no", "true or false"),
     ("hadamard", 1, "true or false"),
+    ("exact_own_block", "true", "true or false"),
+    ("exact_own_block", 0, "true or false"),
     ("local_world_size", 0, "integer >= 1"),
     ("on_corrupt_checkpoint", "ignore", '"error" or "reset"'),
     ("on_corrupt_checkpoint", None, '"error" or "reset"'),
@@ -54,6 +56,11 @@ def test_unknown_key_is_an_error_listing_the_valid_keys():
 def test_non_mapping_is_an_error():
     with pytest.raises(LocoConfigError, match="must be a JSON object"):
         LocoConfig.from_dict([0.8])
+
+
+def test_exact_own_block_is_off_by_default_and_takes_a_boolean():
+    assert LocoConfig().exact_own_block is False
+    assert LocoConfig.from_dict({"exact_own_block": True}).exact_own_block is True
 
 
 def test_on_corrupt_checkpoint_defaults_to_error_and_accepts_reset():

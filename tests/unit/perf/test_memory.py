@@ -14,10 +14,11 @@ LAYOUTS = [(8, 4), (8, 1), (4, 4), (16, 8)]  # (W, L): two hops, inter only (L =
 
 @pytest.mark.parametrize("world,local", LAYOUTS)
 @pytest.mark.parametrize("feedback,bits", [(f, b) for f, b in OPTIONS] + [(False, 8)])
-def test_allocated_bytes_are_the_formula_for_every_option(world, local, feedback, bits):
+@pytest.mark.parametrize("exact_own_block", [False, True])
+def test_allocated_bytes_are_the_formula_for_every_option(world, local, feedback, bits, exact_own_block):
     """Whole groups per partition (``N`` a multiple of ``W * group``): bytes allocated = N x the per-parameter rate,
     exactly; ragged tensors allocate exactly ``planned_bytes`` (the padding included)."""
-    config = LocoConfig(error_feedback=feedback, error_bits=bits, group_size=GROUP)
+    config = LocoConfig(error_feedback=feedback, error_bits=bits, group_size=GROUP, exact_own_block=exact_own_block)
     state = ErrorFeedbackState(config, plan_hops(world, local, config))
     whole = [world * GROUP * k for k in (1, 3, 10)]
     for i, numel in enumerate(whole):
@@ -39,6 +40,17 @@ def test_the_rates_per_option_at_eight_ranks_a_node():
     assert rate(8, 8, error_feedback=INTER_NODE_ONLY) == 0
     assert rate(16, 1, error_feedback=INTER_NODE_ONLY) == rate(16, 1) == pytest.approx(1 + 4 / 256)
     assert rate(64, 8, error_feedback=False) == 0
+
+
+def test_an_exact_own_block_keeps_w_minus_1_rows_of_w():
+    """Intra-node ``W - M`` rows and inter-node ``M - 1`` rows of ``W``: ``(W - 1) / W`` values per parameter instead
+    of ``1 + 1/L``; ``"inter_node"`` keeps ``(M - 1) / W`` instead of ``1/L``."""
+    rate = lambda world, local, **kw: error_bytes_per_parameter(world, local, LocoConfig(exact_own_block=True, **kw))
+    assert rate(64, 8) == pytest.approx((1 + 4 / 256) * 63 / 64)
+    assert rate(16, 8, error_bits=4) == pytest.approx((0.5 + 4 / 256) * 15 / 16)
+    assert rate(64, 8, error_feedback=INTER_NODE_ONLY) == pytest.approx((1 + 4 / 256) * 7 / 64)
+    assert rate(8, 8) == pytest.approx((1 + 4 / 256) * 7 / 8)  # one node: the intra-node hop alone, W - 1 rows
+    assert rate(16, 1) == pytest.approx((1 + 4 / 256) * 15 / 16)  # one rank a node: the inter-node hop, W - 1 rows
 
 
 def test_the_leanest_option_holds_a_70b_model_under_5_gb_per_gpu_on_512():

@@ -859,6 +859,7 @@ def test_non_finite_values_in_fp32_buffers_are_corrupt():
     (dict(error_bits=32), "error_bits 32 -> 8"),
     (dict(hadamard=True), "hadamard True -> False"),
     (dict(error_feedback=False), "error_feedback False -> True"),
+    (dict(exact_own_block=True), "exact_own_block True -> False"),
 ])
 def test_another_layout_is_a_mismatch_naming_old_and_new(change, text):
     world, local = change.pop("world", 4), change.pop("local", 2)
@@ -869,6 +870,33 @@ def test_another_layout_is_a_mismatch_naming_old_and_new(change, text):
     with pytest.raises(LocoCheckpointMismatch) as err:
         checkpoint.load_state_dict(state, inline_entry(old, {}), params)
     assert text in str(err.value) and err.value.step == 11
+
+
+def test_a_signature_saved_before_exact_own_block_existed_reads_as_false():
+    """Checkpoints written before the key have no ``exact_own_block`` in their signature: they load into a run
+    without it, and are another layout for a run with it (its buffers have fewer rows)."""
+    state, params = filled_state()
+    old = inline_entry(state, params)
+    del old["signature"]["exact_own_block"]
+    fresh, fresh_params = filled_state(seed=2)
+    checkpoint.load_state_dict(fresh, copy.deepcopy(old), fresh_params)
+    assert all(torch.equal(a.values, b.values) for a, b in zip(state.buffers(), fresh.buffers()))
+    exact, exact_params = filled_state(exact_own_block=True)
+    with pytest.raises(LocoCheckpointMismatch, match="exact_own_block False -> True") as err:
+        checkpoint.load_state_dict(exact, old, exact_params)
+    assert err.value.step == 7
+
+
+@pytest.mark.parametrize("world,local", [(4, 2), (4, 1), (4, 4)])
+def test_buffers_of_an_exact_own_block_round_trip_through_the_error_state_file(world, local, tmp_path):
+    state, params = filled_state(world, local, exact_own_block=True)
+    assert state.rows() == state.plan.error_rows()
+    assert all(b.shape[0] == state.rows()[hop] for name in params for hop, b in state.buffers_of(name).items())
+    entry = saved_entry(state, params, tmp_path)
+    assert entry["signature"]["exact_own_block"] is True
+    fresh, fresh_params = filled_state(world, local, seed=1, exact_own_block=True)
+    load(fresh, entry, fresh_params)
+    assert same_state(inline_entry(state, params), inline_entry(fresh, fresh_params)) == []
 
 
 def test_other_wire_bits_keep_the_buffers():
