@@ -41,6 +41,11 @@ to the host without waiting (:class:`~deepspeed_loco.utils.host_copy.HostCopy`) 
 at which the copy has landed (on a GPU usually the next; no host synchronization), and it logs a line every
 ``rho_log_every`` steps.
 
+With ``exact_own_block`` each rank's own block of a hop is not quantized: ``in_h`` still counts every row of the
+hop's input (the own block's, exact, included; ``S_r`` is the whole gradient's power as without the key) and ``Q_r^h``
+only the rows the quantizer rounded, the own block making no error. ``E`` is measured on the mean, so it is the error
+that remains; its split follows the error each hop's quantizer made. rho means what it means without the key.
+
 With error feedback, ``E`` is the communicated mean's own error: the quantizer's error on the compensated values and
 the remembered error those carry (about ``(1 - beta) / (1 + beta)`` more power than the quantizer's error alone in a
 steady state), what reaches the optimizer. rho answers "is the error large against the sampling noise", so it tells

@@ -207,9 +207,9 @@ def planned_buffer_bytes(state: ErrorFeedbackState, params) -> int:
 
 def describe_active(topo: LocoTopology, config: LocoConfig, state: ErrorFeedbackState, params) -> str:
     """The start-up line, saying only what acts: the mode (which hops keep error), the layout, each hop's bits, group
-    size, grid, hadamard, the wire cost of each hop (:func:`describe_wire`); where error feedback acts, ``err_beta``,
-    ``reset_T`` and this rank's error-buffer memory for ``params``; the kernels and how often the live rho is
-    measured (``rho_every``)."""
+    size, grid, hadamard, the exact own block when on, the wire cost of each hop (:func:`describe_wire`); where error
+    feedback acts, ``err_beta``, ``reset_T`` and this rank's error-buffer memory for ``params``; the kernels and how
+    often the live rho is measured (``rho_every``)."""
     plan, with_error = state.plan, state.hops_with_error
     if not with_error:
         mode = "plain qgZ (error feedback off)" if not config.error_feedback else (
@@ -222,7 +222,8 @@ def describe_active(topo: LocoTopology, config: LocoConfig, state: ErrorFeedback
     bits = {HOP_LABELS[hop.name].split("-")[0]: hop.bits for hop in plan.hops}  # intra, inter: the hops there are
     line = (f"deepspeed-loco active: {mode}; {topo.describe()}; bits {'/'.join(bits)} "
             f"{'/'.join(map(str, bits.values()))}, group {config.group_size}, grid {plan.grid}"
-            f"{' (auto)' if config.quant_grid == 'auto' else ''}, hadamard {'on' if config.hadamard else 'off'}; "
+            f"{' (auto)' if config.quant_grid == 'auto' else ''}, hadamard {'on' if config.hadamard else 'off'}"
+            f"{', own blocks exact' if plan.exact_own_block else ''}; "
             f"{describe_wire(plan)}")
     if with_error:
         numel = sum(deepspeed_seam.param_numel(p) for p in params)

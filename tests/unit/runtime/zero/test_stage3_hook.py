@@ -187,6 +187,23 @@ def test_start_up_line_says_only_what_acts(nodes, local, error_feedback, opening
     assert line.endswith("; live rho every 10 steps")
 
 
+def test_start_up_line_names_an_exact_own_block_and_its_smaller_buffers():
+    from deepspeed_loco.runtime.comm.error_feedback import ErrorFeedbackState
+    from deepspeed_loco.runtime.comm.topology import LocoTopology
+    from deepspeed_loco.runtime.zero.stage3_hook import describe_active
+
+    params = [torch.zeros(1000), torch.zeros(24)]
+    lines = {}
+    for exact in (False, True):
+        config = LocoConfig(group_size=32, exact_own_block=exact)
+        state = ErrorFeedbackState(config, plan_hops(4, 2, config))
+        lines[exact] = describe_active(LocoTopology(4, 2, 0), config, state, params)
+    assert "hadamard off; wire" in lines[False] and "own blocks" not in lines[False]
+    assert "hadamard off, own blocks exact; wire" in lines[True]
+    rate = {exact: float(line.split(" MiB (")[1].split(" B per")[0]) for exact, line in lines.items()}
+    assert 0 < rate[True] < rate[False]
+
+
 def test_plain_arm_holds_no_error_buffers_and_loco_does(arms):
     assert all(t["after"]["absmax"] == 0.0 for t in arms["plain"][0]["trace"])
     assert any(t["after"]["absmax"] > 0.0 for t in arms["loco"][0]["trace"])
