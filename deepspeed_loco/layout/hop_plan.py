@@ -71,6 +71,17 @@ class HopArgs:
     in_own: int = -1
 
     @property
+    def rows(self) -> int:
+        """Partition rows this hop quantizes: ``W`` on the first hop, ``M`` on a later one."""
+        return self.world_size // self.local_size if self.in_blocks else self.world_size
+
+    @property
+    def error_rows(self) -> int:
+        """Rows of this hop's error buffers: :attr:`rows`, less the own block's :attr:`kept_rows` when ``own`` is
+        not -1."""
+        return self.rows - (self.kept_rows if self.own >= 0 else 0)
+
+    @property
     def peers(self) -> int:
         """Blocks this hop sends: ``L`` on the first hop when ``L > 1`` (``intra_node``), else the nodes
         (``inter_node``: ``W`` when it is the first hop, ``M`` after ``intra_node``)."""

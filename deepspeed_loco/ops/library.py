@@ -225,7 +225,7 @@ class OpEntryPoints:
         lists = _error_lists(errors)
         _check_wire(wire, args, args.bits, "wire")
         wire.check_buffer(send, "send")
-        loco_reference.check_hop_own(args, wire, send.device, own_out=own_out)
+        loco_reference.check_hop_own(args, wire, send.device, errors, own_out=own_out)
         limits.check_launch(wire.widths, args.world_size, args.group_size, "grads")
         self.ops.quantize_bucket(list(grads), lists[0], lists[1], send, args.world_size, args.local_size, args.bits,
                                  args.group_size, args.err_beta, args.hadamard, args.grid, stats, args.own, own_out)
@@ -241,7 +241,7 @@ class OpEntryPoints:
             raise ValueError("LoCo ops: in_wire and wire must have the same parameter widths")
         in_wire.check_buffer(recv, "recv")
         wire.check_buffer(send, "send")
-        loco_reference.check_hop_own(args, wire, recv.device, own_in, own_out)
+        loco_reference.check_hop_own(args, wire, recv.device, errors, own_in, own_out)
         limits.check_launch(wire.widths, args.world_size // args.local_size, args.group_size, "widths")
         self.ops.requantize_bucket(recv, lists[0], lists[1], send, list(wire.widths), args.world_size,
                                    args.local_size, args.bits, args.in_bits, args.in_blocks, args.group_size,

@@ -223,13 +223,19 @@ def check_own_buffer(name: str, buffer: Optional[torch.Tensor], index_name: str,
                          f"{'' if buffer.is_contiguous() else ', not contiguous'}")
 
 
-def check_hop_own(args: HopArgs, wire: WireLayout, device: torch.device, own_in: Optional[torch.Tensor] = None,
-                  own_out: Optional[torch.Tensor] = None) -> None:
+def check_hop_own(args: HopArgs, wire: WireLayout, device: torch.device, errors: Sequence[Optional[ErrorBuffer]],
+                  own_in: Optional[torch.Tensor] = None, own_out: Optional[torch.Tensor] = None) -> None:
     """A quantizing hop's own buffers: ``own_out`` ``(args.kept_rows, wire.columns)`` for ``args.own``, ``own_in``
-    ``(args.in_kept_rows, wire.columns)`` for ``args.in_own`` (none on the first hop)."""
+    ``(args.in_kept_rows, wire.columns)`` for ``args.in_own`` (none on the first hop); and its error buffers'
+    ``args.error_rows`` rows (the own block's left out)."""
     check_own_buffer("own_out", own_out, "own", args.own, args.peers, (args.kept_rows, wire.columns), device)
     check_own_buffer("own_in", own_in, "in_own", args.in_own, args.in_blocks, (args.in_kept_rows, wire.columns),
                      device)
+    rows = [error.values.shape[0] for error in errors if error is not None]
+    if any(count != args.error_rows for count in rows):
+        less = f", less the {args.kept_rows} of own block {args.own}" if args.own >= 0 else ""
+        raise ValueError(f"LoCo ops: this hop's error buffers must have {args.error_rows} rows ({args.rows} partition "
+                         f"rows{less}), got {rows}")
 
 
 def check_mean_own(args: MeanArgs, wire: WireLayout, recv: torch.Tensor, own_in: Optional[torch.Tensor]) -> None:
@@ -247,7 +253,7 @@ def quantize_bucket_(grads: Sequence[torch.Tensor], errors: Sequence[Optional[Er
                      own_out: Optional[torch.Tensor] = None) -> None:
     """The first hop of a bucket: :func:`quantize_` for every gradient, into ``send`` uint8 ``(W, wire.row_bytes)``
     (and ``own_out`` fp32 ``(args.kept_rows, wire.columns)`` with ``args.own >= 0``)."""
-    check_hop_own(args, wire, send.device, own_out=own_out)
+    check_hop_own(args, wire, send.device, errors, own_out=own_out)
     for i, (grad, error, offset) in enumerate(zip(grads, errors, wire.offsets())):
         quantize_(grad, error, args, *wire.views(send, i, offset), stats, _own_columns(own_out, wire, i, offset))
 
@@ -258,7 +264,7 @@ def requantize_bucket_(recv: torch.Tensor, in_wire: WireLayout, errors: Sequence
     """A later hop of a bucket: :func:`requantize_` for every parameter, from the previous hop's ``recv`` (and
     ``own_in`` fp32 ``(args.in_kept_rows, wire.columns)`` with ``args.in_own >= 0``) into ``send`` (and ``own_out``
     fp32 ``(1, wire.columns)`` with ``args.own >= 0``)."""
-    check_hop_own(args, wire, recv.device, own_in, own_out)
+    check_hop_own(args, wire, recv.device, errors, own_in, own_out)
     for i, (error, offset) in enumerate(zip(errors, wire.offsets())):
         in_data, in_scale = in_wire.views(recv, i, offset)
         requantize_(in_data, in_scale, error, args, *wire.views(send, i, offset), stats,

@@ -50,8 +50,10 @@ def test_a_ranks_own_block_is_its_local_index_intra_node_and_its_node_inter_node
         assert args[-1].mean().in_own == args[-1].own
         for hop, a in zip(exact.hops, args):  # the kernel arguments' view of the hop
             assert (a.kept_rows, a.peers, 0 <= a.own < a.peers) == (hop.kept_rows, hop.peers, True)
+            assert (a.rows, a.error_rows) == (hop.rows, exact.error_rows()[hop.name])
         off = [plain.args(i, 0.8, rank) for i in range(len(plain.hops))]
         assert all((a.own, a.in_own, a.mean().in_own) == (-1, -1, -1) for a in off)
+        assert [a.error_rows for a in off] == list(plain.error_rows().values())
 
 
 @pytest.mark.parametrize("world, local, rows, exact_rows", [

@@ -263,6 +263,20 @@ BAD_OWN = [  # (the call, the message it must raise)
 ]
 
 
+def _errors_call(entry, own, rows):
+    wire = WireLayout(_widths(4), 4, GROUP)
+    entry.quantize_bucket_(_grads(0), _errors(rows, wire.widths, 8, 0), HopArgs(4, 2, 4, GROUP, 0.8, own=own), wire,
+                           wire.empty(4, "cpu"), None, torch.zeros(2, COLUMNS) if own >= 0 else None)
+
+
+BAD_OWN += [
+    (lambda e: _errors_call(e, 1, 4), r"this hop's error buffers must have 2 rows \(4 partition rows, less the 2 of "
+                                      r"own block 1\), got \[4, 4, 4\]"),
+    (lambda e: _errors_call(e, -1, 2), r"this hop's error buffers must have 4 rows \(4 partition rows\), got "
+                                       r"\[2, 2, 2\]"),
+]
+
+
 @pytest.mark.parametrize("entry", [ref, OPS], ids=["reference", "ops"])
 @pytest.mark.parametrize("call,message", BAD_OWN)
 def test_entry_points_refuse_own_buffers_that_do_not_fit_naming_them(entry, call, message):
