@@ -21,8 +21,9 @@
 #   L: the lean error states (benchmarks/results/lean_error_state/README.md): the 10.8M model at 64 sequences on the
 #      bundled plays (.corpus/, a folder): the four 2/2 arms seed by seed (SEEDS, default "0 1 2 3 4"), then the
 #      8/2 + Hadamard pair seed by seed, then the zeroed-at-500 runs (SEEDS_ZERO); PARTS (default "two eight
-#      zero") picks which of the three this lease launches; first the int4/int8 error kernels' timing
-#      (benchmarks/kernels.py, into $OUT) unless KERNEL_TIMING=0.
+#      zero") picks which of the three this lease launches.
+# KERNEL_TIMING=1 (stage L's default; 0 for the others): first the kernels' timing on the quiet GPU
+# (benchmarks/kernels.py at the largest shape, 4/4 and 8/2: int4/int8 errors, the exact own block; into $OUT).
 #   L7: item 7 of that study: the 116M model at 2/2 in stage C's window (.corpus_large.tar.xz), plain and LoCo 2/2
 #      (SEEDS, default 0,1,2; L7_BASE=0 leaves them out), and LoCo 2/2 with LEAN's settings (e.g. error_bits=4) where
 #      LEAN is set.
@@ -118,7 +119,7 @@ ms = min(r['ms_per_step'] for r in b if bool(r['compile']) == bool('$compile'))
 n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(${PAR:-6}, n - n % 2)))")
     fi
     kernels_ready
-    if [ "$stage" = L ] && [ "${KERNEL_TIMING:-1}" = 1 ]; then  # the int4 error kernels' timing on a quiet GPU first
+    if [ "${KERNEL_TIMING:-$([ "$stage" = L ] && echo 1 || echo 0)}" = 1 ]; then  # the kernels' timing, quiet GPU
         timeout 150 python3 benchmarks/kernels.py --configs 4/4 8/2 --no-baseline --largest-only --reps 30 \
             --json "$OUT/kernels.json" >"$OUT/kernels.txt" 2>&1
         echo "kernels.py exit $?"; sed -n '/int4 \/ int8/,$p' "$OUT/kernels.txt"
