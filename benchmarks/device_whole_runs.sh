@@ -9,6 +9,8 @@
 # Usage (repository root on the GPU machine; carry .whl and the stage's corpus archive):
 #   [STAGE=A|B|C] bash benchmarks/device_whole_runs.sh start 560   # the first call: set-up, yardsticks, launch, watch
 #   bash benchmarks/device_whole_runs.sh watch 580                   # each later call of the same lease
+#   [STAGE=...] bash benchmarks/device_whole_runs.sh again 555       # start on the tree and build start left in
+#                                                                    # /tmp/wr (no copy, no set-up): after LAUNCH=0
 # STAGE (default A), as the study's plan fixes each:
 #   A: the 10.8M model at 1024 sequences, full, plain 4/4 and LoCo 4/4 from step 1 (.corpus_large.tar.xz). TAG,
 #      SEEDS (or SEEDS_FIRST and SEEDS_LATER), ARMS_FIRST, ARMS_LATER, STEPS, BATCH: its two matrices (plain and
@@ -27,6 +29,8 @@
 #   L7: item 7 of that study: the 116M model at 2/2 in stage C's window (.corpus_large.tar.xz), plain and LoCo 2/2
 #      (SEEDS, default 0,1,2; L7_BASE=0 leaves them out), and LoCo 2/2 with LEAN's settings (e.g. error_bits=4) where
 #      LEAN is set.
+# CUDA_TESTS=1: first the CUDA tests on the quiet GPU (the ops, the reducer on CUDA, the host copy; into $OUT).
+# LAUNCH=0: stop after those checks and timings (no runs); a later call's `again` launches them.
 # MONITOR=1: first benchmarks/monitor_overhead.py on the quiet GPU (116M, 5 rounds, with profiles; into $OUT), at
 # MONITOR_MICRO sequences a step (default 16; 64 makes the device, not the host, bound the step).
 # COMPILE=0 forces eager; PAR: the most runs side by side (default 6; stage A: fewer where RUN_SECONDS, the lease's
@@ -64,7 +68,7 @@ watch() {  # every 60 s: the furthest step each running run reached; stops once 
     collect
 }
 
-if [ "$mode" = start ]; then
+if [ "$mode" = start ] || [ "$mode" = again ]; then
     stage=${STAGE:-A}
     # a stage's runs pool over leases only on the same text: the archive its first runs read, unless CORPUS_SHA256
     # names another (the study's README); checked before the set-up starts a build
@@ -81,11 +85,17 @@ if [ "$mode" = start ]; then
     else
         [ -d "$corpus" ] || { echo "$corpus/ is missing (carry it): not launched"; exit 1; }
     fi
-    rm -rf /tmp/wr && mkdir -p /tmp/wr && cp -a . /tmp/wr/ && cd /tmp/wr || exit 1
-    # shellcheck source=benchmarks/device_setup.sh
-    SETUP_BUILD=background source benchmarks/device_setup.sh "$OUT/setup_logs"  # the build overlaps the yardsticks
+    if [ "$mode" = start ]; then
+        rm -rf /tmp/wr && mkdir -p /tmp/wr && cp -a . /tmp/wr/ && cd /tmp/wr || exit 1
+        # shellcheck source=benchmarks/device_setup.sh
+        SETUP_BUILD=background source benchmarks/device_setup.sh "$OUT/setup_logs"  # overlaps the yardsticks
+        [ -z "$want" ] || { mkdir -p "$corpus" && tar xJf "$corpus.tar.xz" -C "$corpus"; } || exit 1
+    else  # again: the tree, wheels, build and corpus an earlier `start` of this lease left
+        cd /tmp/wr 2>/dev/null && [ -d /tmp/site ] || { echo "again: no /tmp/wr from a start of this lease"; exit 1; }
+        export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1
+        kernels_ready() { :; }
+    fi
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TORCHINDUCTOR_COMPILE_THREADS=4
-    [ -z "$want" ] || { mkdir -p "$corpus" && tar xJf "$corpus.tar.xz" -C "$corpus"; } || exit 1
     [ "$stage" = B ] && BATCH=4096
     BATCH=${BATCH:-1024}
     micro=$(( BATCH / 16 ))
@@ -119,6 +129,12 @@ ms = min(r['ms_per_step'] for r in b if bool(r['compile']) == bool('$compile'))
 n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(${PAR:-6}, n - n % 2)))")
     fi
     kernels_ready
+    if [ "${CUDA_TESTS:-0}" = 1 ]; then  # the kernels against the reference, on the quiet GPU
+        timeout 300 python3 -m pytest -q -m "" -p no:cacheprovider tests/unit/ops \
+            tests/unit/runtime/comm/test_loco_reduce_cuda.py tests/unit/utils/test_host_copy.py \
+            >"$OUT/cuda_tests.log" 2>&1
+        echo "CUDA tests exit $?"; tail -3 "$OUT/cuda_tests.log"
+    fi
     if [ "${KERNEL_TIMING:-$([ "$stage" = L ] && echo 1 || echo 0)}" = 1 ]; then  # the kernels' timing, quiet GPU
         timeout 150 python3 benchmarks/kernels.py --configs 4/4 8/2 --no-baseline --largest-only --reps 30 \
             --json "$OUT/kernels.json" >"$OUT/kernels.txt" 2>&1
@@ -130,6 +146,7 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
             --table "$OUT/monitor_table.txt" --profile "$OUT/monitor_profile.txt" >"$OUT/monitor_log.txt" 2>&1
         echo "monitor_overhead.py exit $?"; cat "$OUT/monitor_table.txt" 2>/dev/null
     fi
+    [ "${LAUNCH:-1}" = 0 ] && { echo "LAUNCH=0: no runs"; exit 0; }
     echo "side by side: $par"
     # what every stage's runs share: the layout, the text, the evaluation, the grid, the streamed nodes
     every="text=$corpus,nodes=2,local=8,warmup=$(( steps / 10 )),eval_every=50,eval_windows=1024,quant_grid=auto"
