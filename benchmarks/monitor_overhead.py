@@ -293,8 +293,11 @@ def write_profiles(rank: Rank, args, sync, path: str) -> Optional[dict]:
                 sync()
             f.write(f"## {arm}: {args.rho_every} steps, one measured\n\n")
             f.write(prof.key_averages().table(sort_by=sort, row_limit=25) + "\n\n")
-            kernel_ms[arm] = sum(e.self_device_time_total for e in prof.key_averages()  # the kernels' own rows only
-                                 if e.device_type != DeviceType.CPU) / 1000 / args.rho_every
+            # the kernels' own rows only: not the ranges a GPU timeline shows for user annotations (the optimizer
+            # step's, in some arms), which overlap the kernels they enclose: the profile's "Self CUDA time total"
+            kernel_ms[arm] = sum(e.self_device_time_total for e in prof.key_averages()
+                                 if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)
+                                 ) / 1000 / args.rho_every
     return kernel_ms if rank.device.type == "cuda" else None
 
 
