@@ -17,14 +17,16 @@ from tests.unit.process_pool import ProcessPool
 pytestmark = pytest.mark.gpu
 
 SHAPES = [(7, ), (33, 5), (1000, 3), (256, 384)]
-CASES = [  # dtype, intra bits, inter bits, hadamard, error_bits
-    (torch.bfloat16, 4, 4, False, 8),
-    (torch.float16, 4, 4, False, 8),
-    (torch.float32, 8, 2, False, 8),
-    (torch.bfloat16, 3, 3, False, 32),
-    (torch.bfloat16, 4, 4, True, 8),
-    (torch.bfloat16, 2, 2, False, 4),
-    (torch.float16, 8, 2, True, 4),
+CASES = [  # dtype, intra bits, inter bits, hadamard, error_bits, exact_own_block
+    (torch.bfloat16, 4, 4, False, 8, False),
+    (torch.float16, 4, 4, False, 8, False),
+    (torch.float32, 8, 2, False, 8, False),
+    (torch.bfloat16, 3, 3, False, 32, False),
+    (torch.bfloat16, 4, 4, True, 8, False),
+    (torch.bfloat16, 2, 2, False, 4, False),
+    (torch.float16, 8, 2, True, 4, False),
+    (torch.bfloat16, 4, 4, False, 8, True),
+    (torch.float16, 8, 2, True, 4, True),
 ]
 
 
@@ -35,9 +37,9 @@ def check_cuda_matches_cpu_reference(local_size, steps=3):
     torch.cuda.set_device(0)
     topo = LocoTopology.build(local_size=local_size)
     failures = []
-    for dtype, intra, inter, hadamard, error_bits in CASES:
+    for dtype, intra, inter, hadamard, error_bits, own in CASES:
         cfg = LocoConfig(group_size=64, intra_node_bits=intra, inter_node_bits=inter, hadamard=hadamard,
-                         error_bits=error_bits)
+                         error_bits=error_bits, exact_own_block=own)
         gen = torch.Generator().manual_seed(topo.rank)
         cpu_reducer, gpu_reducer = LocoReducer.for_topology(cfg, topo), LocoReducer.for_topology(cfg, topo)
         names = [f"p{i}" for i in range(len(SHAPES))]
@@ -50,12 +52,12 @@ def check_cuda_matches_cpu_reference(local_size, steps=3):
             got = gpu_reducer.reduce_scatter(names, [g.cuda() for g in grads])
             for shape, w, g in zip(SHAPES, want, got):
                 if not torch.equal(w, g.cpu()):
-                    failures.append(f"{dtype} {intra}/{inter} hadamard={hadamard} error_bits={error_bits} step "
-                                    f"{step} {shape}: max diff {float((w.float() - g.cpu().float()).abs().max())}")
+                    failures.append(f"{dtype} {intra}/{inter} hadamard={hadamard} error_bits={error_bits} own={own} "
+                                    f"step {step} {shape}: max diff {float((w.float() - g.cpu().float()).abs().max())}")
         sums = (noise_stats.end_measured_step(cpu_reducer, "cpu"),
                 noise_stats.end_measured_step(gpu_reducer, "cuda").cpu())
         if not torch.allclose(sums[1], sums[0], rtol=1e-5, atol=0):
-            failures.append(f"{dtype} {intra}/{inter} hadamard={hadamard}: noise sums {sums[1]} vs {sums[0]}")
+            failures.append(f"{dtype} {intra}/{inter} hadamard={hadamard} own={own}: noise sums {sums[1]} vs {sums[0]}")
     return kernels_for(torch.device("cuda")).name, failures
 
 
