@@ -1,7 +1,9 @@
 // LoCo fused CUDA kernels, one launch per hop per bucket: hop 1 (partition + swizzle + [rotate +] compensate +
 // quantize + error update + pack), hop 2 (dequantize-sum the received blocks + compensate + quantize + error update
 // + pack) and the final dequantize-sum-[unrotate-]mean. No torch header: the binding (loco_binding.cpp) builds the
-// bucket's parameter table on the device and calls the launchers below.
+// bucket's parameter table on the device and calls the launchers below. Compiled twice: as itself (the kernels
+// without an exact own block, the public launchers, the shared sample) and, with LOCO_OWN_KERNELS, as
+// loco_kernels_own.cu (the kernels that keep one).
 //
 // Work split (README.md beside this file): one 1-D grid over every (row, group) pair of every parameter of a bucket; a block
 // of kBlock threads belongs to one parameter (found by one thread per table item, item_of_block) and covers
@@ -234,8 +236,8 @@ struct Launch {
     Levels error_levels;  // a scaled error buffer's: 8 or 4 bits, nearest-even (qmax 127 or 7)
     uint32_t magic_bits;  // math::kRoundMagicBits (see OldError<ErrorStorage::kInt8, C>)
     WireArgs in, out;
-    OwnBlock own;         // the exact own block (loco_kernels.cuh); own.own and own.in_own -1 without
     float* stats;         // measured launches: N fp32 partial sums per block (N: 2 for the hops, 1 for the final mean)
+    OwnBlock own;         // the exact own block (loco_kernels.cuh), read only by the kernels compiled with Own
 };
 
 // Where a team works: its block's parameter, and its own row and group of that parameter.
@@ -805,8 +807,9 @@ __device__ __forceinline__ Block keep_own(const Launch& p, const Block& k, int64
 // ------------------------------------------------------------------------------------------------ hop 1
 // Block row = slot of the send buffer; slot d*M + n carries partition row n*L + d of its gradient.
 // One (row, group) pair of hop 1 for the team: every thread of the block calls it (team reductions, rotation).
-// Measured: sq[0] gains the squares of the gradient values, sq[1] those of the quantization error.
-template <int DT, int Bits, ErrorStorage E, bool Rotate, bool Measured, int C>
+// Measured: sq[0] gains the squares of the gradient values, sq[1] those of the quantization error. Own: the launch
+// keeps an exact own block (p.own); a kernel compiled without it has no trace of one.
+template <int DT, int Bits, ErrorStorage E, bool Rotate, bool Measured, bool Own, int C>
 __device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint32_t* red, float (&sq)[2]) {
     const BucketItem& it = *k.item;
     const int lane = k.lane, team = k.team;
@@ -817,9 +820,10 @@ __device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint
     const int64_t row_start = row * part;
     const int64_t row_valid = max((int64_t)0, min(part, it.numel - row_start));
     // the exact own block: slots [own_first, own_first + kept) keep no error rows, the later ones move up by kept
-    const int64_t own_first = (int64_t)p.own.own * p.own.kept;
-    const bool own = p.own.own >= 0 && slot >= own_first && slot < own_first + p.own.kept;
-    const ErrorRow er = error_row<E>(k, p.own.own >= 0 && slot >= own_first + p.own.kept ? slot - p.own.kept : slot);
+    const int64_t own_first = Own ? (int64_t)p.own.own * p.own.kept : 0;
+    const bool own = Own && p.own.own >= 0 && slot >= own_first && slot < own_first + p.own.kept;
+    const ErrorRow er =
+        error_row<E>(k, Own && p.own.own >= 0 && slot >= own_first + p.own.kept ? slot - p.own.kept : slot);
     float v[C][8];
     OldError<E, C> old;
     old.bind(p);
@@ -863,16 +867,17 @@ __device__ __forceinline__ void hop1_group(const Launch& p, const Block& k, uint
 }
 
 // Measured (a launch with stats): the block's sums go to p.stats[2 * block ..]; an unmeasured kernel has no trace of
-// them (registers, loads, barriers).
-template <int DT, int Bits, ErrorStorage E, bool Rotate, bool Measured, int C = chunks_of(kHop1Kernel, Rotate, E),
-          int G = groups_of(kHop1Kernel, Rotate)>
+// them (registers, loads, barriers). Own: a launch with an exact own block (the code that keeps one cost the
+// kernels without it registers and spills, so they are compiled apart).
+template <int DT, int Bits, ErrorStorage E, bool Rotate, bool Measured, bool Own,
+          int C = chunks_of(kHop1Kernel, Rotate, E), int G = groups_of(kHop1Kernel, Rotate)>
 __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop1_kernel(const Launch p) {
     __shared__ uint32_t red[kBlock / 32];
     const BucketItem* const item = p.items + item_of_block(p);
     float sq[2] = {0.0f, 0.0f};
 #pragma unroll 1
     for (int step = 0; step < G; ++step)
-        hop1_group<DT, Bits, E, Rotate, Measured, C>(p, locate_pair(p, item, step, G), red, sq);
+        hop1_group<DT, Bits, E, Rotate, Measured, Own, C>(p, locate_pair(p, item, step, G), red, sq);
     if constexpr (Measured) write_block_sums(sq, p.stats + 2 * (int64_t)blockIdx.x);
 }
 
@@ -883,19 +888,19 @@ constexpr int kRowsPerBatch = 8 / C;
 
 // v = sum over j < count, j != skip, of dequant(row first + j * stride of `in`) for the thread's chunks, in j order
 // (fp32; the first row summed is taken as it is), codes of `Bits` bits on the launch's grid (rounding R: value
-// (k + cell_centre(R)) * scale). `skip`: -1, or the received block of the exact own block (never read; at least one
-// other row is summed). The loads of kRowsPerBatch rows are issued before any of them is used; codes are decoded
-// without integer-to-float conversions (math::code_value).
-template <int Bits, Rounding R, int C>
+// (k + cell_centre(R)) * scale). `skip` (Own only): -1, or the received block of the exact own block (never read; at
+// least one other row is summed). The loads of kRowsPerBatch rows are issued before any of them is used; codes are
+// decoded without integer-to-float conversions (math::code_value).
+template <int Bits, Rounding R, bool Own, int C>
 __device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, int64_t first, int64_t stride, int count,
                                          int skip, float (&v)[C][8]) {
-    const int lead = skip == 0 ? 1 : 0;  // the first row summed
+    const int lead = Own && skip == 0 ? 1 : 0;  // the first row summed
     for (int r0 = 0; r0 < count; r0 += kRowsPerBatch<C>) {
         uint64_t w[kRowsPerBatch<C>][C];
         float s[kRowsPerBatch<C>];
 #pragma unroll
         for (int j = 0; j < kRowsPerBatch<C>; ++j) {
-            if (r0 + j < count && r0 + j != skip) {
+            if (r0 + j < count && (!Own || r0 + j != skip)) {
                 const int64_t row = first + (int64_t)(r0 + j) * stride;
                 const uint8_t* data = wire_data<Bits>(p.in, row, k);
                 s[j] = *wire_scale(p.in, row, k, p.group_log2);
@@ -906,7 +911,7 @@ __device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, int64_
         }
 #pragma unroll
         for (int j = 0; j < kRowsPerBatch<C>; ++j) {
-            if (r0 + j < count && r0 + j != skip) {
+            if (r0 + j < count && (!Own || r0 + j != skip)) {
 #pragma unroll
                 for (int c = 0; c < C; ++c)
 #pragma unroll
@@ -919,26 +924,27 @@ __device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, int64_
     }
 }
 
-// sum_rows on the launch's grid, skipping the received own block (p.own.in_own) and adding own-input row `own_row`
-// after the others.
-template <int Bits, int C>
+// sum_rows on the launch's grid; Own: skipping the received own block (p.own.in_own) and adding own-input row
+// `own_row` after the others.
+template <int Bits, bool Own, int C>
 __device__ __forceinline__ void sum_rows_on_grid(const Launch& p, const Block& k, int64_t first, int64_t stride,
                                                  int count, int64_t own_row, float (&v)[C][8]) {
     with_rounding(p.rounding, [&](auto rounding) {
-        sum_rows<Bits, decltype(rounding)::value>(p, k, first, stride, count, p.own.in_own, v);
+        sum_rows<Bits, decltype(rounding)::value, Own>(p, k, first, stride, count, Own ? p.own.in_own : -1, v);
     });
-    if (p.own.in_own >= 0) add_own(p, own_row, k, v);
+    if constexpr (Own)
+        if (p.own.in_own >= 0) add_own(p, own_row, k, v);
 }
 
 // Block row = output row m (node); the input bits are a run-time switch (p.in_bits). Measured: sq[0] gains the
-// squares of the summed input, sq[1] those of the quantization error.
-template <int Bits, ErrorStorage E, bool Measured, int C>
+// squares of the summed input, sq[1] those of the quantization error. Own: as in hop1_group (own, in_own or both).
+template <int Bits, ErrorStorage E, bool Measured, bool Own, int C>
 __device__ __forceinline__ void hop2_group(const Launch& p, int in_bits, const Block& k, uint32_t* red,
                                            float (&sq)[2]) {
     const int64_t m = k.row;
     // the exact own block: output row own keeps no error row, the later ones move up by one
-    const bool own = m == p.own.own;
-    const ErrorRow er = error_row<E>(k, p.own.own >= 0 && m > p.own.own ? m - 1 : m);
+    const bool own = Own && m == p.own.own;
+    const ErrorRow er = error_row<E>(k, Own && p.own.own >= 0 && m > p.own.own ? m - 1 : m);
     float v[C][8];
     OldError<E, C> old;
     old.bind(p);
@@ -949,10 +955,10 @@ __device__ __forceinline__ void hop2_group(const Launch& p, int in_bits, const B
             load_error(er, k.lane, k.team, old);
         switch (in_bits) {
             // the in_blocks received blocks of output row m: input rows j * nodes + m (own input: row m)
-            case 2: sum_rows_on_grid<2>(p, k, m, p.nodes, p.in_blocks, m, v); break;
-            case 3: sum_rows_on_grid<3>(p, k, m, p.nodes, p.in_blocks, m, v); break;
-            case 4: sum_rows_on_grid<4>(p, k, m, p.nodes, p.in_blocks, m, v); break;
-            default: sum_rows_on_grid<8>(p, k, m, p.nodes, p.in_blocks, m, v); break;
+            case 2: sum_rows_on_grid<2, Own>(p, k, m, p.nodes, p.in_blocks, m, v); break;
+            case 3: sum_rows_on_grid<3, Own>(p, k, m, p.nodes, p.in_blocks, m, v); break;
+            case 4: sum_rows_on_grid<4, Own>(p, k, m, p.nodes, p.in_blocks, m, v); break;
+            default: sum_rows_on_grid<8, Own>(p, k, m, p.nodes, p.in_blocks, m, v); break;
         }
     } else {
         zero_values(v);
@@ -966,7 +972,7 @@ __device__ __forceinline__ void hop2_group(const Launch& p, int in_bits, const B
                                               wire_scale(p.out, m, k, p.group_log2), er, red, sq[1]);
 }
 
-template <int Bits, ErrorStorage E, bool Measured, int C = chunks_of(kHop2Kernel, false, E),
+template <int Bits, ErrorStorage E, bool Measured, bool Own, int C = chunks_of(kHop2Kernel, false, E),
           int G = groups_of(kHop2Kernel, false)>
 __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launch p, int in_bits) {
     __shared__ uint32_t red[kBlock / 32];
@@ -974,7 +980,7 @@ __global__ void __launch_bounds__(kBlock, min_blocks(C)) hop2_kernel(const Launc
     float sq[2] = {0.0f, 0.0f};
 #pragma unroll 1
     for (int step = 0; step < G; ++step)
-        hop2_group<Bits, E, Measured, C>(p, in_bits, locate_pair(p, item, step, G), red, sq);
+        hop2_group<Bits, E, Measured, Own, C>(p, in_bits, locate_pair(p, item, step, G), red, sq);
     if constexpr (Measured) write_block_sums(sq, p.stats + 2 * (int64_t)blockIdx.x);
 }
 
@@ -1060,15 +1066,16 @@ __device__ __forceinline__ void final_store(const Launch& p, const Block& k, con
 }
 
 // One output row per parameter; with Rotate each group's sum is rotated back (d * (H t) * s) before / W. Measured:
-// the block's sum of squares of the fp32 mean it writes (before the cast) goes to p.stats[blockIdx.x].
-template <int Bits, int OutDT, bool Rotate, bool Measured,
+// the block's sum of squares of the fp32 mean it writes (before the cast) goes to p.stats[blockIdx.x]. Own: the
+// launch's in_own row is replaced by the own input.
+template <int Bits, int OutDT, bool Rotate, bool Measured, bool Own,
           int C = chunks_of(kFinalKernel, Rotate, ErrorStorage::kNone)>
 __global__ void __launch_bounds__(kBlock, LOCO_FINAL_MIN_BLOCKS) final_kernel(const Launch p) {
     const Block k = locate(p);
     const BucketItem& it = *k.item;
     float v[C][8];
     if (k.active)
-        sum_rows_on_grid<Bits>(p, k, 0, 1, p.rows, 0, v);
+        sum_rows_on_grid<Bits, Own>(p, k, 0, 1, p.rows, 0, v);
     else
         zero_values(v);
     if constexpr (Rotate) {  // every thread, inactive teams with zeros
@@ -1173,15 +1180,11 @@ const char* launched() {
 
 constexpr const char* kBadArguments = "LoCo kernels: bits, error storage or dtype outside the compiled set";
 
-}  // namespace
-
-int chunks_per_thread(Kernel kernel, bool rotate, ErrorStorage storage) {
-    return chunks_of(kernel, rotate, storage) * groups_of(kernel, rotate);
-}
-
-const char* quantize_bucket(const HopArgs& a, int grad_dtype, ErrorStorage storage, const BucketItem* items,
-                            int count, int64_t blocks, WireArgs out, const OwnBlock& own, float* stats,
-                            cudaStream_t stream) {
+// The launchers' bodies, for the kernels with (Own) or without an exact own block: each translation unit
+// instantiates one (see the end of this file).
+template <bool Own>
+const char* launch_hop1(const HopArgs& a, int grad_dtype, ErrorStorage storage, const BucketItem* items, int count,
+                        int64_t blocks, WireArgs out, const OwnBlock& own, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
     const Launch p = make_launch(a, chunks_of(kHop1Kernel, a.hadamard, storage), storage, items, count, WireArgs{},
                                  out, 0, own, stats);
@@ -1192,7 +1195,7 @@ const char* quantize_bucket(const HopArgs& a, int grad_dtype, ErrorStorage stora
                 with_flag(a.hadamard, [&](auto rotate) {
                     with_flag(stats != nullptr, [&](auto measured) {
                         hop1_kernel<decltype(dt)::value, decltype(bits)::value, decltype(e)::value,
-                                    decltype(rotate)::value, decltype(measured)::value>
+                                    decltype(rotate)::value, decltype(measured)::value, Own>
                             <<<(unsigned)blocks, kBlock, 0, stream>>>(p);
                         ok = true;
                     });
@@ -1203,9 +1206,9 @@ const char* quantize_bucket(const HopArgs& a, int grad_dtype, ErrorStorage stora
     return ok ? launched() : kBadArguments;
 }
 
-const char* requantize_bucket(const HopArgs& a, ErrorStorage storage, const BucketItem* items, int count,
-                              int64_t blocks, WireArgs in, WireArgs out, const OwnBlock& own, float* stats,
-                              cudaStream_t stream) {
+template <bool Own>
+const char* launch_hop2(const HopArgs& a, ErrorStorage storage, const BucketItem* items, int count, int64_t blocks,
+                        WireArgs in, WireArgs out, const OwnBlock& own, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
     Launch p =
         make_launch(a, chunks_of(kHop2Kernel, false, storage), storage, items, count, in, out, 0, own, stats);
@@ -1214,7 +1217,7 @@ const char* requantize_bucket(const HopArgs& a, ErrorStorage storage, const Buck
     with_bits(a.bits, [&](auto bits) {
         with_error_storage(storage, [&](auto e) {
             with_flag(stats != nullptr, [&](auto measured) {
-                hop2_kernel<decltype(bits)::value, decltype(e)::value, decltype(measured)::value>
+                hop2_kernel<decltype(bits)::value, decltype(e)::value, decltype(measured)::value, Own>
                     <<<(unsigned)blocks, kBlock, 0, stream>>>(p, a.in_bits);
                 ok = true;
             });
@@ -1223,8 +1226,9 @@ const char* requantize_bucket(const HopArgs& a, ErrorStorage storage, const Buck
     return ok ? launched() : kBadArguments;
 }
 
-const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem* items, int count, int64_t blocks,
-                              WireArgs in, int rows, const OwnBlock& own, float* stats, cudaStream_t stream) {
+template <bool Own>
+const char* launch_final(const HopArgs& a, int out_dtype, const BucketItem* items, int count, int64_t blocks,
+                         WireArgs in, int rows, const OwnBlock& own, float* stats, cudaStream_t stream) {
     if (blocks == 0) return nullptr;
     Launch p = make_launch(a, chunks_of(kFinalKernel, a.hadamard, ErrorStorage::kNone), ErrorStorage::kNone, items,
                            count, in, WireArgs{}, rows, own, stats);
@@ -1235,13 +1239,61 @@ const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem*
             with_flag(a.hadamard, [&](auto rotate) {
                 with_flag(stats != nullptr, [&](auto measured) {
                     final_kernel<decltype(bits)::value, decltype(dt)::value, decltype(rotate)::value,
-                                 decltype(measured)::value><<<(unsigned)blocks, kBlock, 0, stream>>>(p);
+                                 decltype(measured)::value, Own><<<(unsigned)blocks, kBlock, 0, stream>>>(p);
                     ok = true;
                 });
             });
         });
     });
     return ok ? launched() : kBadArguments;
+}
+
+}  // namespace
+
+#if defined(LOCO_OWN_KERNELS)
+// loco_kernels_own.cu: the launches with an exact own block, in a translation unit of their own (the kernels with
+// and without one are twice the code; the builder compiles the two units in parallel).
+const char* quantize_bucket_own(const HopArgs& a, int grad_dtype, ErrorStorage storage, const BucketItem* items,
+                                int count, int64_t blocks, WireArgs out, const OwnBlock& own, float* stats,
+                                cudaStream_t stream) {
+    return launch_hop1<true>(a, grad_dtype, storage, items, count, blocks, out, own, stats, stream);
+}
+
+const char* requantize_bucket_own(const HopArgs& a, ErrorStorage storage, const BucketItem* items, int count,
+                                  int64_t blocks, WireArgs in, WireArgs out, const OwnBlock& own, float* stats,
+                                  cudaStream_t stream) {
+    return launch_hop2<true>(a, storage, items, count, blocks, in, out, own, stats, stream);
+}
+
+const char* final_mean_bucket_own(const HopArgs& a, int out_dtype, const BucketItem* items, int count,
+                                  int64_t blocks, WireArgs in, int rows, const OwnBlock& own, float* stats,
+                                  cudaStream_t stream) {
+    return launch_final<true>(a, out_dtype, items, count, blocks, in, rows, own, stats, stream);
+}
+#else
+int chunks_per_thread(Kernel kernel, bool rotate, ErrorStorage storage) {
+    return chunks_of(kernel, rotate, storage) * groups_of(kernel, rotate);
+}
+
+const char* quantize_bucket(const HopArgs& a, int grad_dtype, ErrorStorage storage, const BucketItem* items,
+                            int count, int64_t blocks, WireArgs out, const OwnBlock& own, float* stats,
+                            cudaStream_t stream) {
+    return own.own >= 0 ? quantize_bucket_own(a, grad_dtype, storage, items, count, blocks, out, own, stats, stream)
+                        : launch_hop1<false>(a, grad_dtype, storage, items, count, blocks, out, own, stats, stream);
+}
+
+const char* requantize_bucket(const HopArgs& a, ErrorStorage storage, const BucketItem* items, int count,
+                              int64_t blocks, WireArgs in, WireArgs out, const OwnBlock& own, float* stats,
+                              cudaStream_t stream) {
+    return own.own >= 0 || own.in_own >= 0
+               ? requantize_bucket_own(a, storage, items, count, blocks, in, out, own, stats, stream)
+               : launch_hop2<false>(a, storage, items, count, blocks, in, out, own, stats, stream);
+}
+
+const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem* items, int count, int64_t blocks,
+                              WireArgs in, int rows, const OwnBlock& own, float* stats, cudaStream_t stream) {
+    return own.in_own >= 0 ? final_mean_bucket_own(a, out_dtype, items, count, blocks, in, rows, own, stats, stream)
+                           : launch_final<false>(a, out_dtype, items, count, blocks, in, rows, own, stats, stream);
 }
 
 // ------------------------------------------------------------------------------------------ the shared sample
@@ -1267,5 +1319,7 @@ const char* gather_sample(int dtype, const SampleArgs& a, cudaStream_t stream) {
     });
     return ok ? launched() : kBadArguments;
 }
+
+#endif  // LOCO_OWN_KERNELS
 
 }  // namespace loco

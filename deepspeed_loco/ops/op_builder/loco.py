@@ -1,5 +1,6 @@
-"""DeepSpeed op builder of LoCo's fused CUDA kernels (``deepspeed_loco/csrc/quantization/``: ``loco_kernels.cu`` +
-``loco_binding.cpp``, headers ``loco_kernels.cuh``, ``loco_formats.h`` and ``loco_limits.h``).
+"""DeepSpeed op builder of LoCo's fused CUDA kernels (``deepspeed_loco/csrc/quantization/``: ``loco_kernels.cu``,
+``loco_kernels_own.cu`` (the kernels with an exact own block, compiled in parallel) and ``loco_binding.cpp``, headers
+``loco_kernels.cuh``, ``loco_formats.h`` and ``loco_limits.h``).
 
 ``LocoBuilder().load()`` JIT-compiles the op with ninja through DeepSpeed's ``CUDAOpBuilder`` (so it honours
 ``TORCH_CUDA_ARCH_LIST``, ``DS_NVCC_THREADS`` and DeepSpeed's build cache) and returns the extension module
@@ -13,7 +14,7 @@ from typing import List
 
 from deepspeed.ops.op_builder.builder import CUDAOpBuilder
 
-_SOURCES = ("loco_kernels.cu", "loco_binding.cpp")
+_SOURCES = ("loco_kernels.cu", "loco_kernels_own.cu", "loco_binding.cpp")
 _HEADERS = ("loco_kernels.cuh", "loco_formats.h", "loco_limits.h")
 _IEEE_NVCC_FLAGS = ["-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
 

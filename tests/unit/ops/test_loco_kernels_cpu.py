@@ -289,12 +289,13 @@ def test_builder_finds_its_sources_and_strips_fast_math(monkeypatch):
     assert (builder.NAME, builder.BUILD_VAR) == ("loco_ops", "DS_BUILD_LOCO")
     assert builder.absolute_name() == "deepspeed_loco.ops.loco_ops"
     sources = builder.sources()
-    assert [s.rsplit("/", 1)[-1] for s in sources] == ["loco_kernels.cu", "loco_binding.cpp"]
+    assert [s.rsplit("/", 1)[-1] for s in sources] == ["loco_kernels.cu", "loco_kernels_own.cu", "loco_binding.cpp"]
     for source in sources + builder.include_paths():
         assert source.startswith("/")
     folder = sources[0].rsplit("/", 1)[0]
     kernels = "".join(open(f"{folder}/{name}").read()
-                      for name in ("loco_kernels.cu", "loco_kernels.cuh", "loco_formats.h", "loco_limits.h"))
+                      for name in ("loco_kernels.cu", "loco_kernels_own.cu", "loco_kernels.cuh", "loco_formats.h",
+                                   "loco_limits.h"))
     assert "#include <torch" not in kernels and "ATen" not in kernels
     monkeypatch.setattr(CUDAOpBuilder, "nvcc_args", lambda self: ["-O3", "--use_fast_math", "-std=c++20"])
     args = builder.nvcc_args()
