@@ -69,8 +69,8 @@ class LocoConfig(BaseModel):
         keeps no error rows: its exact fp32 values (rotated with ``hadamard``) go to the next hop or the final mean in
         a per-bucket fp32 buffer and are added after the other blocks. The error buffers lose 1/L of the intra-node
         hop's rows (``W - M``) and one of the inter-node hop's ``M``; a bucket holds ``N_bucket / L`` fp32 values
-        between the hops and ``N_bucket / W`` before the final mean; the kernels take longer (hop 1 +6%, hop 2
-        +19% on an H100, ``docs/config.md``). False (the default): every block quantized, as DeepSpeed's qgZ and
+        between the hops and ``N_bucket / W`` before the final mean; the kernels take longer (hop 1 +6-9%, hop 2
+        +19-25% on an H100, ``docs/config.md``). False (the default): every block quantized, as DeepSpeed's qgZ and
         LoCo did.
     quant_grid: the gradient quantization grid of ``b`` bits with group scale ``s``. "symmetric": levels ``k*s``,
         ``k`` in ``[-qmax, qmax]``, ``qmax = 2^(b-1) - 1``, ``s = absmax / qmax``. "midrise": levels ``(k + 0.5)*s``,
