@@ -1253,23 +1253,7 @@ const char* launch_final(const HopArgs& a, int out_dtype, const BucketItem* item
 #if defined(LOCO_OWN_KERNELS)
 // loco_kernels_own.cu: the launches with an exact own block, in a translation unit of their own (the kernels with
 // and without one are twice the code; the builder compiles the two units in parallel).
-const char* quantize_bucket_own(const HopArgs& a, int grad_dtype, ErrorStorage storage, const BucketItem* items,
-                                int count, int64_t blocks, WireArgs out, const OwnBlock& own, float* stats,
-                                cudaStream_t stream) {
-    return launch_hop1<true>(a, grad_dtype, storage, items, count, blocks, out, own, stats, stream);
-}
-
-const char* requantize_bucket_own(const HopArgs& a, ErrorStorage storage, const BucketItem* items, int count,
-                                  int64_t blocks, WireArgs in, WireArgs out, const OwnBlock& own, float* stats,
-                                  cudaStream_t stream) {
-    return launch_hop2<true>(a, storage, items, count, blocks, in, out, own, stats, stream);
-}
-
-const char* final_mean_bucket_own(const HopArgs& a, int out_dtype, const BucketItem* items, int count,
-                                  int64_t blocks, WireArgs in, int rows, const OwnBlock& own, float* stats,
-                                  cudaStream_t stream) {
-    return launch_final<true>(a, out_dtype, items, count, blocks, in, rows, own, stats, stream);
-}
+const OwnLaunchers kOwnLaunchers{launch_hop1<true>, launch_hop2<true>, launch_final<true>};
 #else
 int chunks_per_thread(Kernel kernel, bool rotate, ErrorStorage storage) {
     return chunks_of(kernel, rotate, storage) * groups_of(kernel, rotate);
@@ -1278,22 +1262,21 @@ int chunks_per_thread(Kernel kernel, bool rotate, ErrorStorage storage) {
 const char* quantize_bucket(const HopArgs& a, int grad_dtype, ErrorStorage storage, const BucketItem* items,
                             int count, int64_t blocks, WireArgs out, const OwnBlock& own, float* stats,
                             cudaStream_t stream) {
-    return own.own >= 0 ? quantize_bucket_own(a, grad_dtype, storage, items, count, blocks, out, own, stats, stream)
-                        : launch_hop1<false>(a, grad_dtype, storage, items, count, blocks, out, own, stats, stream);
+    return (own.own >= 0 ? kOwnLaunchers.hop1 : launch_hop1<false>)(a, grad_dtype, storage, items, count, blocks, out,
+                                                                     own, stats, stream);
 }
 
 const char* requantize_bucket(const HopArgs& a, ErrorStorage storage, const BucketItem* items, int count,
                               int64_t blocks, WireArgs in, WireArgs out, const OwnBlock& own, float* stats,
                               cudaStream_t stream) {
-    return own.own >= 0 || own.in_own >= 0
-               ? requantize_bucket_own(a, storage, items, count, blocks, in, out, own, stats, stream)
-               : launch_hop2<false>(a, storage, items, count, blocks, in, out, own, stats, stream);
+    return (own.own >= 0 || own.in_own >= 0 ? kOwnLaunchers.hop2 : launch_hop2<false>)(a, storage, items, count, blocks,
+                                                                                        in, out, own, stats, stream);
 }
 
 const char* final_mean_bucket(const HopArgs& a, int out_dtype, const BucketItem* items, int count, int64_t blocks,
                               WireArgs in, int rows, const OwnBlock& own, float* stats, cudaStream_t stream) {
-    return own.in_own >= 0 ? final_mean_bucket_own(a, out_dtype, items, count, blocks, in, rows, own, stats, stream)
-                           : launch_final<false>(a, out_dtype, items, count, blocks, in, rows, own, stats, stream);
+    return (own.in_own >= 0 ? kOwnLaunchers.final_mean : launch_final<false>)(a, out_dtype, items, count, blocks, in,
+                                                                              rows, own, stats, stream);
 }
 
 // ------------------------------------------------------------------------------------------ the shared sample

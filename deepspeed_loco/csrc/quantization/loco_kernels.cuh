@@ -173,17 +173,14 @@ const char* final_mean_bucket(const HopArgs& args, int out_dtype, const BucketIt
                               int64_t blocks, WireArgs in, int rows, const OwnBlock& own, float* stats,
                               cudaStream_t stream);
 
-// The same three launches with an exact own block (own.own >= 0, or own.in_own >= 0 after hop 1), defined in
+// The same three launches with an exact own block (own.own >= 0, or own.in_own >= 0 after hop 1): defined in
 // loco_kernels_own.cu (a translation unit of its own: see there); the launchers above hand such launches to them.
-const char* quantize_bucket_own(const HopArgs& args, int grad_dtype, ErrorStorage storage, const BucketItem* items,
-                                int count, int64_t blocks, WireArgs out, const OwnBlock& own, float* stats,
-                                cudaStream_t stream);
-const char* requantize_bucket_own(const HopArgs& args, ErrorStorage storage, const BucketItem* items, int count,
-                                  int64_t blocks, WireArgs in, WireArgs out, const OwnBlock& own, float* stats,
-                                  cudaStream_t stream);
-const char* final_mean_bucket_own(const HopArgs& args, int out_dtype, const BucketItem* items, int count,
-                                  int64_t blocks, WireArgs in, int rows, const OwnBlock& own, float* stats,
-                                  cudaStream_t stream);
+struct OwnLaunchers {
+    decltype(&quantize_bucket) hop1;
+    decltype(&requantize_bucket) hop2;
+    decltype(&final_mean_bucket) final_mean;
+};
+extern const OwnLaunchers kOwnLaunchers;
 
 // The live rho's shared sample (deepspeed_loco.ops.loco_reference.gather_sample): out[i] = scales[owners[i]] *
 // float(sources[owners[i]][coords[i]]), 0 where coords[i] < 0, for i < n; every source of `dtype` and contiguous.
