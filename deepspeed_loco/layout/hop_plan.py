@@ -91,8 +91,9 @@ class HopArgs:
 
     @property
     def kept_rows(self) -> int:
-        """Rows of the block this rank sends to itself: ``M`` on ``intra_node``, 1 on ``inter_node``."""
-        return self.world_size // self.local_size if self.in_blocks == 0 and self.local_size > 1 else 1
+        """Rows of the block this rank sends to itself, :attr:`rows` over :attr:`peers` (as ``Hop.kept_rows``): ``M``
+        on ``intra_node``, 1 on ``inter_node``."""
+        return self.rows // self.peers
 
     @property
     def in_kept_rows(self) -> int:

@@ -137,11 +137,11 @@ def dequantize_sum(data: torch.Tensor, scale: torch.Tensor, blocks: int, bits: i
                    grid: str = "symmetric", own: int = -1, own_in: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Sum of ``blocks`` dequantized blocks: ``data`` ``(blocks*R, ...)`` to fp32 ``(R, n)``, in block order.
     ``own >= 0``: block ``own`` is left out (what it holds does not matter) and ``own_in`` fp32 ``(R, n)`` is added
-    after the others (to zeros when no other block is left)."""
+    after the others (at least one; :func:`check_own_buffer`)."""
     values = dequantize_groups(unpack(data, bits), scale, group_size, grid)
     values = values.view(blocks, values.shape[0] // blocks, values.shape[1])
     summed = [block for block in range(blocks) if block != own]
-    total = values[summed[0]].clone() if summed else torch.zeros_like(values[0])
+    total = values[summed[0]].clone()
     for block in summed[1:]:
         total += values[block]
     if own >= 0:
@@ -206,7 +206,8 @@ def final_mean(recv_data: torch.Tensor, recv_scale: torch.Tensor, args: MeanArgs
 def check_own_buffer(name: str, buffer: Optional[torch.Tensor], index_name: str, index: int, blocks: int,
                      shape: Tuple[int, int], device: torch.device) -> None:
     """ValueError naming ``name`` unless ``buffer`` is what block index ``index`` (the argument ``index_name``)
-    asks for: None when it is -1; for ``0 <= index < blocks``, a contiguous fp32 tensor of ``shape`` on ``device``."""
+    asks for: None when it is -1; for ``0 <= index < blocks``, a contiguous fp32 tensor of ``shape`` on ``device``,
+    with at least one other block (as the kernels' binding asks)."""
     if index == -1:
         if buffer is not None:
             raise ValueError(f"LoCo ops: {name} must be None when {index_name} is -1 (no exact own block), got "
@@ -214,6 +215,8 @@ def check_own_buffer(name: str, buffer: Optional[torch.Tensor], index_name: str,
         return
     if not 0 <= index < blocks:
         raise ValueError(f"LoCo ops: {index_name} = {index} must be -1 or a block index in [0, {blocks})")
+    if blocks < 2:
+        raise ValueError(f"LoCo ops: {index_name} = {index} needs at least 2 blocks, its own and another, got {blocks}")
     if buffer is None:
         raise ValueError(f"LoCo ops: {index_name} = {index} needs {name}, fp32 of shape {shape}; got None")
     if (buffer.dtype != torch.float32 or tuple(buffer.shape) != tuple(shape) or not buffer.is_contiguous()

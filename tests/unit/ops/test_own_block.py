@@ -234,10 +234,10 @@ def _hop2_call(entry, in_own, own_in, own=-1, own_out=None):
                              wire, wire.empty(2, "cpu"), None, own_in, own_out)
 
 
-def _final_call(entry, in_own, own_in):
+def _final_call(entry, in_own, own_in, rows=2):
     wire = WireLayout(_widths(4), 2, GROUP)
-    entry.final_mean_bucket(_recv(2, wire, 0), wire, MeanArgs(4, 2, GROUP, in_own=in_own), NUMELS, 0, torch.float32,
-                            None, own_in)
+    entry.final_mean_bucket(_recv(rows, wire, 0), wire, MeanArgs(4, 2, GROUP, in_own=in_own), NUMELS, 0,
+                            torch.float32, None, own_in)
 
 
 COLUMNS = sum(_widths(4))
@@ -260,6 +260,8 @@ BAD_OWN = [  # (the call, the message it must raise)
     (lambda e: _final_call(e, 1, torch.zeros(2, COLUMNS)),
      rf"own_in must be a contiguous fp32 tensor of shape \(1, {COLUMNS}\) on cpu \(in_own = 1\)"),
     (lambda e: _final_call(e, 2, torch.zeros(1, COLUMNS)), r"in_own = 2 must be -1 or a block index in \[0, 2\)"),
+    (lambda e: _final_call(e, 0, torch.zeros(1, COLUMNS), rows=1),
+     r"in_own = 0 needs at least 2 blocks, its own and another, got 1"),
 ]
 
 
