@@ -26,6 +26,8 @@
 #      zero") picks which of the three this lease launches.
 # KERNEL_TIMING=1 (stage L's default; 0 for the others): first the kernels' timing on the quiet GPU
 # (benchmarks/kernels.py at the largest shape, 4/4 and 8/2: int4/int8 errors, the exact own block; into $OUT).
+# KERNEL_VARIANT="-DNAME=VALUE ...": the same timing also builds the kernels with these nvcc flags, checks them against
+# the default build bit for bit and times their LoCo rows (kernels.py --variant; about 7 minutes more).
 #   L7: item 7 of that study: the 116M model at 2/2 in stage C's window (.corpus_large.tar.xz), plain and LoCo 2/2
 #      (SEEDS, default 0,1,2; L7_BASE=0 leaves them out), and LoCo 2/2 with LEAN's settings (e.g. error_bits=4) where
 #      LEAN is set.
@@ -136,7 +138,8 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
         echo "CUDA tests exit $?"; tail -3 "$OUT/cuda_tests.log"
     fi
     if [ "${KERNEL_TIMING:-$([ "$stage" = L ] && echo 1 || echo 0)}" = 1 ]; then  # the kernels' timing, quiet GPU
-        timeout 150 python3 benchmarks/kernels.py --configs 4/4 8/2 --no-baseline --largest-only --reps 30 \
+        timeout $(( ${KERNEL_VARIANT:+420} + 150 )) python3 benchmarks/kernels.py --configs 4/4 8/2 --no-baseline \
+            --largest-only --reps 30 ${KERNEL_VARIANT:+--variant "$KERNEL_VARIANT"} \
             --json "$OUT/kernels.json" >"$OUT/kernels.txt" 2>&1
         echo "kernels.py exit $?"; sed -n '/int4 \/ int8/,$p' "$OUT/kernels.txt"
     fi

@@ -1,11 +1,12 @@
-"""What the reference's quantization error would become with DeepSpeed's arithmetic (CPU, no kernel involved).
+"""How the quantization error differs between the IEEE quotient and DeepSpeed's product (CPU, no kernel involved).
 
-The contract quantizes with the IEEE quotient ``c / scale`` (the kernels compute it exactly in four instructions,
-``math::exact_quotient``). DeepSpeed multiplies by the group's reciprocal, ``c * fl(1 / scale)`` (one instruction).
-This script measures, on the same groups, how often the two give a different code and whether the error
-``|c - value|`` (relative to the scale) or its RMS grows: random groups (normal, lognormal magnitudes, values
-rounded to bf16, which put many quotients exactly on a rounding boundary) and the adversarial groups of
-``tests/unit/ops/adversarial.py``. It changes nothing; ``deepspeed_loco/csrc/quantization/README.md`` ("What limits each kernel") quotes it.
+Until the fifteenth session the contract quantized the IEEE quotient ``c / scale`` (four instructions in the
+kernels); since then it multiplies by the group's reciprocal, ``c * fl(1 / scale)`` (one instruction), as DeepSpeed
+does. This script measured the difference that decided it: on the same groups, how often the two give a different
+code and whether the error ``|c - value|`` (relative to the scale) or its RMS grows: random groups (normal,
+lognormal magnitudes, values rounded to bf16, which put many ratios exactly on a rounding boundary) and the
+adversarial groups of ``tests/unit/ops/adversarial.py``. It changes nothing;
+``deepspeed_loco/csrc/quantization/README.md`` ("The reciprocal question") quotes it.
 
     PYTHONPATH=$PWD python3 benchmarks/reciprocal_error.py
 """

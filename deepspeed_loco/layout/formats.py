@@ -1,5 +1,6 @@
 """The formats of LoCo's numbers, declared once: how an error buffer stores its error (:class:`ErrorStorage`) and
-the quantization grids (:data:`GRIDS`, each a :class:`Rounding` of the quotient ``c / scale``).
+the quantization grids (:data:`GRIDS`, each a :class:`Rounding` of the ratio ``c / scale``, computed as
+``deepspeed_loco.ops.quantizer.ratios`` computes it).
 
 The CUDA kernels mirror both in ``deepspeed_loco/csrc/quantization/loco_formats.h`` (same names, values and order;
 ``tests/unit/layout/test_formats.py`` compiles that header and compares). The config's JSON values are these
@@ -102,8 +103,8 @@ STORED: Tuple[ErrorStorage, ...] = (ErrorStorage.INT4, ErrorStorage.INT8, ErrorS
 
 
 class Rounding(enum.IntEnum):
-    """How a grid turns the quotient ``c / scale`` into a code ``k``, and the value ``k`` stands for: the centre of
-    the cell of quotients that round to ``k``, :attr:`cell_centre` above ``k``."""
+    """How a grid turns the ratio ``c / scale`` into a code ``k``, and the value ``k`` stands for: the centre of
+    the cell of ratios that round to ``k``, :attr:`cell_centre` above ``k``."""
     NEAREST_EVEN = 0  # k = rint(c / scale), ties to even: cell [k - 1/2, k + 1/2], value k * scale
     FLOOR = 1  # k = floor(c / scale): cell [k, k + 1), value (k + 1/2) * scale
 

@@ -4,10 +4,13 @@ symmetric and mid-rise) and its bit packing.
 These functions are the contract the CUDA kernels in ``deepspeed_loco/csrc/quantization`` match bit for bit:
 
 * symmetric grid: ``qmax = 2**(bits-1) - 1``; per group of ``group_size`` elements ``scale = absmax / qmax`` (fp32,
-  IEEE division) and ``q = clamp(round_half_even(c / scale), -qmax, qmax)``, value ``q * scale``.
-* mid-rise grid (every code used): ``scale = absmax / (2**(bits-1) - 0.5)``, ``q = clamp(floor(c / scale),
-  -2**(bits-1), 2**(bits-1) - 1)`` (IEEE quotient, then floor), value ``(float(q) + 0.5) * scale`` (exact sum, one
-  rounding). ``|c - value| <= scale / 2`` up to fp32 rounding.
+  IEEE division) and ``q = clamp(round_half_even(c * inv), -qmax, qmax)``, value ``q * scale``.
+* mid-rise grid (every code used): ``scale = absmax / (2**(bits-1) - 0.5)``, ``q = clamp(floor(c * inv),
+  -2**(bits-1), 2**(bits-1) - 1)``, value ``(float(q) + 0.5) * scale`` (exact sum, one rounding). ``|c - value| <=
+  scale / 2`` up to fp32 rounding.
+* The ratio ``c * inv`` is the fp32 product with the group's IEEE reciprocal ``inv = fl(1 / scale)`` (DeepSpeed's
+  arithmetic: one multiplication per value), except for a subnormal scale (below ``2**-126``, whose reciprocal may
+  overflow), where it is the IEEE quotient ``c / scale``.
 * An all-zero group has ``scale = 0`` and ``q = 0`` (value 0 on both grids).
 * A group holding any non-finite value gets ``scale = NaN`` and ``q = 0``, so its dequantized values are NaN
   and DeepSpeed's overflow check still sees the step as an overflow.
@@ -20,7 +23,7 @@ import torch
 
 from deepspeed_loco.layout.formats import Rounding, grid_named
 
-ROUNDED: Dict[Rounding, Callable[[torch.Tensor], torch.Tensor]] = {  # each rounding of the quotients c / scale
+ROUNDED: Dict[Rounding, Callable[[torch.Tensor], torch.Tensor]] = {  # each rounding of the ratios c * inv
     Rounding.NEAREST_EVEN: torch.round,  # half to even
     Rounding.FLOOR: torch.floor,
 }
@@ -42,12 +45,27 @@ def grid_levels(bits: int, grid: str) -> Tuple[float, int, int]:
     return levels.divisor, levels.low, levels.high
 
 
+SMALLEST_NORMAL = 2.0 ** -126  # fp32's smallest normal number: a scale below it is divided by, not inverted
+
+
+def ratios(groups: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp32 ``groups`` ``(..., g, group_size)`` over positive fp32 ``scale`` ``(..., g, 1)``: ``groups * fl(1 /
+    scale)``, one IEEE reciprocal and one product, or ``groups / scale`` where the scale is subnormal."""
+    # tensor by tensor on every device (PyTorch on CUDA would turn a Python scalar's division into a product)
+    ratio = groups * (torch.ones_like(scale) / scale)
+    subnormal = scale < SMALLEST_NORMAL
+    if bool(subnormal.any()):
+        ratio = torch.where(subnormal, groups / scale, ratio)
+    return ratio
+
+
 def quantize_groups(c: torch.Tensor, bits: int, group_size: int,
                     grid: str = "symmetric") -> Tuple[torch.Tensor, torch.Tensor]:
     """Quantizes fp32 ``c`` of shape ``(..., n)``, ``n % group_size == 0``, on ``grid`` (:func:`grid_levels`).
 
-    Returns ``q`` int8 ``(..., n)`` (codes) and ``scale`` fp32 ``(..., n // group_size)``: ``q = rounding(c /
-    scale)`` (the grid's :class:`Rounding`: symmetric half to even, midrise floor) clamped to the grid's codes.
+    Returns ``q`` int8 ``(..., n)`` (codes) and ``scale`` fp32 ``(..., n // group_size)``: ``q = rounding(c *
+    fl(1 / scale))`` (``c / scale`` for a subnormal scale; the grid's :class:`Rounding`: symmetric half to even,
+    midrise floor) clamped to the grid's codes.
     """
     assert c.dtype == torch.float32 and c.shape[-1] % group_size == 0, (c.dtype, c.shape, group_size)
     divisor, low, high = grid_levels(bits, grid)
@@ -57,7 +75,7 @@ def quantize_groups(c: torch.Tensor, bits: int, group_size: int,
     # a tensor divisor: PyTorch on CUDA turns division by a Python scalar into a multiplication by its reciprocal
     scale = torch.where(finite, absmax / torch.full_like(absmax, divisor), torch.full_like(absmax, float("nan")))
     safe = torch.where(finite & (scale > 0), scale, torch.ones_like(scale)).unsqueeze(-1)
-    ratio = groups / safe
+    ratio = ratios(groups, safe)
     q = ROUNDED[grid_named(grid).rounding](ratio).clamp_(low, high)
     q = torch.where((finite & (scale > 0)).unsqueeze(-1), q, torch.zeros_like(q))
     return q.to(torch.int8).reshape(c.shape), scale

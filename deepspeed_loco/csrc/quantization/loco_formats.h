@@ -36,7 +36,7 @@ LOCO_FORMAT_FN StorageFormat storage_format(ErrorStorage s) {
                                       : StorageFormat{0, 1, false};
 }
 
-// How a grid turns the quotient c / scale into a code k; code k stands for the centre of its cell of quotients,
+// How a grid turns the ratio c / scale (math::ratio) into a code k; code k stands for the centre of its cell of ratios,
 // (k + cell_centre(rounding)) * scale.
 enum class Rounding : int {
     kNearestEven = 0,  // k = rint(c / scale), ties to even: cell [k - 1/2, k + 1/2]

@@ -605,12 +605,11 @@ __device__ __forceinline__ void add_squares(const float (&v)[C][8], float& sq) {
 }
 
 // ------------------------------------------------------------------------------- compensate + quantize
-// Runs pass(quantize_chunk) with the fastest chunk quantizer that gives `quantize`'s codes for all of the thread's
-// values (see reciprocal_codes): one decision per group, none per chunk.
-template <Rounding R, int Bits, int C, typename Pass>
-__device__ __forceinline__ void with_quantizer(const float (&v)[C][8], const Rule& rule, const Levels& lv,
-                                               Pass&& pass) {
-    if (reciprocal_codes<R>(v, rule))
+// Runs pass(quantize_chunk) with the fastest chunk quantizer that gives `quantize`'s codes for the group's rule (see
+// quantize_chunk_fast): one decision per group, none per chunk.
+template <Rounding R, int Bits, typename Pass>
+__device__ __forceinline__ void with_quantizer(const Rule& rule, const Levels& lv, Pass&& pass) {
+    if (rule.mode == kReciprocal)
         pass([&](const float (&x)[8], float (&biased)[8]) { quantize_chunk_fast<R, Bits>(x, rule, biased); });
     else
         pass([&](const float (&x)[8], float (&biased)[8]) { quantize_chunk_exact<R, Bits>(x, rule, lv, biased); });
@@ -652,7 +651,7 @@ __device__ __forceinline__ void store_error(const Launch& p, const Block& k, con
         const Rule erule = make_rule(ekey, p.error_levels);
         if (!k.active) return;
         uint8_t* const codes = static_cast<uint8_t*>(er.values) + EB * lane;  // chunk c's word: + c * team * EB bytes
-        with_quantizer<Rounding::kNearestEven, EB>(v, erule, p.error_levels, [&](auto&& quantize_chunk) {
+        with_quantizer<Rounding::kNearestEven, EB>(erule, p.error_levels, [&](auto&& quantize_chunk) {
 #pragma unroll
             for (int c = 0; c < C; ++c) {
                 float biased[8];
@@ -683,7 +682,7 @@ __device__ __forceinline__ void quantize_group(const Launch& p, const Block& k, 
     const Rule rule = make_rule(key, p.levels);
     uint8_t* const words = data + (int64_t)lane * Bits;  // chunk c's packed word at words + c * team * Bits
     float m = 0.0f;                                       // absmax of the new error
-    with_quantizer<R, Bits>(v, rule, p.levels, [&](auto&& quantize_chunk) {
+    with_quantizer<R, Bits>(rule, p.levels, [&](auto&& quantize_chunk) {
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             float biased[8];

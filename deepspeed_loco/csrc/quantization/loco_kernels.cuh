@@ -272,8 +272,8 @@ LOCO_HD float absmax_step(float m, float v) {
 LOCO_HD uint32_t key_of(float absmax) { return float_bits(absmax); }
 LOCO_HD bool key_finite(uint32_t key) { return key < kInfBits; }
 
-// A divisor d with its reciprocal in two parts, for exact_quotient: inv = fl(1 / d), inv_lo = fl((1 - d * inv) / d),
-// so inv + inv_lo = 1 / d to about 2^-48 (the fma in `reciprocal` is exact: 1 - d * inv).
+// A grid's divisor d with its reciprocal in two parts, for group_scale: inv = fl(1 / d), inv_lo = fl((1 - d * inv) /
+// d), so inv + inv_lo = 1 / d to about 2^-48 (the fma in `reciprocal` is exact: 1 - d * inv).
 struct Reciprocal {
     float d, inv, inv_lo;
 };
@@ -287,27 +287,17 @@ LOCO_HD Reciprocal reciprocal(float d) {
 }
 
 constexpr float kTwoToMinus100 = 7.888609052210118e-31f;
-constexpr float kTwoTo100 = 1.2676506002282294e+30f;
+constexpr float kSmallestNormal = 1.1754943508222875e-38f;  // 2^-126: a smaller scale's reciprocal may overflow
 
 // q0 = c * (inv + inv_lo), rounded once: within one ulp of c / d.
 LOCO_HD float reciprocal_product(float c, const Reciprocal& d) { return f_fma(c, d.inv, f_mul(c, d.inv_lo)); }
-
-// fl(c / d), the IEEE quotient, for d in [2^-100, 2^100] and |c / d| >= 2^-24 (or c >= 0 with c / d >= 2^-107):
-// q0 = reciprocal_product(c, d), the remainder c - q0 * d is exact in one fma, and one Markstein correction
-// q0 + r * inv, rounded once, is the correctly rounded quotient (inv being fl(1 / d)). Smaller negative quotients may
-// differ from the IEEE one in the subnormal range (only their sign and zeroness matter: see quantize).
-LOCO_HD float exact_quotient(float c, const Reciprocal& d) {
-    const float q0 = reciprocal_product(c, d);
-    const float r = f_fma(-q0, d.d, c);
-    return f_fma(r, d.inv, q0);
-}
 
 // The codes of a grid of `bits` bits (deepspeed_loco.layout.formats.Grid.levels, whose mirror this is): scale =
 // absmax / divisor; code k in [low, high] stands for (k + half) * scale, half the rounding's cell_centre; the values
 // are symmetric about 0: high = 2^(b-1) - 1, low = -(high + 2 half), divisor = high + half (the highest value, in
 // steps). Nearest-even (symmetric grid): k = rint(c / scale) in [-qmax, qmax]; floor (mid-rise grid): k = floor(c /
-// scale) in [-2^(b-1), 2^(b-1) - 1], every code used. `divisor` carries its reciprocal (set up once per launch) so
-// that a group's scale costs one exact_quotient.
+// scale) in [-2^(b-1), 2^(b-1) - 1], every code used (c / scale: the ratio of `quantize`). `divisor` carries its
+// reciprocal (set up once per launch) so that a group's scale costs one reciprocal_product.
 struct Levels {
     Reciprocal divisor;
     float low, high, half;
@@ -327,18 +317,17 @@ LOCO_HD float dequant(float k, float half, float scale) { return f_mul(f_add(k, 
 
 // Per-group quantization rule derived from the group's absmax key.
 struct Rule {
-    Reciprocal of;  // of.d: the scale, absmax / divisor; NaN for a non-finite group; 0 for a zero (or underflowing)
-                    // group; of.inv, of.inv_lo: its reciprocal (kReciprocal rules)
-    float tiny;     // kReciprocal: -scale * 2^-24; a negative c above it has a quotient too small for exact_quotient
+    float s;    // the scale, absmax / divisor; NaN for a non-finite group; 0 for a zero (or underflowing) group
+    float inv;  // kReciprocal: fl(1 / scale), the factor of every value's ratio
     int mode;
-    LOCO_HD float scale() const { return of.d; }
+    LOCO_HD float scale() const { return s; }
 };
 constexpr int kAllZero = 0;     // q = 0 for every element (zero, underflowing or non-finite group)
-constexpr int kReciprocal = 1;  // q from exact_quotient (scale in [2^-100, 2^100])
-constexpr int kDivide = 2;      // q from c / scale (scale outside [2^-100, 2^100])
+constexpr int kReciprocal = 1;  // ratio c * inv (a normal scale)
+constexpr int kDivide = 2;      // ratio c / scale (a subnormal scale)
 
-// The scale absmax / divisor, IEEE-rounded, as q0 = reciprocal_product(absmax, divisor) (exact_quotient without its
-// correction) for absmax >= 2^-100, the division itself below. Why q0 is already the IEEE quotient: every divisor
+// The scale absmax / divisor, IEEE-rounded, as q0 = reciprocal_product(absmax, divisor) for absmax >= 2^-100, the
+// division itself below. Why q0 is already the IEEE quotient: every divisor
 // is D / 2^j with D odd and at most 255 (1, 3, 7, 127; 1.5, 3.5, 7.5, 127.5), and absmax = A * 2^i with A < 2^24, so
 // absmax / divisor is never a midpoint between floats (that needs 25 significant bits; A / D, if an integer, has at
 // most 24) and stays at least 2^-33 of its size away from one, while q0 is within about 2^-46 of it, and normal
@@ -349,32 +338,28 @@ LOCO_HD float group_scale(float absmax, const Levels& lv) {
 
 LOCO_HD Rule make_rule(uint32_t key, const Levels& lv) {
     Rule r;
-    r.of.inv = r.of.inv_lo = r.tiny = 0.0f;
+    r.inv = 0.0f;
     if (!key_finite(key)) {
-        r.of.d = bits_float(kNaNBits);
+        r.s = bits_float(kNaNBits);
         r.mode = kAllZero;
         return r;
     }
-    const float scale = group_scale(bits_float(key), lv);
-    if (!(scale > 0.0f)) {
-        r.of.d = scale;
+    r.s = group_scale(bits_float(key), lv);
+    if (!(r.s > 0.0f)) {
         r.mode = kAllZero;
-    } else if (scale >= kTwoToMinus100 && scale <= kTwoTo100) {
-        r.of = reciprocal(scale);
-        r.tiny = f_mul(scale, -5.9604644775390625e-08f /* -2^-24 */);
+    } else if (r.s >= kSmallestNormal) {
+        r.inv = f_rcp(r.s);
         r.mode = kReciprocal;
     } else {
-        r.of.d = scale;
         r.mode = kDivide;
     }
     return r;
 }
 
-// Whether `quantize` divides c itself rather than take exact_quotient: outside kReciprocal rules, and, rounding to
-// floor, for a negative c above rule.tiny (its floor is -1 or 0 by the sign of the subnormal quotient).
-template <Rounding R>
-LOCO_HD bool divides(float c, const Rule& rule) {
-    return rule.mode != kReciprocal || (R == Rounding::kFloor && c < 0.0f && c > rule.tiny);
+// The ratio of c to the group's scale that the codes round (deepspeed_loco.ops.quantizer.ratios): c * fl(1 / scale),
+// DeepSpeed's arithmetic, or the IEEE quotient c / scale for a subnormal scale.
+LOCO_HD float ratio(float c, const Rule& rule) {
+    return rule.mode == kReciprocal ? f_mul(c, rule.inv) : f_div(c, rule.scale());
 }
 
 struct Quantized {
@@ -382,16 +367,15 @@ struct Quantized {
     float qf;  // (float)q, +0 for 0
 };
 
-// One value's code with IEEE division: clamp(rint(c / scale)) (nearest-even) or clamp(floor(c / scale)); 0 for
-// kAllZero groups; the quotient is exact_quotient's unless `divides`.
+// One value's code: clamp(rint(ratio)) (nearest-even) or clamp(floor(ratio)); 0 for kAllZero groups.
 template <Rounding R>
 LOCO_HD Quantized quantize(float c, const Rule& rule, const Levels& lv) {
     Quantized out;
     out.q = 0;
     out.qf = 0.0f;
     if (rule.mode == kAllZero) return out;
-    const float quotient = divides<R>(c, rule) ? f_div(c, rule.scale()) : exact_quotient(c, rule.of);
-    const float q = f_min(f_max(R == Rounding::kFloor ? floorf(quotient) : f_rint(quotient), lv.low), lv.high);
+    const float x = ratio(c, rule);
+    const float q = f_min(f_max(R == Rounding::kFloor ? floorf(x) : f_rint(x), lv.low), lv.high);
     out.q = (int)q;
     out.qf = (float)out.q;
     return out;
@@ -410,31 +394,16 @@ LOCO_HD float code_of(float biased) { return f_sub(biased, magic<Bits>()); }
 LOCO_HD uint32_t code_bits(float biased) { return float_bits(biased); }
 
 // The kernels' form of `quantize`: biased[i] = magic<Bits>() + code (see code_of), equal to `quantize`'s codes
-// element by element. A thread first asks reciprocal_codes of all its values: then quantize_chunk_fast (exact_quotient
-// and one rounding add per value, no branch) is exact for each chunk; otherwise (a kDivide or kAllZero rule, or a
-// value rounded to floor with a quotient below 2^-24 in magnitude: rare) quantize_chunk_exact takes every value's
-// `quantize`.
-// Precondition: every |v| is at most the absmax the rule was made from (a group's own values), so
-// |c / scale| <= divisor * (1 + 2^-23) and the codes need no clamp.
-template <Rounding R, int C>
-LOCO_HD bool reciprocal_codes(const float (&v)[C][8], const Rule& rule) {
-    if (rule.mode != kReciprocal) return false;
-    bool tiny = false;
-    if (R == Rounding::kFloor) {
-        LOCO_UNROLL
-        for (int c = 0; c < C; ++c) {
-            LOCO_UNROLL
-            for (int i = 0; i < 8; ++i) tiny |= divides<R>(v[c][i], rule);
-        }
-    }
-    return !tiny;
-}
-
+// element by element. A group with a kReciprocal rule takes quantize_chunk_fast (one product and one rounding add per
+// value, no branch, no clamp); the others (kDivide, kAllZero: rare) quantize_chunk_exact, every value's `quantize`.
+// Precondition: every |v| is at most the absmax the rule was made from (a group's own values): then |c * inv| <=
+// divisor * (1 + 2^-21) (three roundings: the scale, its reciprocal, the product), which rounds to no code beyond the
+// grid's (the divisor is at most 127.5), so the fast codes need no clamp.
 template <Rounding R, int Bits>
 LOCO_HD void quantize_chunk_fast(const float (&v)[8], const Rule& rule, float (&biased)[8]) {
     LOCO_UNROLL
     for (int i = 0; i < 8; ++i) {
-        const float q = exact_quotient(v[i], rule.of);
+        const float q = f_mul(v[i], rule.inv);
         biased[i] = R == Rounding::kFloor ? floor_biased(q, magic<Bits>()) : rint_biased(q, magic<Bits>());
     }
 }

@@ -6,23 +6,23 @@ from deepspeed_loco.ops.quantizer import grid_levels
 
 
 def adversarial_groups(group_size, bits, gen, grid="symmetric"):
-    """fp32 groups: lognormal magnitudes, exact and near rounding boundaries (quotients half a step from the codes'
-    cell centres: half-integers for the symmetric grid, integers for mid-rise), denormal, huge, zero, underflowing,
-    non-finite."""
+    """fp32 groups: lognormal magnitudes, exact and near rounding boundaries (ratios c * fl(1 / scale) half a step
+    from the codes' cell centres: half-integers for the symmetric grid, integers for mid-rise), denormal, huge, zero,
+    underflowing, non-finite."""
     divisor, low, high = grid_levels(bits, grid)
     qmax, step = (1 << (bits - 1)) - 1, 2.0 ** -5
     groups = [torch.randn(64, group_size, generator=gen) * 10.0 ** (torch.rand(64, 1, generator=gen) * 8 - 4)]
     ties = torch.zeros(group_size)
     count = min(high - low, group_size - 1)
-    offset = 0.5 - grid_named(grid).rounding.cell_centre  # quotients on the boundaries of the grid's rounding
+    offset = 0.5 - grid_named(grid).rounding.cell_centre  # ratios on the boundaries of the grid's rounding
     ties[:count] = ((torch.arange(count, dtype=torch.float64) + low + offset) * step).float()
     ties[-1] = divisor * step  # absmax: scale = step exactly
     for direction in (0.0, 1e9, -1e9):
         moved = ties if direction == 0 else torch.nextafter(ties, torch.full_like(ties, direction))
         moved[-1] = divisor * step
         groups.append(moved.unsqueeze(0))
-    groups.append(torch.randn(2, group_size, generator=gen) * 1e-40)  # denormal scale: exact division
-    groups.append(torch.randn(2, group_size, generator=gen).clamp(-3, 3) * 1e38)  # scale > 2^125 for small bits
+    groups.append(torch.randn(2, group_size, generator=gen) * 1e-40)  # subnormal scale: the ratio is c / scale
+    groups.append(torch.randn(2, group_size, generator=gen).clamp(-3, 3) * 1e38)  # scale > 2^125: inv subnormal
     groups.append(torch.zeros(1, group_size))
     underflow = torch.zeros(1, group_size)
     underflow[0, 3] = 1e-45  # absmax / qmax underflows to 0: q = 0, scale 0
@@ -41,16 +41,16 @@ def adversarial_groups(group_size, bits, gen, grid="symmetric"):
         step_dir = torch.randint(-1, 2, near.shape, generator=gen).float() * 1e38
         near = torch.where(step_dir != 0, torch.nextafter(near, step_dir), near)
     near = torch.where(near.abs() > absmax, near.sign() * absmax, near)
-    near[:, :8] = -torch.arange(1, 9, dtype=torch.float64) * 2.0 ** -149  # subnormal negative quotients
+    near[:, :8] = -torch.arange(1, 9, dtype=torch.float64) * 2.0 ** -149  # tiny negative ratios: -0 or subnormal
     near[:, -1] = absmax[:, 0]
     groups.append(near)
-    # boundaries times 2^-3 with the absmax one ulp below divisor * 2^-3: c * (1 / scale) lands on the wrong side of
-    # some ties, which only the remainder correction of the exact quotient puts right
+    # boundaries times 2^-3 with the absmax one ulp below divisor * 2^-3: fl(1 / scale) is inexact, so c * inv lands
+    # beside the ties or, rounded, on them (and on the other side of some from c / scale)
     edge = torch.zeros(group_size)
     edge[:count] = ((torch.arange(count, dtype=torch.float64) + low + offset) * 0.125).float()
     edge[-1] = torch.nextafter(torch.tensor(divisor * 0.125), torch.tensor(0.0))
     groups.append(edge.unsqueeze(0))
-    # random multiples of a power-of-two scale: many exact quotients, some exact ties
+    # random multiples of a power-of-two scale: many exact ratios, some exact ties
     multiples = torch.randint(-4 * qmax, 4 * qmax + 1, (8, group_size), generator=gen).float() * 0.25 * step
     multiples[:, -1] = divisor * step
     groups.append(multiples)

@@ -1,9 +1,9 @@
 """What of the fused-kernel code can be checked without a GPU.
 
 * The kernels' element arithmetic (``deepspeed_loco/csrc/quantization/loco_kernels.cuh``, namespace ``loco::math``:
-  the reciprocal-with-exact-fallback quantizer, the LoCo update, the bit packing, the Hadamard signs) built as host
-  C++ with g++ and compared bit for bit with the reference on adversarial inputs (ties, denormal and huge scales,
-  non-finite groups).
+  the quantizer (the product by the group's reciprocal, the division by a subnormal scale), the LoCo update, the bit
+  packing, the Hadamard signs) built as host C++ with g++ and compared bit for bit with the reference on adversarial
+  inputs (ties, denormal and huge scales, non-finite groups).
 * The builder (sources found, fast math stripped) and the dispatcher (reference on CPU, one log line,
   ``DS_LOCO_KERNELS``).
 """
@@ -64,12 +64,12 @@ static void quantize_all(const float* c, long long n, int group, signed char* q,
         scale[g] = rule.scale();
         for (int chunk = 0; chunk < group; chunk += 8) {  // as a kernel thread holds them, one chunk per thread
             const long long at = g * group + chunk;
-            float v[1][8], biased[8];
-            for (int i = 0; i < 8; ++i) v[0][i] = c[at + i];
-            if (reciprocal_codes<R>(v, rule))
-                quantize_chunk_fast<R, Bits>(v[0], rule, biased);
+            float v[8], biased[8];
+            for (int i = 0; i < 8; ++i) v[i] = c[at + i];
+            if (rule.mode == kReciprocal)  // as with_quantizer chooses
+                quantize_chunk_fast<R, Bits>(v, rule, biased);
             else
-                quantize_chunk_exact<R, Bits>(v[0], rule, lv, biased);
+                quantize_chunk_exact<R, Bits>(v, rule, lv, biased);
             for (int i = 0; i < 8; ++i) {
                 q[at + i] = (signed char)(int)code_of<Bits>(biased[i]);
                 const Quantized one = quantize<R>(c[at + i], rule, lv);
@@ -234,7 +234,7 @@ def test_host_packing_matches_the_reference_layout(host, bits):
 @pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("bits", BITS)
 def test_host_group_scale_is_the_ieee_quotient(host, bits, grid):
-    """make_rule's scale (exact_quotient by the divisor's split reciprocal for absmax >= 2^-100, division below) is
+    """make_rule's scale (reciprocal_product by the divisor's split reciprocal for absmax >= 2^-100, division below) is
     fp32 absmax / divisor for random finite keys of every exponent, the subnormals and the ends of each range."""
     gen = torch.Generator().manual_seed(bits)
     edges = [0, 1, 2, 0x007FFFFF, 0x00800000, 0x0D7FFFFF, 0x0D800000, 0x0D800001, 0x3F800000, 0x7F7FFFFF]
