@@ -26,8 +26,9 @@
 #      zero") picks which of the three this lease launches.
 # KERNEL_TIMING=1 (stage L's default; 0 for the others): first the kernels' timing on the quiet GPU
 # (benchmarks/kernels.py at the largest shape, 4/4 and 8/2: int4/int8 errors, the exact own block; into $OUT).
-# KERNEL_VARIANT="-DNAME=VALUE ...": the same timing also builds the kernels with these nvcc flags, checks them against
-# the default build bit for bit and times their LoCo rows (kernels.py --variant; about 7 minutes more).
+# KERNEL_VARIANTS="-DA=1;-DB=2 -DC=3": the same timing also builds the kernels with each ';'-separated set of nvcc
+# flags, checks each build against the default one bit for bit and times its LoCo rows (kernels.py --variant;
+# about 3.5 minutes a set).
 #   L7: item 7 of that study: the 116M model at 2/2 in stage C's window (.corpus_large.tar.xz), plain and LoCo 2/2
 #      (SEEDS, default 0,1,2; L7_BASE=0 leaves them out), and LoCo 2/2 with LEAN's settings (e.g. error_bits=4) where
 #      LEAN is set.
@@ -138,9 +139,11 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
         echo "CUDA tests exit $?"; tail -3 "$OUT/cuda_tests.log"
     fi
     if [ "${KERNEL_TIMING:-$([ "$stage" = L ] && echo 1 || echo 0)}" = 1 ]; then  # the kernels' timing, quiet GPU
-        timeout $(( ${KERNEL_VARIANT:+420} + 150 )) python3 benchmarks/kernels.py --configs 4/4 8/2 --no-baseline \
-            --largest-only --reps 30 ${KERNEL_VARIANT:+--variant "$KERNEL_VARIANT"} \
-            --json "$OUT/kernels.json" >"$OUT/kernels.txt" 2>&1
+        variants=()
+        IFS=';' read -ra flag_sets <<< "${KERNEL_VARIANTS:-}"
+        for flags in "${flag_sets[@]}"; do variants+=(--variant "$flags"); done
+        timeout $(( 150 + 210 * ${#flag_sets[@]} )) python3 benchmarks/kernels.py --configs 4/4 8/2 --no-baseline \
+            --largest-only --reps 30 "${variants[@]}" --json "$OUT/kernels.json" >"$OUT/kernels.txt" 2>&1
         echo "kernels.py exit $?"; sed -n '/int4 \/ int8/,$p' "$OUT/kernels.txt"
     fi
     if [ "${MONITOR:-0}" = 1 ]; then  # issue 58's whole-step overhead on the quiet GPU, before the runs start
