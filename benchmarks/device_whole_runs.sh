@@ -141,7 +141,7 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
     if [ "${KERNEL_TIMING:-$([ "$stage" = L ] && echo 1 || echo 0)}" = 1 ]; then  # the kernels' timing, quiet GPU
         variants=()
         IFS=';' read -ra flag_sets <<< "${KERNEL_VARIANTS:-}"
-        for flags in "${flag_sets[@]}"; do variants+=(--variant "$flags"); done
+        for flags in "${flag_sets[@]}"; do variants+=("--variant=$flags"); done
         timeout $(( 150 + 210 * ${#flag_sets[@]} )) python3 benchmarks/kernels.py --configs 4/4 8/2 --no-baseline \
             --largest-only --reps 30 "${variants[@]}" --json "$OUT/kernels.json" >"$OUT/kernels.txt" 2>&1
         echo "kernels.py exit $?"; sed -n '/int4 \/ int8/,$p' "$OUT/kernels.txt"
