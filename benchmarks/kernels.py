@@ -533,11 +533,12 @@ def print_ratios(rows, configs):
 
 
 def profile_hop1():
-    """Hop 1 at the largest shape, bf16, 4/4: LoCo (twice), plain, LoCo + Hadamard, one launch each."""
+    """Hop 1 at the largest shape, bf16, 4/4: LoCo (twice), plain, LoCo + Hadamard, LoCo with int4 errors (twice),
+    one launch each."""
     grad = [torch.randn(SHAPES[-1], device="cuda", dtype=torch.bfloat16)]
     loco, plain = bucket_calls(grad, "4/4"), bucket_calls(grad, "4/4", error=False)
-    rotated = bucket_calls(grad, "4/4+H")
-    for call in (loco[0], loco[0], plain[0], rotated[0]):
+    rotated, loco4 = bucket_calls(grad, "4/4+H"), bucket_calls(grad, "4/4", error_bits=4)
+    for call in (loco[0], loco[0], plain[0], rotated[0], loco4[0], loco4[0]):
         call()
     torch.cuda.synchronize()
 
@@ -551,7 +552,7 @@ def main():
                         help="intra/inter bits, '+H' for the Hadamard rotation")
     parser.add_argument("--profile-hop1", action="store_true",
                         help="only run hop 1 at (16384, 16384) bf16 4/4 (each set-up launch, then LoCo twice, plain, "
-                             "LoCo + Hadamard) for a profiler: skip the first 4 launches")
+                             "LoCo + Hadamard, LoCo with int4 errors twice) for a profiler: skip the first 4 launches")
     parser.add_argument("--largest-only", action="store_true",
                         help=f"only the largest shape {SHAPES[-1]}, without the per-bucket table (a quick check)")
     parser.add_argument("--variant", type=str, action="append", default=[],

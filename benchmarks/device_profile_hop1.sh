@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Nsight Compute on LoCo hop 1 (16384^2 bf16, 4/4, int8 and int4 errors, two launches each) on the GPU machine:
+#   export OUT; bash benchmarks/device_profile_hop1.sh
+# Into $OUT: ncu_hop1.txt (speed of light, occupancy, warp states, scheduler and instruction statistics per launch)
+# and ncu_hop1_source.txt (executed warp instructions by opcode and the hottest SASS lines, benchmarks/sass_summary.py).
+set -uo pipefail
+source benchmarks/device_setup.sh "$OUT/setup"
+# hop1_kernel<bf16, 4 bits, int4 (1) or int8 (2) errors, no rotation, unmeasured, no own block> as mangled
+kernels='regex:.*hop1_kernelILi2ELi4ELNS_12ErrorStorageE[12]ELb0ELb0ELb0E.*'
+timeout 240 ncu --clock-control none --kernel-name-base mangled --kernel-name "$kernels" --launch-count 4 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section InstructionStats --section SourceCounters -o /tmp/ncu_hop1 \
+    python3 benchmarks/kernels.py --profile-hop1 >"$OUT/ncu_run.log" 2>&1
+echo "ncu exit $?"
+ncu -i /tmp/ncu_hop1.ncu-rep >"$OUT/ncu_hop1.txt" 2>&1
+ncu -i /tmp/ncu_hop1.ncu-rep --page source --csv --print-source sass >/tmp/ncu_hop1_source.csv 2>&1
+python3 benchmarks/sass_summary.py --ncu-source /tmp/ncu_hop1_source.csv >"$OUT/ncu_hop1_source.txt" 2>&1
+echo "ncu: $(grep -c "hop1_kernel" "$OUT/ncu_hop1.txt") kernel lines"
+grep -E "Duration|Executed Ipc|Issue Slots Busy|Achieved Occupancy|Registers Per|DRAM Throughput|Executed Instructions " \
+    "$OUT/ncu_hop1.txt" | head -40
