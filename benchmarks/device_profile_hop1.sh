@@ -7,7 +7,7 @@ set -uo pipefail
 source benchmarks/device_setup.sh "$OUT/setup"
 # hop1_kernel<bf16, 4 bits, int4 (1) or int8 (2) errors, no rotation, unmeasured, no own block> as mangled
 kernels='regex:.*hop1_kernelILi2ELi4ELNS_12ErrorStorageE[12]ELb0ELb0ELb0E.*'
-timeout 240 ncu --clock-control none --kernel-name-base mangled --kernel-name "$kernels" --launch-count 4 \
+timeout 150 ncu --clock-control none --kernel-name-base mangled --kernel-name "$kernels" --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
     --section InstructionStats --section SourceCounters -o /tmp/ncu_hop1 \
     python3 benchmarks/kernels.py --profile-hop1 >"$OUT/ncu_run.log" 2>&1
