@@ -22,7 +22,7 @@ def adversarial_groups(group_size, bits, gen, grid="symmetric"):
         moved[-1] = divisor * step
         groups.append(moved.unsqueeze(0))
     groups.append(torch.randn(2, group_size, generator=gen) * 1e-40)  # subnormal scale: the ratio is c / scale
-    groups.append(torch.randn(2, group_size, generator=gen).clamp(-3, 3) * 1e38)  # scale > 2^125: inv subnormal
+    groups.append(torch.randn(2, group_size, generator=gen).clamp(-3, 3) * 1e38)  # at 2 bits 1 / scale is subnormal
     groups.append(torch.zeros(1, group_size))
     underflow = torch.zeros(1, group_size)
     underflow[0, 3] = 1e-45  # absmax / qmax underflows to 0: q = 0, scale 0
