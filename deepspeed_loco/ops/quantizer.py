@@ -9,8 +9,8 @@ These functions are the contract the CUDA kernels in ``deepspeed_loco/csrc/quant
   -2**(bits-1), 2**(bits-1) - 1)``, value ``(float(q) + 0.5) * scale`` (exact sum, one rounding). ``|c - value| <=
   scale / 2`` up to fp32 rounding.
 * The ratio ``c * inv`` is the fp32 product with the group's IEEE reciprocal ``inv = fl(1 / scale)`` (DeepSpeed's
-  arithmetic: one multiplication per value), except for a subnormal scale (below ``2**-126``, whose reciprocal may
-  overflow), where it is the IEEE quotient ``c / scale``.
+  arithmetic: one multiplication per value). A subnormal scale (below ``2**-126``), whose reciprocal may overflow, is
+  first lifted with its values by ``2**64`` (exact): the ratio is ``(c * 2**64) * fl(1 / (scale * 2**64))``.
 * An all-zero group has ``scale = 0`` and ``q = 0`` (value 0 on both grids).
 * A group holding any non-finite value gets ``scale = NaN`` and ``q = 0``, so its dequantized values are NaN
   and DeepSpeed's overflow check still sees the step as an overflow.
@@ -45,15 +45,18 @@ def grid_levels(bits: int, grid: str) -> Tuple[float, int, int]:
     return levels.divisor, levels.low, levels.high
 
 
-SMALLEST_NORMAL = 2.0 ** -126  # fp32's smallest normal number: a scale below it is divided by, not inverted
+SMALLEST_NORMAL = 2.0 ** -126  # fp32's smallest normal number: a scale below it is lifted before it is inverted
+SUBNORMAL_LIFT = 2.0 ** 64  # a subnormal scale times this is normal, its group's values stay finite: both exact
 
 
 def ratios(groups: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """fp32 ``groups`` ``(..., g, group_size)`` over positive fp32 ``scale`` ``(..., g, 1)``: ``groups * fl(1 /
-    scale)``, one IEEE reciprocal and one product, or ``groups / scale`` where the scale is subnormal."""
-    # tensor by tensor on every device (PyTorch on CUDA would turn a Python scalar's division into a product); both
-    # ratios everywhere, no branch on the data (a compiled reducer traces this without a graph break)
-    return torch.where(scale < SMALLEST_NORMAL, groups / scale, groups * (torch.ones_like(scale) / scale))
+    """fp32 ``groups`` ``(..., g, group_size)`` over positive fp32 ``scale`` ``(..., g, 1)``: ``(groups * f) * fl(1
+    / (scale * f))``, ``f = 2^64`` for a subnormal scale and 1 otherwise (both products by ``f`` exact): one IEEE
+    reciprocal per group and one product per value."""
+    # no branch on the data (a compiled reducer traces this without a graph break); the reciprocal tensor by tensor
+    # (PyTorch on CUDA would turn a Python scalar's division into a product)
+    lift = torch.where(scale < SMALLEST_NORMAL, SUBNORMAL_LIFT, 1.0).to(scale.dtype)
+    return (groups * lift) * (torch.ones_like(scale) / (scale * lift))
 
 
 def quantize_groups(c: torch.Tensor, bits: int, group_size: int,
@@ -61,8 +64,8 @@ def quantize_groups(c: torch.Tensor, bits: int, group_size: int,
     """Quantizes fp32 ``c`` of shape ``(..., n)``, ``n % group_size == 0``, on ``grid`` (:func:`grid_levels`).
 
     Returns ``q`` int8 ``(..., n)`` (codes) and ``scale`` fp32 ``(..., n // group_size)``: ``q = rounding(c *
-    fl(1 / scale))`` (``c / scale`` for a subnormal scale; the grid's :class:`Rounding`: symmetric half to even,
-    midrise floor) clamped to the grid's codes.
+    fl(1 / scale))`` (:func:`ratios`; the grid's :class:`Rounding`: symmetric half to even, midrise floor) clamped to
+    the grid's codes.
     """
     assert c.dtype == torch.float32 and c.shape[-1] % group_size == 0, (c.dtype, c.shape, group_size)
     divisor, low, high = grid_levels(bits, grid)

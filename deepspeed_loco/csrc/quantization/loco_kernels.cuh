@@ -288,6 +288,7 @@ LOCO_HD Reciprocal reciprocal(float d) {
 
 constexpr float kTwoToMinus100 = 7.888609052210118e-31f;
 constexpr float kSmallestNormal = 1.1754943508222875e-38f;  // 2^-126: a smaller scale's reciprocal may overflow
+constexpr float kSubnormalLift = 1.8446744073709552e+19f;   // 2^64: lifts a subnormal scale and its values, exactly
 
 // q0 = c * (inv + inv_lo), rounded once: within one ulp of c / d.
 LOCO_HD float reciprocal_product(float c, const Reciprocal& d) { return f_fma(c, d.inv, f_mul(c, d.inv_lo)); }
@@ -318,13 +319,13 @@ LOCO_HD float dequant(float k, float half, float scale) { return f_mul(f_add(k, 
 // Per-group quantization rule derived from the group's absmax key.
 struct Rule {
     float s;    // the scale, absmax / divisor; NaN for a non-finite group; 0 for a zero (or underflowing) group
-    float inv;  // kReciprocal: fl(1 / scale), the factor of every value's ratio
+    float inv;  // kReciprocal: fl(1 / scale); kLifted: fl(1 / (scale * 2^64)); the factor of every value's ratio
     int mode;
     LOCO_HD float scale() const { return s; }
 };
 constexpr int kAllZero = 0;     // q = 0 for every element (zero, underflowing or non-finite group)
 constexpr int kReciprocal = 1;  // ratio c * inv (a normal scale)
-constexpr int kDivide = 2;      // ratio c / scale (a subnormal scale)
+constexpr int kLifted = 2;      // ratio (c * 2^64) * inv (a subnormal scale)
 
 // The scale absmax / divisor, IEEE-rounded, as q0 = reciprocal_product(absmax, divisor) for absmax >= 2^-100, the
 // division itself below. Why q0 is already the IEEE quotient: every divisor
@@ -351,15 +352,16 @@ LOCO_HD Rule make_rule(uint32_t key, const Levels& lv) {
         r.inv = f_rcp(r.s);
         r.mode = kReciprocal;
     } else {
-        r.mode = kDivide;
+        r.inv = f_rcp(f_mul(r.s, kSubnormalLift));
+        r.mode = kLifted;
     }
     return r;
 }
 
 // The ratio of c to the group's scale that the codes round (deepspeed_loco.ops.quantizer.ratios): c * fl(1 / scale),
-// DeepSpeed's arithmetic, or the IEEE quotient c / scale for a subnormal scale.
+// DeepSpeed's arithmetic; for a subnormal scale the same of c and the scale both lifted by 2^64 (exact).
 LOCO_HD float ratio(float c, const Rule& rule) {
-    return rule.mode == kReciprocal ? f_mul(c, rule.inv) : f_div(c, rule.scale());
+    return f_mul(rule.mode == kReciprocal ? c : f_mul(c, kSubnormalLift), rule.inv);
 }
 
 struct Quantized {
@@ -395,7 +397,7 @@ LOCO_HD uint32_t code_bits(float biased) { return float_bits(biased); }
 
 // The kernels' form of `quantize`: biased[i] = magic<Bits>() + code (see code_of), equal to `quantize`'s codes
 // element by element. A group with a kReciprocal rule takes quantize_chunk_fast (one product and one rounding add per
-// value, no branch, no clamp); the others (kDivide, kAllZero: rare) quantize_chunk_exact, every value's `quantize`.
+// value, no branch, no clamp); the others (kLifted, kAllZero: rare) quantize_chunk_exact, every value's `quantize`.
 // Precondition: every |v| is at most the absmax the rule was made from (a group's own values): then |c * inv| <=
 // divisor * (1 + 2^-21) (three roundings: the scale, its reciprocal, the product), which rounds to no code beyond the
 // grid's (the divisor is at most 127.5), so the fast codes need no clamp.

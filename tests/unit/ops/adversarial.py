@@ -30,12 +30,14 @@ def adversarial_groups(group_size, bits, gen, grid="symmetric"):
     bad = torch.randn(3, group_size, generator=gen)
     bad[0, 1], bad[1, 2], bad[2, 0] = float("inf"), float("nan"), -float("inf")
     groups.append(bad)
-    # rounding boundaries at scales that are not powers of two (the reciprocal is inexact): each group's values lie
-    # within 3 ulps of (k + offset) * scale, its last value is the absmax that makes that scale
-    absmax = (divisor * 2.0 ** torch.randint(-90, 90, (24, 1), generator=gen).double()
-              * (1 + torch.rand(24, 1, generator=gen, dtype=torch.float64))).float()
+    # rounding boundaries at scales that are not powers of two (the reciprocal is inexact), 24 normal scales and 12
+    # subnormal ones (below 2^-126: the lifted product): each group's values lie within 3 ulps of (k + offset) * scale,
+    # its last value is the absmax that makes that scale
+    exponents = torch.cat([torch.randint(-90, 90, (24, 1), generator=gen), torch.randint(-142, -128, (12, 1),
+                                                                                         generator=gen)])
+    absmax = (divisor * 2.0 ** exponents.double() * (1 + torch.rand(36, 1, generator=gen, dtype=torch.float64))).float()
     scale = absmax / divisor  # fp32, as the quantizer computes it
-    codes = torch.randint(low, high + (1 if offset == 0.0 else 0), (24, group_size), generator=gen)
+    codes = torch.randint(low, high + (1 if offset == 0.0 else 0), (36, group_size), generator=gen)
     near = ((codes.double() + offset) * scale.double()).float()
     for _ in range(3):
         step_dir = torch.randint(-1, 2, near.shape, generator=gen).float() * 1e38
