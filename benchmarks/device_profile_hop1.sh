@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Nsight Compute on LoCo hop 1 (16384^2 bf16, 4/4, int8 and int4 errors, two launches each) on the GPU machine:
 #   export OUT; bash benchmarks/device_profile_hop1.sh
+# (PROFILE=1 of benchmarks/device_whole_runs.sh runs it after its own set-up, with SETUP_DONE=1: no second set-up.)
 # Into $OUT: ncu_hop1.txt (speed of light, occupancy, warp states, scheduler and instruction statistics per launch)
 # and ncu_hop1_source.txt (executed warp instructions by opcode and the hottest SASS lines, benchmarks/sass_summary.py).
 set -uo pipefail
-source benchmarks/device_setup.sh "$OUT/setup"
+[ "${SETUP_DONE:-0}" = 1 ] || source benchmarks/device_setup.sh "$OUT/setup"
 # hop1_kernel<bf16, 4 bits, int4 (1) or int8 (2) errors, no rotation, unmeasured, no own block> as mangled
 kernels='regex:.*hop1_kernelILi2ELi4ELNS_12ErrorStorageE[12]ELb0ELb0ELb0E.*'
 timeout 150 ncu --clock-control none --kernel-name-base mangled --kernel-name "$kernels" --launch-count 4 \

@@ -26,6 +26,8 @@
 #      zero") picks which of the three this lease launches.
 # KERNEL_TIMING=1 (stage L's default; 0 for the others): first the kernels' timing on the quiet GPU
 # (benchmarks/kernels.py at the largest shape, 4/4 and 8/2: int4/int8 errors, the exact own block; into $OUT).
+# PROFILE=1: then Nsight Compute on LoCo hop 1 with int8 and int4 errors (benchmarks/device_profile_hop1.sh, into
+# $OUT; about 150 s).
 # KERNEL_VARIANTS="-DA=1;-DB=2 -DC=3": the same timing also builds the kernels with each ';'-separated set of nvcc
 # flags, checks each build against the default one bit for bit and times its LoCo rows (kernels.py --variant;
 # about 3.5 minutes a set).
@@ -145,6 +147,9 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
         timeout $(( 150 + 210 * ${#flag_sets[@]} )) python3 benchmarks/kernels.py --configs 4/4 8/2 --no-baseline \
             --largest-only --reps 30 "${variants[@]}" --json "$OUT/kernels.json" >"$OUT/kernels.txt" 2>&1
         echo "kernels.py exit $?"; sed -n '/int4 \/ int8/,$p' "$OUT/kernels.txt"
+    fi
+    if [ "${PROFILE:-0}" = 1 ]; then  # the profile of hop 1 on the quiet GPU
+        SETUP_DONE=1 bash benchmarks/device_profile_hop1.sh
     fi
     if [ "${MONITOR:-0}" = 1 ]; then  # issue 58's whole-step overhead on the quiet GPU, before the runs start
         timeout 240 python3 benchmarks/monitor_overhead.py --size 125m --micro-batch "${MONITOR_MICRO:-16}" \
