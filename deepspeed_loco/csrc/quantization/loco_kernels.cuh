@@ -328,8 +328,8 @@ constexpr int kReciprocal = 1;  // ratio c * inv (a normal scale)
 constexpr int kLifted = 2;      // ratio (c * 2^64) * inv (a subnormal scale)
 
 // The scale absmax / divisor, IEEE-rounded, as q0 = reciprocal_product(absmax, divisor) for absmax >= 2^-100, the
-// division itself below. Why q0 is already the IEEE quotient: every divisor
-// is D / 2^j with D odd and at most 255 (1, 3, 7, 127; 1.5, 3.5, 7.5, 127.5), and absmax = A * 2^i with A < 2^24, so
+// division itself below. Why q0 is already the IEEE quotient: every divisor is D / 2^j with D odd and at most 255
+// (1, 3, 7, 127; 1.5, 3.5, 7.5, 127.5), and absmax = A * 2^i with A < 2^24, so
 // absmax / divisor is never a midpoint between floats (that needs 25 significant bits; A / D, if an integer, has at
 // most 24) and stays at least 2^-33 of its size away from one, while q0 is within about 2^-46 of it, and normal
 // (>= 2^-107).
@@ -405,7 +405,7 @@ template <Rounding R, int Bits>
 LOCO_HD void quantize_chunk_fast(const float (&v)[8], const Rule& rule, float (&biased)[8]) {
     LOCO_UNROLL
     for (int i = 0; i < 8; ++i) {
-        const float q = f_mul(v[i], rule.inv);
+        const float q = ratio(v[i], rule);  // c * inv: the caller took this path for a kReciprocal rule
         biased[i] = R == Rounding::kFloor ? floor_biased(q, magic<Bits>()) : rint_biased(q, magic<Bits>());
     }
 }
