@@ -8,8 +8,9 @@ set -uo pipefail
 [ "${SETUP_DONE:-0}" = 1 ] || source benchmarks/device_setup.sh "$OUT/setup"
 # hop1_kernel<bf16, 4 bits, int4 (1) or int8 (2) errors, no rotation, unmeasured, no own block> as mangled
 kernels='regex:.*hop1_kernelILi2ELi4ELNS_12ErrorStorageE[12]ELb0ELb0ELb0E.*'
-timeout 150 ncu --clock-control none --kernel-name-base mangled --kernel-name "$kernels" --launch-count 4 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+# the matching launches in order: the int8 and the int4 bucket's set-up launch, then int8 twice and int4 twice
+timeout 150 ncu --clock-control none --kernel-name-base mangled --kernel-name "$kernels" \
+    --launch-skip 2 --launch-count 4 --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
     --section InstructionStats --section SourceCounters -o /tmp/ncu_hop1 \
     python3 benchmarks/kernels.py --profile-hop1 >"$OUT/ncu_run.log" 2>&1
 echo "ncu exit $?"
