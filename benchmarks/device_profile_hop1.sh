@@ -10,7 +10,8 @@ set -uo pipefail
 kernels='regex:.*hop1_kernelILi2ELi4ELNS_12ErrorStorageE[12]ELb0ELb0ELb0E.*'
 # the matching launches in order: the int8 and the int4 bucket's set-up launch, then int8 twice and int4 twice
 timeout 150 ncu --clock-control none --kernel-name-base mangled --kernel-name "$kernels" \
-    --launch-skip 2 --launch-count 4 --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --launch-skip 2 --launch-count 4 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section SchedulerStats \
     --section InstructionStats --section SourceCounters -o /tmp/ncu_hop1 \
     python3 benchmarks/kernels.py --profile-hop1 >"$OUT/ncu_run.log" 2>&1
 echo "ncu exit $?"
