@@ -349,8 +349,11 @@ template <int C>
 struct OldError<ErrorStorage::kInt4, C> {
     uint32_t raw[C];  // the 4-bit codes of a chunk with their sign bits flipped (see math::code_value)
     float scale;
-    __device__ void bind(const Launch&) {}
-    __device__ float at(int c, int i) const { return f_mul(code_value<4, Rounding::kNearestEven>(raw[c], i), scale); }
+    uint32_t magic_bits;  // as in OldError<ErrorStorage::kInt8, C>
+    __device__ void bind(const Launch& p) { magic_bits = p.magic_bits; }
+    __device__ float at(int c, int i) const {
+        return f_mul(code_value<4, Rounding::kNearestEven>(raw[c], i, magic_bits), scale);
+    }
 };
 
 template <int C>
@@ -915,7 +918,7 @@ __device__ __forceinline__ void sum_rows(const Launch& p, const Block& k, int64_
                 for (int c = 0; c < C; ++c)
 #pragma unroll
                     for (int i = 0; i < 8; ++i) {
-                        const float d = f_mul(code_value<Bits, R>(w[j][c], i), s[j]);
+                        const float d = f_mul(code_value<Bits, R>(w[j][c], i, p.magic_bits), s[j]);
                         v[c][i] = r0 + j == lead ? d : f_add(v[c][i], d);
                     }
             }

@@ -473,16 +473,26 @@ LOCO_HD uint64_t pack_word(const float (&b)[8]) {
 // conversion: the offset code u = k + h (h = 2^(Bits-1)) is placed in the mantissa of 1.5 * 2^23 (or of 1.5 * 2^22 as
 // 2u, for halves) and the constant M + h (M + h - 0.5) subtracted, both exact.
 // `magic_bits`: kRoundMagicBits, passed in where a kernel holds it in a register (see OldError<8, C>).
+// On the device, cell centre 0: 8 bits take byte j by one byte permute beside the top three bytes of M (whose low
+// byte is zero); 4 bits the same from a word of one nibble a byte (the even or the odd codes, masked once per word
+// and shared by its four codes): the same bits as the shift-and-mask below.
 template <int Bits, Rounding R>
 LOCO_HD float code_value(uint64_t offset_word, int j, uint32_t magic_bits = kRoundMagicBits) {
     constexpr uint32_t h = 1u << (Bits - 1);
     constexpr bool halves = cell_centre(R) != 0.0f;
     static_assert(cell_centre(R) == 0.0f || cell_centre(R) == 0.5f, "code_value decodes cell centres 0 and 1/2");
+    static_assert((kRoundMagicBits & 0xffu) == 0u, "the byte permutes below take M's low byte as zero");
 #if defined(__CUDA_ARCH__)
-    if (Bits == 8 && !halves)  // one byte permute: byte j and the top three bytes of M
+    if (Bits == 8 && !halves)
         return f_sub(__uint_as_float(__byte_perm((uint32_t)(offset_word >> (32 * (j >> 2))), magic_bits,
                                                  0x7650u + (uint32_t)(j & 3))),
                      kRoundMagic + (float)h);
+    if (Bits == 4 && !halves) {
+        const uint32_t word = (uint32_t)offset_word;
+        const uint32_t nibbles = (j & 1) ? (word >> 4) & 0x0f0f0f0fu : word & 0x0f0f0f0fu;
+        return f_sub(__uint_as_float(__byte_perm(nibbles, magic_bits, 0x7650u + (uint32_t)(j >> 1))),
+                     kRoundMagic + (float)h);
+    }
 #endif
     constexpr int up = halves ? 1 : 0;
     const int at = Bits * j - up;
