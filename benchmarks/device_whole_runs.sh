@@ -26,8 +26,8 @@
 #      zero") picks which of the three this lease launches.
 # KERNEL_TIMING=1 (stage L's default; 0 for the others): first the kernels' timing on the quiet GPU
 # (benchmarks/kernels.py at the largest shape, 4/4 and 8/2: int4/int8 errors, the exact own block; into $OUT).
-# PROFILE=1: then Nsight Compute on LoCo hop 1 with int8 and int4 errors (benchmarks/device_profile_hop1.sh, into
-# $OUT; about 150 s).
+# PROFILE=1: then Nsight Compute on hop 1, LoCo with int8 and int4 errors and plain as a control
+# (benchmarks/device_profile_hop1.sh, into $OUT; about 150 s).
 # KERNEL_VARIANTS="-DA=1;-DB=2 -DC=3": the same timing also builds the kernels with each ';'-separated set of nvcc
 # flags, checks each build against the default one bit for bit and times its LoCo rows (kernels.py --variant;
 # about 3.5 minutes a set).
