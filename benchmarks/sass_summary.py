@@ -8,6 +8,14 @@ For each kernel function: static SASS instructions, and how many of them are int
 With ``--ncu-source`` it reads Nsight Compute's source page instead (``ncu -i REPORT --page source --csv
 --print-source sass``): per profiled kernel, the warp instructions executed in all and by opcode, and the hottest
 SASS lines, which is where a kernel's instruction budget goes.
+
+With ``--path`` it estimates, without a GPU, what one thread executes along one path of a kernel: from the first
+instruction of the first kernel whose name matches a regular expression, it follows unconditional branches and the
+conditional branches whose addresses (hex) are given, falls through the others, and stops at an unconditional
+``EXIT``; it prints the instructions by opcode and every conditional branch met with its decision, to refine the
+list. (An object's listing here: ``cuobjdump -sass``, which the ``triton`` wheel carries.)
+
+    python3 benchmarks/sass_summary.py --path loco.sass 'hop1_kernelILi2ELi4ELNS_12ErrorStorageE1E' 70 3370
 """
 import csv
 import re
@@ -81,6 +89,64 @@ def main_source(path, top=40):
             print(f"  {count:12d}  {text}")
 
 
+ADDRESSED = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+BRANCH_TARGET = re.compile(r"\bBRA\s+(?:!?U?P\w+,\s*)?0x([0-9a-f]+)")
+
+
+def kernel_instructions(lines, pattern):
+    """``[(address, SASS text)]`` of the first kernel of a cuobjdump listing whose name matches ``pattern``."""
+    found, instructions = False, []
+    for line in lines:
+        match = FUNCTION.match(line)
+        if match:
+            if found:
+                break
+            found = re.search(pattern, match.group(1)) is not None
+            continue
+        match = ADDRESSED.match(line)
+        if found and match:
+            instructions.append((int(match.group(1), 16), match.group(2)))
+    return instructions
+
+
+def walk(instructions, taken, limit=1_000_000):
+    """``(Counter of opcode, [(address, text, taken)])`` along one path: unconditional branches followed, the
+    conditional ones at the addresses in ``taken`` followed, the others not, until an unconditional ``EXIT`` (or
+    ``limit`` instructions: a loop whose exit branch is not taken)."""
+    where = {address: i for i, (address, _) in enumerate(instructions)}
+    ops, branches, i, steps = Counter(), [], 0, 0
+    while i < len(instructions) and steps < limit:
+        address, text = instructions[i]
+        steps += 1
+        predicated = text.startswith("@")
+        opcode = re.match(OPCODE, text).group(1)
+        ops[opcode] += 1
+        if opcode == "EXIT" and not predicated:
+            break
+        target = BRANCH_TARGET.search(text) if opcode == "BRA" else None
+        if target:
+            follow = not predicated or address in taken
+            if predicated:
+                branches.append((address, text, follow))
+            if follow:
+                i = where[int(target.group(1), 16)]
+                continue
+        i += 1
+    return ops, branches
+
+
+def main_path(path, pattern, taken):
+    with open(path, errors="replace") as f:
+        instructions = kernel_instructions(f, pattern)
+    if not instructions:
+        print(f"no kernel matching {pattern!r} in {path}")
+        return
+    ops, branches = walk(instructions, {int(a, 16) for a in taken})
+    for address, text, follow in branches:
+        print(f"  {address:05x} {'taken' if follow else 'not taken':9s}  {text}")
+    print(f"{sum(ops.values())} instructions: " + ", ".join(f"{op} {n}" for op, n in ops.most_common()))
+
+
 def main(path):
     with open(path, errors="replace") as f:
         kernels = summarize(f)
@@ -93,5 +159,7 @@ def main(path):
 if __name__ == "__main__":
     if sys.argv[1] == "--ncu-source":
         main_source(sys.argv[2])
+    elif sys.argv[1] == "--path":
+        main_path(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:
         main(sys.argv[1])
