@@ -35,6 +35,8 @@
 #      (SEEDS, default 0,1,2; L7_BASE=0 leaves them out), and LoCo 2/2 with LEAN's settings (e.g. error_bits=4) where
 #      LEAN is set.
 # CUDA_TESTS=1: first the CUDA tests on the quiet GPU (the ops, the reducer on CUDA, the host copy; into $OUT).
+# ENGINE_MEMORY=1: then benchmarks/engine_error_memory.py (the real engine's error memory and peak for every error
+# option against the formula: 8 ranks share the GPU, the 116M model; into $OUT; a few minutes).
 # LAUNCH=0: stop after those checks and timings (no runs); a later call's `again` launches them.
 # MONITOR=1: first benchmarks/monitor_overhead.py on the quiet GPU (116M, 5 rounds, with profiles; into $OUT), at
 # MONITOR_MICRO sequences a step (default 16; 64 makes the device, not the host, bound the step).
@@ -150,6 +152,11 @@ n = int(${RUN_SECONDS:-100000} / ($steps * 1.15 * ms / 1000)); print(max(2, min(
     fi
     if [ "${PROFILE:-0}" = 1 ]; then  # the profile of hop 1 on the quiet GPU
         SETUP_DONE=1 bash benchmarks/device_profile_hop1.sh
+    fi
+    if [ "${ENGINE_MEMORY:-0}" = 1 ]; then  # issue 56 item 4: the real engine's error memory per option
+        timeout 420 python3 benchmarks/engine_error_memory.py --table "$OUT/engine_memory.txt" \
+            >"$OUT/engine_memory_log.txt" 2>&1
+        echo "engine_error_memory.py exit $?"; cat "$OUT/engine_memory.txt" 2>/dev/null
     fi
     if [ "${MONITOR:-0}" = 1 ]; then  # issue 58's whole-step overhead on the quiet GPU, before the runs start
         timeout 240 python3 benchmarks/monitor_overhead.py --size 125m --micro-batch "${MONITOR_MICRO:-16}" \
