@@ -404,14 +404,41 @@ __device__ __forceinline__ void load_error(const ErrorRow& r, int lane, int team
 }
 
 // beta * e of the thread's chunks, taken when the error is read (so int8 codes are decoded once); none without error.
-template <ErrorStorage E, int C>
+// LOCO_RECOMPUTE_DECAYED (a build option for tuning): int8 and int4 storage keep the loaded codes instead and decode
+// them again when the update needs beta * e, by the same operations (so the same bits): three more instructions a
+// value, and 32 fewer values live across the team reductions (README.md beside this file, "What limits each kernel").
+#if !defined(LOCO_RECOMPUTE_DECAYED)
+#define LOCO_RECOMPUTE_DECAYED 0
+#endif
+template <ErrorStorage E, int C,
+          bool Recompute = LOCO_RECOMPUTE_DECAYED && (E == ErrorStorage::kInt8 || E == ErrorStorage::kInt4)>
 struct DecayedError {
     float e[C][8];
+    __device__ void bind(const OldError<E, C>&, float) {}
+    __device__ void set(int c, int i, float error, float beta) { e[c][i] = f_mul(error, beta); }
     __device__ float at(int c, int i) const { return e[c][i]; }
 };
 
-template <int C>
-struct DecayedError<ErrorStorage::kNone, C> {
+template <ErrorStorage E, int C>
+struct DecayedError<E, C, true> {
+    OldError<E, C> old;
+    float beta;
+    // the copy's codes pass through an empty asm, so the compiler decodes them again rather than keep the first
+    // decoding's values live
+    __device__ void bind(const OldError<E, C>& loaded, float b) {
+        old = loaded;
+        beta = b;
+        uint32_t* words = reinterpret_cast<uint32_t*>(old.raw);
+#pragma unroll
+        for (int w = 0; w < (int)(sizeof(old.raw) / 4); ++w) asm volatile("" : "+r"(words[w]));
+    }
+    __device__ void set(int, int, float, float) {}
+    __device__ float at(int c, int i) const { return f_mul(old.at(c, i), beta); }
+};
+
+template <int C, bool Recompute>
+struct DecayedError<ErrorStorage::kNone, C, Recompute> {
+    __device__ void bind(const OldError<ErrorStorage::kNone, C>&, float) {}
     __device__ float at(int, int) const { return 0.0f; }
 };
 
@@ -725,6 +752,7 @@ template <ErrorStorage E, int C>
 __device__ __forceinline__ uint32_t compensate(float (&v)[C][8], const OldError<E, C>& old, float beta,
                                                DecayedError<E, C>& decayed) {
     float m = 0.0f;
+    decayed.bind(old, beta);
 #pragma unroll
     for (int c = 0; c < C; ++c)
 #pragma unroll
@@ -732,7 +760,7 @@ __device__ __forceinline__ uint32_t compensate(float (&v)[C][8], const OldError<
             if constexpr (E != ErrorStorage::kNone) {
                 const float e = old.at(c, i);
                 v[c][i] = f_add(v[c][i], e);
-                decayed.e[c][i] = f_mul(e, beta);
+                decayed.set(c, i, e, beta);
             }
             m = absmax_step(m, v[c][i]);
         }
