@@ -359,11 +359,12 @@ def variant_kernels(flags, index):
     return library.Kernels.of_ops(f"loco_cuda variant {index}", library.OpEntryPoints(namespace)), ops
 
 
-def _outputs(kernels, grads, config, error, seed):
+def _outputs(kernels, grads, config, error, seed, error_bits=8):
     """Every output of one bucket's three kernels (hop 1's send buffer and error, hop 2's, the final mean) run with the
-    entry points ``kernels`` on inputs fixed by ``seed`` (random error buffers included)."""
+    entry points ``kernels`` on inputs fixed by ``seed`` (random error buffers of ``error_bits`` included)."""
     torch.manual_seed(seed)
-    hop1, hop2, final, (errors1, errors2, send1, send2, _, _) = bucket_calls(grads, config, error, kernels=kernels)
+    hop1, hop2, final, (errors1, errors2, send1, send2, _, _) = bucket_calls(grads, config, error, kernels=kernels,
+                                                                              error_bits=error_bits)
     # bucket_calls ran hop 1 and hop 2 once on fresh random error buffers; run them again on zeroed wire buffers
     # (row padding that no kernel writes must not differ), then the final mean
     send1.zero_()
@@ -381,23 +382,25 @@ def _outputs(kernels, grads, config, error, seed):
 
 def variant_matches_default(variant, configs):
     """Whether the variant build's outputs equal the default build's, bit for bit, on the bucket shapes and a
-    (4096, 4096) gradient of both dtypes, every config, with and without error feedback (NaN-free inputs: plain
-    bitwise equality). A variant that is faster but computes something else must not be mistaken for a win."""
+    (4096, 4096) gradient of both dtypes, every config, without error feedback and with int8 and int4 errors
+    (NaN-free inputs: plain bitwise equality). A variant that is faster but computes something else must not be
+    mistaken for a win."""
     ok = True
     for dname, dtype in DTYPES.items():
         gen = torch.Generator(device="cuda").manual_seed(1)
         shapes = [(4096, 4096), (1000, 37), (4096,), (1 << 20,)]
         grads = [torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for shape in shapes]
         for config in configs:
-            for error in (False, True):
-                mine = _outputs(variant, grads, config, error, 2)
-                theirs = _outputs(library.CUDA, grads, config, error, 2)
+            for error, bits in ((False, 8), (True, 8), (True, 4)):
+                mine = _outputs(variant, grads, config, error, 2, bits)
+                theirs = _outputs(library.CUDA, grads, config, error, 2, bits)
                 same = len(mine) == len(theirs) and all(
                     a.shape == b.shape and torch.equal(a.view(torch.uint8) if a.dtype != torch.uint8 else a,
                                                        b.view(torch.uint8) if b.dtype != torch.uint8 else b)
                     for a, b in zip(mine, theirs))
                 if not same:
-                    print(f"  variant differs from the default build: {dname} {config} error={error}")
+                    print(f"  variant differs from the default build: {dname} {config} error={error} "
+                          f"error_bits={bits}")
                     ok = False
     return ok
 
