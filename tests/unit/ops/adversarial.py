@@ -21,7 +21,7 @@ def adversarial_groups(group_size, bits, gen, grid="symmetric"):
         moved = ties if direction == 0 else torch.nextafter(ties, torch.full_like(ties, direction))
         moved[-1] = divisor * step
         groups.append(moved.unsqueeze(0))
-    groups.append(torch.randn(2, group_size, generator=gen) * 1e-40)  # subnormal scale: the ratio is c / scale
+    groups.append(torch.randn(2, group_size, generator=gen) * 1e-40)  # subnormal scale: the lifted product
     groups.append(torch.randn(2, group_size, generator=gen).clamp(-3, 3) * 1e38)  # at 2 bits 1 / scale is subnormal
     groups.append(torch.zeros(1, group_size))
     underflow = torch.zeros(1, group_size)
